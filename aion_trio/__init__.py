@@ -1,0 +1,86 @@
+"""aion_trio: a durable workflow engine for Trio applications.
+
+Implementation lives in private modules; this is the curated public surface
+(pinned by ``tests/test_exports.py``).  Store authors also use
+``aion_trio.plugin``; ``aion_trio.testing`` holds the conformance kit.
+"""
+
+from __future__ import annotations
+
+from . import projections as projections
+from ._errors import (
+    AionError as AionError,
+    AionInternalError as AionInternalError,
+    BackendUnavailable as BackendUnavailable,
+    DatabaseCorrupt as DatabaseCorrupt,
+    DatabaseTooNew as DatabaseTooNew,
+    EventDecodeError as EventDecodeError,
+    InvalidBatch as InvalidBatch,
+    InvalidQuery as InvalidQuery,
+    InvalidStoreUrl as InvalidStoreUrl,
+    NotAnAionDatabase as NotAnAionDatabase,
+    NotFound as NotFound,
+    NotOwner as NotOwner,
+    PayloadError as PayloadError,
+    PayloadNotSerializable as PayloadNotSerializable,
+    PayloadTooLarge as PayloadTooLarge,
+    PluginError as PluginError,
+    SequenceConflict as SequenceConflict,
+    SerializationError as SerializationError,
+    StoreError as StoreError,
+    StoreOpenError as StoreOpenError,
+    StorePathError as StorePathError,
+    StoreSchemeConflict as StoreSchemeConflict,
+    UnknownStoreScheme as UnknownStoreScheme,
+)
+from ._events import (
+    ActivityAdvisoryExhausted as ActivityAdvisoryExhausted,
+    ActivityCancelled as ActivityCancelled,
+    ActivityCompleted as ActivityCompleted,
+    ActivityError as ActivityError,
+    ActivityFailed as ActivityFailed,
+    ActivityFallbackRouted as ActivityFallbackRouted,
+    ActivityScheduled as ActivityScheduled,
+    ActivityStarted as ActivityStarted,
+    ChildWorkflowCancelled as ChildWorkflowCancelled,
+    ChildWorkflowCompleted as ChildWorkflowCompleted,
+    ChildWorkflowFailed as ChildWorkflowFailed,
+    ChildWorkflowStarted as ChildWorkflowStarted,
+    ErrorInfo as ErrorInfo,
+    Event as Event,
+    EventBody as EventBody,
+    FailureCause as FailureCause,
+    MarkerRecorded as MarkerRecorded,
+    SearchAttributesUpserted as SearchAttributesUpserted,
+    SignalReceived as SignalReceived,
+    TimeoutKind as TimeoutKind,
+    TimerCancelCause as TimerCancelCause,
+    TimerCancelled as TimerCancelled,
+    TimerFired as TimerFired,
+    TimerStarted as TimerStarted,
+    WorkflowCancelled as WorkflowCancelled,
+    WorkflowCancelRequested as WorkflowCancelRequested,
+    WorkflowCompleted as WorkflowCompleted,
+    WorkflowContinuedAsNew as WorkflowContinuedAsNew,
+    WorkflowFailed as WorkflowFailed,
+    WorkflowReopened as WorkflowReopened,
+    WorkflowStarted as WorkflowStarted,
+    WorkflowStatus as WorkflowStatus,
+    WorkflowTimedOut as WorkflowTimedOut,
+)
+from ._payload import Payload as Payload, PayloadCodec as PayloadCodec
+from ._plugins import open_store as open_store
+from ._store import (
+    EventStore as EventStore,
+    SearchOp as SearchOp,
+    SearchPredicate as SearchPredicate,
+    Store as Store,
+    VisibilityFilter as VisibilityFilter,
+    VisibilityRow as VisibilityRow,
+    VisibilityStore as VisibilityStore,
+)
+from ._util import fixup_module_metadata as _fixup_module_metadata
+from ._version import __version__ as __version__
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

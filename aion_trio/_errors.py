@@ -1,0 +1,218 @@
+"""The typed error set.
+
+Each exception has one meaning and structured fields.  Backend exceptions are
+mapped into the store errors at the store boundary, with the original kept as
+``__cause__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class AionError(Exception):
+    """Base class of every error aion_trio raises on purpose."""
+
+
+class AionInternalError(AionError):
+    """Something that cannot happen happened: a bug in aion_trio.
+
+    Please report it, with the traceback, to the project's issue tracker.
+    """
+
+
+# --------------------------------------------------------------------------
+# Store errors (DESIGN §4.3)
+# --------------------------------------------------------------------------
+
+
+class StoreError(AionError):
+    """Base class of errors raised by an event or visibility store."""
+
+
+class BackendUnavailable(StoreError):
+    """The backend could not be reached or was busy: transient.
+
+    This is the only store error a retry may repair.  When raised from
+    ``append`` the outcome of the write is *unknown*: the commit may have
+    landed and only its acknowledgement been lost.
+    """
+
+
+class NotOwner(StoreError):
+    """This node's ownership of ``shard`` has been fenced: stop, never retry here."""
+
+    def __init__(self, shard: str, detail: str = "") -> None:
+        self.shard = shard
+        self.detail = detail
+        msg = f"this node no longer owns {shard!r}"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+class SequenceConflict(StoreError):
+    """The stored head was not the expected one: a second writer exists.
+
+    Nothing was written.  Report it loudly; never retry it.
+    """
+
+    def __init__(self, workflow_id: str, expected: int, found: int) -> None:
+        self.workflow_id = workflow_id
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"workflow {workflow_id!r}: expected stored head seq {expected}, found {found}"
+            " (another writer appended to this history)"
+        )
+
+
+class InvalidBatch(StoreError, ValueError):
+    """An append whose events are not the contiguous next seqs of one workflow.
+
+    Nothing was written.  This is a caller bug, not a backend condition.
+    """
+
+
+class NotFound(StoreError):
+    """The named workflow, run or record does not exist."""
+
+
+class SerializationError(StoreError):
+    """A stored event could not be decoded (or an event could not be encoded).
+
+    Names the workflow and seq, and the store location when known.
+    """
+
+    def __init__(
+        self,
+        workflow_id: str,
+        seq: int | None,
+        detail: str,
+        *,
+        location: str | None = None,
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.seq = seq
+        self.detail = detail
+        self.location = location
+        where = f"workflow {workflow_id!r}"
+        if seq is not None:
+            where += f" seq {seq}"
+        if location:
+            where += f" in {location}"
+        super().__init__(f"cannot decode {where}: {detail}")
+
+
+class InvalidQuery(StoreError, ValueError):
+    """A visibility filter or search-attribute predicate is malformed."""
+
+
+class StoreOpenError(StoreError):
+    """A store could not be opened at ``location``; the message says why and what to do."""
+
+    def __init__(self, location: str, reason: str) -> None:
+        self.location = location
+        self.reason = reason
+        super().__init__(f"{location}: {reason}")
+
+
+class NotAnAionDatabase(StoreOpenError):
+    """The file exists but was not written by aion_trio."""
+
+
+class DatabaseTooNew(StoreOpenError):
+    """The database was written by a newer aion_trio schema than this code knows."""
+
+    def __init__(self, location: str, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            location,
+            f"schema version {found} is newer than the newest this aion_trio supports"
+            f" ({supported}); upgrade aion-trio to open it",
+        )
+
+
+class DatabaseCorrupt(StoreOpenError):
+    """The database file is damaged."""
+
+
+class StorePathError(StoreOpenError):
+    """The store location is missing, not writable or otherwise unusable."""
+
+
+# --------------------------------------------------------------------------
+# Plugin and URL errors (DESIGN §4.4)
+# --------------------------------------------------------------------------
+
+
+class PluginError(AionError):
+    """Base class of store-plugin registration and lookup errors."""
+
+
+class UnknownStoreScheme(PluginError, LookupError):
+    """No registered plugin opens this URL scheme."""
+
+    def __init__(self, scheme: str, known: Sequence[str], group: str) -> None:
+        self.scheme = scheme
+        self.known = tuple(known)
+        self.group = group
+        known_text = ", ".join(f"{k}://" for k in self.known) or "none"
+        super().__init__(
+            f"no store plugin handles {scheme}:// URLs (known schemes: {known_text}); "
+            f"install a package that registers one in the {group!r} entry-point group"
+        )
+
+
+class StoreSchemeConflict(PluginError):
+    """Two plugins claimed the same URL scheme."""
+
+    def __init__(self, scheme: str, first: str, second: str) -> None:
+        self.scheme = scheme
+        self.plugins = (first, second)
+        super().__init__(
+            f"store scheme {scheme}:// is claimed by two plugins: {first!r} and {second!r}; "
+            "uninstall one of them or disable it with AION_TRIO_DISABLE_PLUGINS"
+        )
+
+
+class InvalidStoreUrl(PluginError, ValueError):
+    """A store URL that cannot be parsed or that its plugin refuses."""
+
+
+# --------------------------------------------------------------------------
+# Payload and wire errors (DESIGN §2, §3.2)
+# --------------------------------------------------------------------------
+
+
+class PayloadError(AionError, ValueError):
+    """Base class of payload conversion errors; raised before anything is recorded."""
+
+
+class PayloadNotSerializable(PayloadError, TypeError):
+    """A value cannot be represented as JSON; ``path`` says where inside it."""
+
+    def __init__(self, what: str, path: str, detail: str) -> None:
+        self.what = what
+        self.path = path
+        self.detail = detail
+        super().__init__(f"{what}{path}: {detail}")
+
+
+class PayloadTooLarge(PayloadError):
+    """An encoded payload exceeds the configured size limit."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.what = what
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"{what} encodes to {size} bytes, over the limit of {limit} bytes; "
+            "store large data elsewhere and pass a reference, or raise "
+            "PayloadCodec(max_bytes=...)"
+        )
+
+
+class EventDecodeError(AionError, ValueError):
+    """A wire-form event has an unknown type, an unknown or missing field, or a bad value."""

@@ -1,0 +1,435 @@
+"""Events: the append-only history's vocabulary (DESIGN §3.2).
+
+An :class:`Event` is an envelope ``(workflow_id, seq, recorded_at)`` around a
+body, one of the frozen classes below.  Bodies carry no envelope so the engine
+can build them before the recorder knows their seq.  The JSON wire form lives
+in ``_wire.py`` and is pinned by golden files.
+
+This module imports nothing from the engine: store authors may use it alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from typing import ClassVar, TypeAlias, Union
+
+import attrs
+
+from ._ids import validate_run_id, validate_timer_id, validate_workflow_id
+from ._payload import Payload
+
+
+class WorkflowStatus(enum.Enum):
+    """A workflow's projected status (never stored as a source of truth)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    CONTINUED_AS_NEW = "continued_as_new"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self is not WorkflowStatus.RUNNING
+
+
+class FailureCause(enum.Enum):
+    """Why an activity attempt failed.  For people: it never decides settlement."""
+
+    RETRYABLE = "retryable"
+    TERMINAL = "terminal"
+    TIMEOUT = "timeout"
+    POLICY_REFUSED = "policy_refused"
+    CANCELLED = "cancelled"
+
+
+class TimerCancelCause(enum.Enum):
+    WORKFLOW_INTENT = "workflow_intent"
+    CANCEL_TEARDOWN = "cancel_teardown"
+
+
+class TimeoutKind(enum.Enum):
+    DEADLINE = "deadline"
+
+
+SearchValue: TypeAlias = Union[str, int, float, bool, tuple[str, ...]]
+"""A search attribute value: str, int, float, bool, or a tuple of str (keywords)."""
+
+
+def _require_aware(instance: object, attribute: attrs.Attribute[datetime], value: datetime) -> None:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{attribute.name} must be timezone-aware, got naive {value!r}")
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
+def _non_empty_str(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty str, got {value!r}")
+
+
+def _run_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    validate_run_id(value)
+
+
+def _optional_run_id(instance: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None:
+        validate_run_id(value)
+
+
+def _timer_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    validate_timer_id(value)
+
+
+def _optional_timeout(
+    instance: object, attribute: attrs.Attribute[timedelta | None], value: timedelta | None
+) -> None:
+    if value is not None and value <= timedelta(0):
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def validate_search_attributes(attributes: Mapping[str, object]) -> dict[str, SearchValue]:
+    """Check keys and values of a search-attribute mapping; lists become tuples."""
+    out: dict[str, SearchValue] = {}
+    for key, value in attributes.items():
+        validate_search_key(key)
+        if isinstance(value, (list, tuple)):
+            if not all(isinstance(v, str) for v in value):
+                raise ValueError(f"search attribute {key!r}: a list value must hold only str")
+            out[key] = tuple(value)
+        elif isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+            raise ValueError(f"search attribute {key!r}: {value!r} is not a finite number")
+        elif isinstance(value, (str, int, float, bool)):
+            out[key] = value
+        else:
+            raise ValueError(
+                f"search attribute {key!r}: {type(value).__name__} is not supported "
+                "(use str, int, float, bool or a list of str; datetimes as ISO-8601 UTC strings)"
+            )
+    return out
+
+
+def validate_search_key(key: object) -> str:
+    if not isinstance(key, str) or not key or len(key) > 128:
+        raise ValueError(f"search attribute name {key!r} must be a non-empty str of <= 128 chars")
+    if not (key[0].isalpha() or key[0] == "_") or not all(
+        c.isalnum() or c in "_.-" for c in key
+    ):
+        raise ValueError(
+            f"search attribute name {key!r} must start with a letter or '_' and contain only "
+            "letters, digits, '_', '.' and '-'"
+        )
+    return key
+
+
+def _search_attrs_converter(value: Mapping[str, object]) -> Mapping[str, SearchValue]:
+    return validate_search_attributes(value)
+
+
+# --------------------------------------------------------------------------
+# Error records
+# --------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ErrorInfo:
+    """A failure as recorded: exception type name, message, optional details and traceback."""
+
+    type: str = attrs.field(validator=_non_empty_str)
+    message: str
+    details: Payload | None = None
+    traceback: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ActivityError:
+    """An activity attempt's failure.  ``cause`` is for people, never for settlement."""
+
+    cause: FailureCause
+    type: str = attrs.field(validator=_non_empty_str)
+    message: str
+    details: Payload | None = None
+    traceback: str | None = None
+
+
+# --------------------------------------------------------------------------
+# Bodies
+# --------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class EventBody:
+    """Base class of event bodies."""
+
+    #: True for the events that end a run's current lease.
+    TERMINAL: ClassVar[bool] = False
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowStarted(EventBody):
+    workflow_type: str = attrs.field(validator=_non_empty_str)
+    input: Payload
+    run_id: str = attrs.field(validator=_run_id)
+    parent_run_id: str | None = attrs.field(default=None, validator=_optional_run_id)
+    parent_workflow_id: str | None = None
+    task_queue: str = attrs.field(default="default", validator=_non_empty_str)
+    search_attributes: Mapping[str, SearchValue] = attrs.field(
+        factory=dict, converter=_search_attrs_converter
+    )
+    timeout: timedelta | None = attrs.field(default=None, validator=_optional_timeout)
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowCompleted(EventBody):
+    TERMINAL: ClassVar[bool] = True
+    result: Payload
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowFailed(EventBody):
+    TERMINAL: ClassVar[bool] = True
+    error: ErrorInfo
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowCancelRequested(EventBody):
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowCancelled(EventBody):
+    TERMINAL: ClassVar[bool] = True
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowTimedOut(EventBody):
+    TERMINAL: ClassVar[bool] = True
+    timeout_kind: TimeoutKind = TimeoutKind.DEADLINE
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowContinuedAsNew(EventBody):
+    TERMINAL: ClassVar[bool] = True
+    input: Payload
+    workflow_type: str | None = None
+    #: The run that was continued (the run this event ends).
+    parent_run_id: str = attrs.field(validator=_run_id)
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowReopened(EventBody):
+    run_id: str = attrs.field(validator=_run_id)
+    reopened_activity_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+
+
+@attrs.frozen(kw_only=True)
+class SearchAttributesUpserted(EventBody):
+    attributes: Mapping[str, SearchValue] = attrs.field(converter=_search_attrs_converter)
+
+
+@attrs.frozen(kw_only=True)
+class ActivityScheduled(EventBody):
+    activity_id: int = attrs.field(validator=_non_negative)
+    activity_type: str = attrs.field(validator=_non_empty_str)
+    input: Payload
+    task_queue: str = attrs.field(default="default", validator=_non_empty_str)
+    #: The resolved options (retry policy, timeouts, queues) as a JSON object.
+    options: Payload = attrs.field(factory=lambda: Payload("{}"))
+
+
+@attrs.frozen(kw_only=True)
+class ActivityStarted(EventBody):
+    activity_id: int = attrs.field(validator=_non_negative)
+    attempt: int = attrs.field(validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class ActivityCompleted(EventBody):
+    activity_id: int = attrs.field(validator=_non_negative)
+    result: Payload
+    attempt: int = attrs.field(validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class ActivityFailed(EventBody):
+    activity_id: int = attrs.field(validator=_non_negative)
+    error: ActivityError
+    attempt: int = attrs.field(validator=_positive)
+    #: False: a retry-trail record (another attempt follows).  True: settles the activity.
+    final: bool
+
+
+@attrs.frozen(kw_only=True)
+class ActivityCancelled(EventBody):
+    activity_id: int = attrs.field(validator=_non_negative)
+    attempt: int = attrs.field(validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class ActivityFallbackRouted(EventBody):
+    activity_id: int = attrs.field(validator=_non_negative)
+    attempt: int = attrs.field(validator=_positive)
+    from_task_queue: str = attrs.field(validator=_non_empty_str)
+    to_task_queue: str = attrs.field(validator=_non_empty_str)
+    fallback_index: int = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen(kw_only=True)
+class ActivityAdvisoryExhausted(EventBody):
+    activity_id: int = attrs.field(validator=_non_negative)
+    activity_type: str = attrs.field(validator=_non_empty_str)
+    reason: str
+    attempt: int = attrs.field(validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class TimerStarted(EventBody):
+    timer_id: str = attrs.field(validator=_timer_id)
+    fire_at: datetime = attrs.field(validator=_require_aware)
+
+
+@attrs.frozen(kw_only=True)
+class TimerFired(EventBody):
+    timer_id: str = attrs.field(validator=_timer_id)
+
+
+@attrs.frozen(kw_only=True)
+class TimerCancelled(EventBody):
+    timer_id: str = attrs.field(validator=_timer_id)
+    cause: TimerCancelCause
+
+
+@attrs.frozen(kw_only=True)
+class SignalReceived(EventBody):
+    name: str = attrs.field(validator=_non_empty_str)
+    payload: Payload
+
+
+@attrs.frozen(kw_only=True)
+class ChildWorkflowStarted(EventBody):
+    child_workflow_id: str = attrs.field(validator=_non_empty_str)
+    workflow_type: str = attrs.field(validator=_non_empty_str)
+    input: Payload
+
+
+@attrs.frozen(kw_only=True)
+class ChildWorkflowCompleted(EventBody):
+    child_workflow_id: str = attrs.field(validator=_non_empty_str)
+    result: Payload
+
+
+@attrs.frozen(kw_only=True)
+class ChildWorkflowFailed(EventBody):
+    child_workflow_id: str = attrs.field(validator=_non_empty_str)
+    error: ErrorInfo
+
+
+@attrs.frozen(kw_only=True)
+class ChildWorkflowCancelled(EventBody):
+    child_workflow_id: str = attrs.field(validator=_non_empty_str)
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class MarkerRecorded(EventBody):
+    name: str = attrs.field(validator=_non_empty_str)
+    value: Payload
+
+
+EVENT_TYPES: Mapping[str, type[EventBody]] = {
+    cls.__name__: cls
+    for cls in (
+        WorkflowStarted,
+        WorkflowCompleted,
+        WorkflowFailed,
+        WorkflowCancelRequested,
+        WorkflowCancelled,
+        WorkflowTimedOut,
+        WorkflowContinuedAsNew,
+        WorkflowReopened,
+        SearchAttributesUpserted,
+        ActivityScheduled,
+        ActivityStarted,
+        ActivityCompleted,
+        ActivityFailed,
+        ActivityCancelled,
+        ActivityFallbackRouted,
+        ActivityAdvisoryExhausted,
+        TimerStarted,
+        TimerFired,
+        TimerCancelled,
+        SignalReceived,
+        ChildWorkflowStarted,
+        ChildWorkflowCompleted,
+        ChildWorkflowFailed,
+        ChildWorkflowCancelled,
+        MarkerRecorded,
+    )
+}
+"""Every event body type by its wire name."""
+
+TERMINAL_TYPES: tuple[type[EventBody], ...] = tuple(
+    cls for cls in EVENT_TYPES.values() if cls.TERMINAL
+)
+
+
+def _body_validator(instance: object, attribute: attrs.Attribute[EventBody], value: EventBody) -> None:
+    if type(value) not in EVENT_TYPES.values():
+        raise TypeError(f"body must be one of the event body types, got {type(value).__name__}")
+
+
+def _workflow_id_validator(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    validate_workflow_id(value)
+
+
+@attrs.frozen(kw_only=True)
+class Event:
+    """One recorded event: the envelope and its body."""
+
+    workflow_id: str = attrs.field(validator=_workflow_id_validator)
+    seq: int = attrs.field(validator=_positive)
+    recorded_at: datetime = attrs.field(validator=_require_aware)
+    body: EventBody = attrs.field(validator=_body_validator)
+
+    @property
+    def type(self) -> str:
+        return type(self.body).__name__
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.body.TERMINAL
+
+
+def is_terminal_body(body: EventBody) -> bool:
+    return body.TERMINAL
+
+
+def make_batch(
+    workflow_id: str, first_seq: int, recorded_at: datetime, bodies: list[EventBody] | tuple[EventBody, ...]
+) -> list[Event]:
+    """Envelope ``bodies`` with contiguous seqs starting at ``first_seq``."""
+    return [
+        Event(workflow_id=workflow_id, seq=first_seq + i, recorded_at=recorded_at, body=b)
+        for i, b in enumerate(bodies)
+    ]
+
+
+def utc(value: datetime) -> datetime:
+    """Normalise an aware datetime to UTC (wire form and comparisons use UTC)."""
+    if value.tzinfo is None:
+        raise ValueError(f"expected a timezone-aware datetime, got naive {value!r}")
+    return value.astimezone(timezone.utc)
+

@@ -1,0 +1,146 @@
+"""JSON payloads with size limits.
+
+A :class:`Payload` is an immutable, already-encoded JSON document.  Events
+hold payloads, never live Python objects, so an event is frozen all the way
+down and replay sees exactly the bytes that were recorded.  Conversion from
+and to Python values happens at the edge, in :class:`PayloadCodec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from typing import Any, final
+
+import attrs
+
+from ._errors import PayloadNotSerializable, PayloadTooLarge
+
+logger = logging.getLogger("aion_trio.payload")
+
+DEFAULT_WARN_BYTES = 256 * 1024
+DEFAULT_MAX_BYTES = 2 * 1024 * 1024
+
+_SEPARATORS = (",", ":")
+
+
+def _check_json(value: Any, path: str, what: str, depth: int = 0) -> Any:
+    """Return ``value`` as plain JSON data, or raise naming the offending path."""
+    if depth > 200:
+        raise PayloadNotSerializable(what, path, "nested more than 200 levels deep")
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            raise PayloadNotSerializable(what, path, f"{value!r} is not valid JSON")
+        return value
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise PayloadNotSerializable(
+                    what,
+                    path,
+                    f"dict key {k!r} is a {type(k).__name__}; JSON object keys must be str",
+                )
+            out[k] = _check_json(v, f"{path}[{k!r}]", what, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_check_json(v, f"{path}[{i}]", what, depth + 1) for i, v in enumerate(value)]
+    if attrs.has(type(value)):
+        return _check_json(attrs.asdict(value, recurse=False), path, what, depth + 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return _check_json(fields, path, what, depth + 1)
+    raise PayloadNotSerializable(
+        what,
+        path,
+        f"object of type {type(value).__qualname__} is not JSON-serialisable; "
+        "pass dicts, lists, str, int, float, bool, None, or an attrs/dataclass instance",
+    )
+
+
+@final
+@attrs.frozen(repr=False)
+class Payload:
+    """An encoded JSON document (compact UTF-8 text)."""
+
+    json: str
+
+    @classmethod
+    def of(cls, value: Any) -> Payload:
+        """Encode ``value`` with no size limit (for engine-made payloads)."""
+        data = _check_json(value, "", "payload")
+        return cls(json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False))
+
+    @classmethod
+    def from_json_text(cls, text: str) -> Payload:
+        """Normalise JSON ``text`` into a payload; raises ``ValueError`` if invalid."""
+        value = json.loads(text)
+        return cls(json.dumps(value, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False))
+
+    @property
+    def size(self) -> int:
+        return len(self.json.encode("utf-8"))
+
+    def value(self) -> Any:
+        """Decode into plain JSON data (dicts, lists, str, numbers, bool, None)."""
+        return json.loads(self.json)
+
+    def __repr__(self) -> str:
+        text = self.json if len(self.json) <= 60 else self.json[:57] + "..."
+        return f"Payload({text})"
+
+
+NULL = Payload("null")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PayloadCodec:
+    """Converts user values to payloads and back, enforcing size limits.
+
+    ``warn_bytes``: an encoded payload larger than this is logged as a warning
+    on ``aion_trio.payload``.  ``max_bytes``: larger payloads are refused with
+    :class:`PayloadTooLarge` before anything is recorded.
+    """
+
+    warn_bytes: int = attrs.field(default=DEFAULT_WARN_BYTES)
+    max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES)
+
+    @warn_bytes.validator
+    def _check_warn(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if value <= 0:
+            raise ValueError(f"warn_bytes must be positive, got {value}")
+
+    @max_bytes.validator
+    def _check_max(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if value <= 0:
+            raise ValueError(f"max_bytes must be positive, got {value}")
+        if value < self.warn_bytes:
+            raise ValueError(
+                f"max_bytes ({value}) must be at least warn_bytes ({self.warn_bytes})"
+            )
+
+    def encode(self, value: Any, *, what: str = "payload") -> Payload:
+        """Encode ``value``; ``what`` names it in errors (e.g. ``"input of charge"``)."""
+        data = _check_json(value, "", what)
+        text = json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+        size = len(text.encode("utf-8"))
+        if size > self.max_bytes:
+            raise PayloadTooLarge(what, size, self.max_bytes)
+        if size > self.warn_bytes:
+            logger.warning(
+                "%s encodes to %d bytes (warning threshold %d, limit %d)",
+                what,
+                size,
+                self.warn_bytes,
+                self.max_bytes,
+                extra={"payload_bytes": size},
+            )
+        return Payload(text)
+
+    def decode(self, payload: Payload) -> Any:
+        return payload.value()

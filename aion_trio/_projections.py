@@ -1,0 +1,309 @@
+"""Projections: pure functions over event lists (DESIGN §3.3).
+
+Status, settlement, timers and failures are always *derived* from history.
+Every "is it terminal?" question goes through :func:`current_lease_terminal`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+import attrs
+
+from ._events import (
+    ActivityCancelled,
+    ActivityCompleted,
+    ActivityError,
+    ActivityFailed,
+    ActivityScheduled,
+    ActivityStarted,
+    ErrorInfo,
+    Event,
+    SearchAttributesUpserted,
+    SearchValue,
+    TimerCancelled,
+    TimerFired,
+    TimerStarted,
+    WorkflowCancelled,
+    WorkflowCompleted,
+    WorkflowContinuedAsNew,
+    WorkflowFailed,
+    WorkflowReopened,
+    WorkflowStarted,
+    WorkflowStatus,
+    WorkflowTimedOut,
+)
+
+
+def run_segment(events: Sequence[Event], run_id: str) -> list[Event]:
+    """That run's events: from its ``WorkflowStarted`` up to (not including) the next one.
+
+    Empty if the run never started in ``events``.
+    """
+    out: list[Event] = []
+    inside = False
+    for event in events:
+        body = event.body
+        if isinstance(body, WorkflowStarted):
+            if inside:
+                break
+            inside = body.run_id == run_id
+        if inside:
+            out.append(event)
+    return out
+
+
+def current_lease_terminal(segment: Sequence[Event]) -> Event | None:
+    """Scan backwards: the first terminal event, or ``None`` if a start/reopen comes first."""
+    for event in reversed(segment):
+        if event.body.TERMINAL:
+            return event
+        if isinstance(event.body, (WorkflowStarted, WorkflowReopened)):
+            return None
+    return None
+
+
+def run_ids(events: Sequence[Event]) -> list[str]:
+    """Run ids in the order their runs started."""
+    return [e.body.run_id for e in events if isinstance(e.body, WorkflowStarted)]
+
+
+def latest_run_id(events: Sequence[Event]) -> str | None:
+    ids = run_ids(events)
+    return ids[-1] if ids else None
+
+
+_STATUS_BY_TERMINAL: Mapping[type, WorkflowStatus] = {
+    WorkflowCompleted: WorkflowStatus.COMPLETED,
+    WorkflowFailed: WorkflowStatus.FAILED,
+    WorkflowCancelled: WorkflowStatus.CANCELLED,
+    WorkflowTimedOut: WorkflowStatus.TIMED_OUT,
+    WorkflowContinuedAsNew: WorkflowStatus.CONTINUED_AS_NEW,
+}
+
+
+def status_after(previous: WorkflowStatus | None, events: Sequence[Event]) -> WorkflowStatus | None:
+    """Fold ``events`` into a status: the last lifecycle event wins.
+
+    Lets a store keep a status column up to date from each appended batch.
+    ``None`` means "no lifecycle event yet".
+    """
+    status = previous
+    for event in events:
+        body = event.body
+        if isinstance(body, (WorkflowStarted, WorkflowReopened)):
+            status = WorkflowStatus.RUNNING
+        else:
+            terminal = _STATUS_BY_TERMINAL.get(type(body))
+            if terminal is not None:
+                status = terminal
+    return status
+
+
+def workflow_status(events: Sequence[Event]) -> WorkflowStatus | None:
+    """The workflow's status (its latest run's); ``None`` for an empty history."""
+    return status_after(None, events)
+
+
+def run_status(events: Sequence[Event], run_id: str) -> WorkflowStatus | None:
+    """One run's status; ``None`` if that run never started."""
+    return status_after(None, run_segment(events, run_id))
+
+
+def is_active_status(status: WorkflowStatus | None) -> bool:
+    """Whether a workflow with this status needs an engine's attention.
+
+    Running workflows, and workflows whose last lifecycle event is
+    ``WorkflowContinuedAsNew``: their successor's start is owed (the recovery
+    sweep starts it).  This is what ``EventStore.list_active`` returns.
+    """
+    return status in (WorkflowStatus.RUNNING, WorkflowStatus.CONTINUED_AS_NEW)
+
+
+def is_active(events: Sequence[Event]) -> bool:
+    return is_active_status(workflow_status(events))
+
+
+def activity_settled(segment: Sequence[Event], activity_id: int) -> Event | None:
+    """The event that settled the activity in this segment, or ``None``.
+
+    Settling events: ``ActivityCompleted``, ``ActivityFailed(final=True)`` and
+    ``ActivityCancelled``.  A non-final ``ActivityFailed`` is a trail record.
+    A ``WorkflowReopened`` un-settles the activities it names.
+    """
+    settled: Event | None = None
+    for event in segment:
+        body = event.body
+        if isinstance(body, (ActivityCompleted, ActivityCancelled)) and body.activity_id == activity_id:
+            settled = event
+        elif isinstance(body, ActivityFailed) and body.activity_id == activity_id and body.final:
+            settled = event
+        elif isinstance(body, WorkflowReopened) and activity_id in body.reopened_activity_ids:
+            settled = None
+    return settled
+
+
+def scheduled_activities(segment: Sequence[Event]) -> dict[int, ActivityScheduled]:
+    return {
+        e.body.activity_id: e.body for e in segment if isinstance(e.body, ActivityScheduled)
+    }
+
+
+def unsettled_activities(segment: Sequence[Event]) -> list[int]:
+    """Scheduled activity ids with no settling event, ascending."""
+    return sorted(a for a in scheduled_activities(segment) if activity_settled(segment, a) is None)
+
+
+@attrs.frozen(kw_only=True)
+class AttemptRecord:
+    """One entry of an activity's recorded retry trail."""
+
+    attempt: int
+    started_at: datetime | None
+    outcome: str  # "running", "completed", "failed", "cancelled"
+    error: ActivityError | None = None
+    final: bool = False
+
+
+def retry_trail(segment: Sequence[Event], activity_id: int) -> list[AttemptRecord]:
+    """Each recorded attempt of the activity, in order, with its outcome."""
+    trail: dict[int, AttemptRecord] = {}
+    for event in segment:
+        body = event.body
+        if getattr(body, "activity_id", None) != activity_id:
+            continue
+        if isinstance(body, ActivityStarted):
+            trail[body.attempt] = AttemptRecord(
+                attempt=body.attempt, started_at=event.recorded_at, outcome="running"
+            )
+        elif isinstance(body, (ActivityCompleted, ActivityFailed, ActivityCancelled)):
+            previous = trail.get(body.attempt)
+            started = previous.started_at if previous else None
+            if isinstance(body, ActivityCompleted):
+                rec = AttemptRecord(attempt=body.attempt, started_at=started, outcome="completed", final=True)
+            elif isinstance(body, ActivityFailed):
+                rec = AttemptRecord(
+                    attempt=body.attempt,
+                    started_at=started,
+                    outcome="failed",
+                    error=body.error,
+                    final=body.final,
+                )
+            else:
+                rec = AttemptRecord(attempt=body.attempt, started_at=started, outcome="cancelled", final=True)
+            trail[body.attempt] = rec
+    return [trail[k] for k in sorted(trail)]
+
+
+def next_delivery_attempt(segment: Sequence[Event], activity_id: int) -> int | None:
+    """The attempt number a re-dispatch of this activity should carry, or ``None`` if settled.
+
+    If the last recorded attempt has started but has no outcome, it is
+    re-delivered under the same number (worker lost: no budget consumed).  If
+    the last attempt failed non-finally, the next number follows.
+    """
+    if activity_settled(segment, activity_id) is not None:
+        return None
+    if activity_id not in scheduled_activities(segment):
+        return None
+    trail = retry_trail(segment, activity_id)
+    if not trail:
+        return 1
+    last = trail[-1]
+    if last.outcome == "running":
+        return last.attempt
+    return last.attempt + 1
+
+
+@attrs.frozen(kw_only=True)
+class OutstandingTimer:
+    timer_id: str
+    fire_at: datetime
+
+
+def outstanding_timers(segment: Sequence[Event]) -> list[OutstandingTimer]:
+    """Timers started in this segment and neither fired nor cancelled, by fire time.
+
+    A ``WorkflowReopened`` re-arms timers retired by a cancel teardown.
+    """
+    started: dict[str, datetime] = {}
+    done: set[str] = set()
+    teardown: set[str] = set()
+    for event in segment:
+        body = event.body
+        if isinstance(body, TimerStarted):
+            started[body.timer_id] = body.fire_at
+            done.discard(body.timer_id)
+            teardown.discard(body.timer_id)
+        elif isinstance(body, TimerFired):
+            done.add(body.timer_id)
+        elif isinstance(body, TimerCancelled):
+            done.add(body.timer_id)
+            if body.cause.value == "cancel_teardown":
+                teardown.add(body.timer_id)
+        elif isinstance(body, WorkflowReopened):
+            done -= teardown
+            teardown.clear()
+    pending = [OutstandingTimer(timer_id=t, fire_at=at) for t, at in started.items() if t not in done]
+    return sorted(pending, key=lambda t: (t.fire_at, t.timer_id))
+
+
+def timer_resolved(segment: Sequence[Event], timer_id: str) -> Event | None:
+    """The ``TimerFired``/``TimerCancelled`` that resolved the timer, or ``None``."""
+    for event in reversed(segment):
+        body = event.body
+        if isinstance(body, (TimerFired, TimerCancelled)) and body.timer_id == timer_id:
+            return event
+        if isinstance(body, TimerStarted) and body.timer_id == timer_id:
+            return None
+    return None
+
+
+@attrs.frozen(kw_only=True)
+class FailureSummary:
+    """Why a run failed, for visibility: the failed step (if any) and the reason."""
+
+    failed_step: str | None
+    reason: str
+    error: ErrorInfo
+
+
+def failure(segment: Sequence[Event]) -> FailureSummary | None:
+    """The current lease's failure, or ``None`` if the run has not failed.
+
+    ``failed_step`` names the last activity that settled with a final failure
+    (``"activity:N <type>"``) when there is one.
+    """
+    terminal = current_lease_terminal(segment)
+    if terminal is None or not isinstance(terminal.body, WorkflowFailed):
+        return None
+    error = terminal.body.error
+    scheduled = scheduled_activities(segment)
+    step: str | None = None
+    for event in segment:
+        if isinstance(event.body, ActivityFailed) and event.body.final:
+            sched = scheduled.get(event.body.activity_id)
+            kind = f" {sched.activity_type}" if sched else ""
+            step = f"activity:{event.body.activity_id}{kind}"
+    return FailureSummary(failed_step=step, reason=f"{error.type}: {error.message}", error=error)
+
+
+def search_attributes(events: Sequence[Event], run_id: str | None = None) -> dict[str, SearchValue]:
+    """The run's search attributes: its start's, then each upsert in order (latest run by default)."""
+    rid = run_id if run_id is not None else latest_run_id(events)
+    if rid is None:
+        return {}
+    attrs_now: dict[str, SearchValue] = {}
+    for event in run_segment(events, rid):
+        body = event.body
+        if isinstance(body, WorkflowStarted):
+            attrs_now.update(body.search_attributes)
+        elif isinstance(body, SearchAttributesUpserted):
+            attrs_now.update(body.attributes)
+    return attrs_now
+
+
+def start_event(events: Sequence[Event], run_id: str) -> Event | None:
+    seg = run_segment(events, run_id)
+    return seg[0] if seg else None

@@ -1,0 +1,325 @@
+"""The store contract (DESIGN §4.1, §4.2).
+
+Stores never import the engine.  Every async method is a Trio checkpoint
+(cancel point and schedule point); cancellation never leaves a half-done
+write: an append either committed its whole batch or wrote nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from ._errors import InvalidBatch, InvalidQuery
+from ._events import Event, SearchValue, WorkflowStatus, validate_search_attributes, validate_search_key
+
+
+@attrs.frozen(kw_only=True, order=True)
+class TimerEntry:
+    """A row of the timer index: a hint of when to look; history decides whether it fired."""
+
+    fire_at: datetime
+    workflow_id: str
+    timer_id: str
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    """Append-only per-workflow event histories plus a timer index.
+
+    Contract (checked by :func:`aion_trio.testing.check_event_store`):
+
+    * ``append(workflow_id, events, expected_seq)``: all or nothing.  If the
+      stored head (0 when empty) is not ``expected_seq`` raise
+      :class:`~aion_trio.SequenceConflict` and write nothing.  ``events`` must
+      be non-empty, all of ``workflow_id``, with seqs ``expected_seq+1,
+      expected_seq+2, ...`` or :class:`~aion_trio.InvalidBatch` is raised and
+      nothing written.  Cancellation: the batch is either wholly committed or
+      not at all.
+    * ``read_history(workflow_id, from_seq=1)``: events in ascending seq;
+      an unknown workflow or ``from_seq`` past the head gives ``[]``.
+    * ``list_active()``: ids of workflows whose projected status is active
+      (:func:`aion_trio.projections.is_active_status`).
+    * ``list_workflow_ids()``: every workflow with at least one event.
+    * ``schedule_timer`` upserts ``(workflow_id, timer_id) -> fire_at``;
+      ``remove_timer`` deletes it (absent is fine); ``expired_timers(as_of)``
+      returns entries with ``fire_at <= as_of`` ordered by
+      ``(fire_at, workflow_id, timer_id)``.
+    * ``aclose()`` is idempotent; any other call after it raises
+      ``trio.ClosedResourceError``.
+    """
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None: ...
+
+    async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]: ...
+
+    async def list_active(self) -> list[str]: ...
+
+    async def list_workflow_ids(self) -> list[str]: ...
+
+    async def schedule_timer(self, workflow_id: str, timer_id: str, fire_at: datetime) -> None: ...
+
+    async def remove_timer(self, workflow_id: str, timer_id: str) -> None: ...
+
+    async def expired_timers(self, as_of: datetime) -> list[TimerEntry]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@attrs.frozen(kw_only=True)
+class VisibilityRow:
+    """What list/search operations see of a workflow (its latest run)."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    status: WorkflowStatus
+    start_time: datetime = attrs.field()
+    close_time: datetime | None = attrs.field(default=None)
+    task_queue: str = "default"
+    failed_step: str | None = None
+    failure_reason: str | None = None
+    search_attributes: Mapping[str, SearchValue] = attrs.field(
+        factory=dict, converter=validate_search_attributes
+    )
+    stuck_reason: str | None = None
+
+    @start_time.validator
+    def _aware_start(self, attribute: attrs.Attribute[datetime], value: datetime) -> None:
+        if value.tzinfo is None:
+            raise ValueError("start_time must be timezone-aware")
+
+    @close_time.validator
+    def _aware_close(self, attribute: attrs.Attribute[datetime | None], value: datetime | None) -> None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("close_time must be timezone-aware")
+
+
+class SearchOp(enum.Enum):
+    """Search-attribute predicate operators.
+
+    * ``EQUALS``: same kind and equal value (int and float compare
+      numerically; bool only equals bool; a list equals a list of the same
+      strings in the same order).
+    * ``GREATER`` / ``LESS``: strict; both numbers (not bool), or both
+      strings (code-point order).  Other kind pairs never match.
+    * ``CONTAINS``: the attribute is a list holding the string, or a string
+      containing it (case-sensitive).
+    A predicate on an attribute the row lacks never matches.
+    """
+
+    EQUALS = "equals"
+    GREATER = "greater"
+    LESS = "less"
+    CONTAINS = "contains"
+
+
+def _predicate_value(value: object) -> SearchValue:
+    if isinstance(value, list):
+        value = tuple(value)
+    if isinstance(value, tuple):
+        if not all(isinstance(v, str) for v in value):
+            raise InvalidQuery("a list value in a search predicate must hold only str")
+        return value
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        raise InvalidQuery(f"search predicate value {value!r} is not a finite number")
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    raise InvalidQuery(
+        f"search predicate value of type {type(value).__name__} is not supported "
+        "(use str, int, float, bool or a list of str)"
+    )
+
+
+@attrs.frozen(kw_only=True)
+class SearchPredicate:
+    key: str
+    op: SearchOp
+    value: SearchValue = attrs.field(converter=_predicate_value)
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            validate_search_key(self.key)
+        except ValueError as exc:
+            raise InvalidQuery(str(exc)) from None
+        if not isinstance(self.op, SearchOp):
+            raise InvalidQuery(f"unknown search operator {self.op!r}")
+        if self.op in (SearchOp.GREATER, SearchOp.LESS):
+            if isinstance(self.value, (bool, tuple)):
+                raise InvalidQuery(f"{self.op.value} needs a number or a string, got {self.value!r}")
+        if self.op is SearchOp.CONTAINS and not isinstance(self.value, str):
+            raise InvalidQuery(f"contains needs a string, got {self.value!r}")
+
+    def matches(self, attributes: Mapping[str, SearchValue]) -> bool:
+        """The reference semantics (the memory store uses this)."""
+        if self.key not in attributes:
+            return False
+        have = attributes[self.key]
+        want = self.value
+        if self.op is SearchOp.EQUALS:
+            if isinstance(have, bool) or isinstance(want, bool):
+                return isinstance(have, bool) and isinstance(want, bool) and have == want
+            if isinstance(have, (int, float)) and isinstance(want, (int, float)):
+                return have == want
+            if type(have) is not type(want):
+                return False
+            return have == want
+        if self.op in (SearchOp.GREATER, SearchOp.LESS):
+            if isinstance(have, bool) or isinstance(have, tuple):
+                return False
+            numbers = isinstance(have, (int, float)) and isinstance(want, (int, float))
+            strings = isinstance(have, str) and isinstance(want, str)
+            if not (numbers or strings):
+                return False
+            return have > want if self.op is SearchOp.GREATER else have < want  # type: ignore[operator]
+        # CONTAINS
+        assert isinstance(want, str)
+        if isinstance(have, tuple):
+            return want in have
+        if isinstance(have, str):
+            return want in have
+        return False
+
+
+def _statuses(value: WorkflowStatus | Iterable[WorkflowStatus] | None) -> frozenset[WorkflowStatus] | None:
+    if value is None:
+        return None
+    if isinstance(value, WorkflowStatus):
+        return frozenset({value})
+    out = frozenset(value)
+    for s in out:
+        if not isinstance(s, WorkflowStatus):
+            raise InvalidQuery(f"status filter values must be WorkflowStatus, got {s!r}")
+    return out
+
+
+def _predicates(value: Iterable[SearchPredicate]) -> tuple[SearchPredicate, ...]:
+    out = tuple(value)
+    for p in out:
+        if not isinstance(p, SearchPredicate):
+            raise InvalidQuery(f"search filters must be SearchPredicate, got {p!r}")
+    return out
+
+
+@attrs.frozen(kw_only=True)
+class VisibilityFilter:
+    """Which rows ``list``/``count`` return.  All conditions must hold.
+
+    Time bounds are inclusive and must be timezone-aware.  A close-time bound
+    excludes rows that have not closed.  Rows are ordered by
+    ``(start_time, workflow_id)`` ascending, or descending with
+    ``newest_first``; ``limit``/``offset`` apply after ordering.
+    ``count`` ignores ``limit`` and ``offset``.
+    """
+
+    workflow_type: str | None = None
+    status: frozenset[WorkflowStatus] | None = attrs.field(default=None, converter=_statuses)
+    task_queue: str | None = None
+    started_after: datetime | None = None
+    started_before: datetime | None = None
+    closed_after: datetime | None = None
+    closed_before: datetime | None = None
+    search: tuple[SearchPredicate, ...] = attrs.field(default=(), converter=_predicates)
+    limit: int | None = None
+    offset: int = 0
+    newest_first: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("started_after", "started_before", "closed_after", "closed_before"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+                raise InvalidQuery(f"{name} must be a timezone-aware datetime, got {value!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0):
+            raise InvalidQuery(f"limit must be an int >= 0 or None, got {self.limit!r}")
+        if isinstance(self.offset, bool) or not isinstance(self.offset, int) or self.offset < 0:
+            raise InvalidQuery(f"offset must be an int >= 0, got {self.offset!r}")
+
+    def matches(self, row: VisibilityRow) -> bool:
+        """The reference semantics of everything but ordering and paging."""
+        if self.workflow_type is not None and row.workflow_type != self.workflow_type:
+            return False
+        if self.status is not None and row.status not in self.status:
+            return False
+        if self.task_queue is not None and row.task_queue != self.task_queue:
+            return False
+        if self.started_after is not None and row.start_time < self.started_after:
+            return False
+        if self.started_before is not None and row.start_time > self.started_before:
+            return False
+        if self.closed_after is not None and (row.close_time is None or row.close_time < self.closed_after):
+            return False
+        if self.closed_before is not None and (row.close_time is None or row.close_time > self.closed_before):
+            return False
+        return all(p.matches(row.search_attributes) for p in self.search)
+
+    def apply(self, rows: Iterable[VisibilityRow]) -> list[VisibilityRow]:
+        """Filter, order and page ``rows`` (the reference implementation)."""
+        chosen = sorted((r for r in rows if self.matches(r)), key=lambda r: (r.start_time, r.workflow_id))
+        if self.newest_first:
+            # Stable: workflow_id stays ascending within one start_time.
+            chosen.sort(key=lambda r: r.start_time, reverse=True)
+        end = None if self.limit is None else self.offset + self.limit
+        return chosen[self.offset : end]
+
+
+@runtime_checkable
+class VisibilityStore(Protocol):
+    """Rows for listing and searching workflows, one per workflow id (latest run).
+
+    ``upsert`` replaces the row of ``row.workflow_id``; ``get`` returns it or
+    ``None``; ``list``/``count`` follow :class:`VisibilityFilter`.  Every value
+    is bound as a parameter.  Same checkpoint and close rules as
+    :class:`EventStore`.
+    """
+
+    async def upsert(self, row: VisibilityRow) -> None: ...
+
+    async def get(self, workflow_id: str) -> VisibilityRow | None: ...
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]: ...
+
+    async def count(self, filter: VisibilityFilter | None = None) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What a store plugin's opener yields: an event store and a visibility store."""
+
+    @property
+    def events(self) -> EventStore: ...
+
+    @property
+    def visibility(self) -> VisibilityStore: ...
+
+    async def aclose(self) -> None: ...
+
+
+def validate_batch(workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+    """Raise :class:`InvalidBatch` unless ``events`` are the contiguous next seqs of ``workflow_id``.
+
+    Store implementations call this before touching their backend.
+    """
+    if isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0:
+        raise InvalidBatch(f"expected_seq must be an int >= 0, got {expected_seq!r}")
+    if not events:
+        raise InvalidBatch(f"workflow {workflow_id!r}: refusing to append an empty batch")
+    for offset, event in enumerate(events):
+        if not isinstance(event, Event):
+            raise InvalidBatch(f"workflow {workflow_id!r}: batch item {offset} is not an Event: {event!r}")
+        if event.workflow_id != workflow_id:
+            raise InvalidBatch(
+                f"batch for workflow {workflow_id!r} holds an event of workflow {event.workflow_id!r}"
+            )
+        want = expected_seq + 1 + offset
+        if event.seq != want:
+            raise InvalidBatch(
+                f"workflow {workflow_id!r}: batch item {offset} has seq {event.seq}, expected {want} "
+                f"(batches must continue contiguously from expected_seq={expected_seq})"
+            )

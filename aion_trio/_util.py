@@ -1,0 +1,33 @@
+"""Small helpers shared by the package."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def fixup_module_metadata(module_name: str, namespace: Mapping[str, object]) -> None:
+    """Make re-exported objects say they live in ``module_name``.
+
+    So tracebacks and reprs say ``aion_trio.SequenceConflict`` rather than
+    ``aion_trio._errors.SequenceConflict``.
+    """
+    seen: set[int] = set()
+
+    def fix_one(qualname: str, name: str, obj: object) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        mod = getattr(obj, "__module__", None)
+        if isinstance(mod, str) and mod.startswith("aion_trio._"):
+            try:
+                obj.__module__ = module_name  # type: ignore[attr-defined]
+            except (AttributeError, TypeError):  # pragma: no cover - builtins, slots
+                return
+            if isinstance(obj, type):
+                for attr_name, attr_value in list(vars(obj).items()):
+                    if callable(attr_value) and getattr(attr_value, "__qualname__", "").startswith(obj.__qualname__ + "."):
+                        fix_one(f"{qualname}.{attr_name}", attr_name, attr_value)
+
+    for name, obj in namespace.items():
+        if not name.startswith("_"):
+            fix_one(name, name, obj)

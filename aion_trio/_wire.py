@@ -1,0 +1,294 @@
+"""The one place events are converted to and from their JSON wire form.
+
+Wire form of an event::
+
+    {"workflow_id": "...", "seq": 1, "recorded_at": "2026-01-01T00:00:00+00:00",
+     "type": "ActivityCompleted", "data": {...}}
+
+Field encodings inside ``data``: payloads inline as JSON values (an absent
+optional payload is an absent key), datetimes as ISO-8601 in UTC, durations as
+float seconds, enums by value, tuples as lists, nested error records as
+objects.  Unknown types, unknown fields, missing fields and ill-typed values
+are :class:`EventDecodeError`.  The form is pinned by golden files in
+``tests/golden``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import types
+import typing
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any, Union
+
+import attrs
+
+from ._errors import EventDecodeError
+from ._events import EVENT_TYPES, ActivityError, ErrorInfo, Event, EventBody
+from ._payload import Payload
+
+_SEPARATORS = (",", ":")
+_MISSING = object()
+
+
+def _format_dt(value: datetime) -> str:
+    return value.astimezone(timezone.utc).isoformat()
+
+
+def _parse_dt(value: object) -> datetime:
+    if not isinstance(value, str):
+        raise EventDecodeError(f"expected an ISO-8601 string, got {value!r}")
+    text = value[:-1] + "+00:00" if value.endswith("Z") else value
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise EventDecodeError(f"{value!r} is not an ISO-8601 datetime") from None
+    if parsed.tzinfo is None:
+        raise EventDecodeError(f"datetime {value!r} has no timezone")
+    return parsed.astimezone(timezone.utc)
+
+
+@attrs.frozen
+class _FieldCodec:
+    encode: Callable[[Any], Any]
+    decode: Callable[[Any], Any]
+    #: Encode ``None`` by omitting the key (only for optional payloads).
+    omit_none: bool = False
+
+
+def _expect(kind: type | tuple[type, ...], name: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise EventDecodeError(f"expected {name}, got {value!r}")
+        if not isinstance(value, kind):
+            raise EventDecodeError(f"expected {name}, got {value!r}")
+        return value
+
+    return check
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _codec_for(tp: Any) -> _FieldCodec:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType) and type(None) in args:
+        (inner,) = (a for a in args if a is not type(None))
+        inner_codec = _codec_for(inner)
+
+        def enc_opt(value: Any) -> Any:
+            return None if value is None else inner_codec.encode(value)
+
+        def dec_opt(value: Any) -> Any:
+            return None if value is None else inner_codec.decode(value)
+
+        return _FieldCodec(enc_opt, dec_opt, omit_none=inner is Payload)
+    if tp is Payload:
+
+        def dec_payload(value: Any) -> Payload:
+            return Payload(json.dumps(value, separators=_SEPARATORS, ensure_ascii=False))
+
+        return _FieldCodec(lambda p: json.loads(p.json), dec_payload)
+    if tp is str:
+        return _FieldCodec(_identity, _expect(str, "a string"))
+    if tp is bool:
+        return _FieldCodec(_identity, _expect(bool, "a boolean"))
+    if tp is int:
+        return _FieldCodec(_identity, _expect(int, "an integer"))
+    if tp is datetime:
+        return _FieldCodec(_format_dt, _parse_dt)
+    if tp is timedelta:
+
+        def dec_td(value: Any) -> timedelta:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise EventDecodeError(f"expected a duration in seconds, got {value!r}")
+            return timedelta(seconds=value)
+
+        return _FieldCodec(lambda td: td.total_seconds(), dec_td)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        enum_type = tp
+
+        def dec_enum(value: Any) -> Any:
+            try:
+                return enum_type(value)
+            except ValueError:
+                allowed = ", ".join(repr(m.value) for m in enum_type)
+                raise EventDecodeError(
+                    f"{value!r} is not a valid {enum_type.__name__} (one of {allowed})"
+                ) from None
+
+        return _FieldCodec(lambda e: e.value, dec_enum)
+    if tp in (ErrorInfo, ActivityError):
+        return _FieldCodec(lambda v: _encode_attrs(v), lambda v: _decode_attrs(tp, v))
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _codec_for(args[0])
+
+        def dec_tuple(value: Any) -> tuple[Any, ...]:
+            if not isinstance(value, list):
+                raise EventDecodeError(f"expected a list, got {value!r}")
+            return tuple(item.decode(v) for v in value)
+
+        return _FieldCodec(lambda t: [item.encode(v) for v in t], dec_tuple)
+    if origin is Mapping or tp is Mapping:
+        # Search attributes: JSON object; list values become tuples via the
+        # body's own converter, which also validates names and values.
+        def enc_map(value: Mapping[str, Any]) -> dict[str, Any]:
+            return {k: list(v) if isinstance(v, tuple) else v for k, v in value.items()}
+
+        def dec_map(value: Any) -> dict[str, Any]:
+            if not isinstance(value, dict):
+                raise EventDecodeError(f"expected an object, got {value!r}")
+            return value
+
+        return _FieldCodec(enc_map, dec_map)
+    raise TypeError(f"no wire codec for field type {tp!r}")  # pragma: no cover - import-time
+
+
+_CODECS: dict[type, dict[str, _FieldCodec]] = {}
+
+
+def _codecs(cls: type) -> dict[str, _FieldCodec]:
+    found = _CODECS.get(cls)
+    if found is None:
+        import aion_trio._events as events_module
+
+        hints = typing.get_type_hints(cls, vars(events_module))
+        found = {f.name: _codec_for(hints[f.name]) for f in attrs.fields(cls)}
+        _CODECS[cls] = found
+    return found
+
+
+def _encode_attrs(value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, codec in _codecs(type(value)).items():
+        field_value = getattr(value, name)
+        if field_value is None and codec.omit_none:
+            continue
+        out[name] = codec.encode(field_value)
+    return out
+
+
+def _decode_attrs(cls: type, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise EventDecodeError(f"{cls.__name__}: expected an object, got {data!r}")
+    codecs = _codecs(cls)
+    unknown = sorted(set(data) - set(codecs))
+    if unknown:
+        raise EventDecodeError(f"{cls.__name__}: unknown field(s) {', '.join(map(repr, unknown))}")
+    kwargs: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        codec = codecs[field.name]
+        raw = data.get(field.name, _MISSING)
+        if raw is _MISSING:
+            if field.default is attrs.NOTHING:
+                raise EventDecodeError(f"{cls.__name__}: missing field {field.name!r}")
+            continue
+        try:
+            kwargs[field.name] = codec.decode(raw)
+        except EventDecodeError as exc:
+            raise EventDecodeError(f"{cls.__name__}.{field.name}: {exc}") from None
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise EventDecodeError(f"{cls.__name__}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------
+# Public functions
+# --------------------------------------------------------------------------
+
+
+def body_to_wire(body: EventBody) -> tuple[str, dict[str, Any]]:
+    """Return ``(type_name, data)`` for an event body."""
+    name = type(body).__name__
+    if EVENT_TYPES.get(name) is not type(body):
+        raise TypeError(f"{type(body).__qualname__} is not an event body type")
+    return name, _encode_attrs(body)
+
+
+def body_from_wire(type_name: object, data: object) -> EventBody:
+    """Build an event body from its wire type name and data object."""
+    if not isinstance(type_name, str):
+        raise EventDecodeError(f"event type must be a string, got {type_name!r}")
+    cls = EVENT_TYPES.get(type_name)
+    if cls is None:
+        raise EventDecodeError(f"unknown event type {type_name!r}")
+    result: EventBody = _decode_attrs(cls, data)
+    return result
+
+
+def body_data_json(body: EventBody) -> tuple[str, str]:
+    """Return ``(type_name, data_as_compact_json_text)``: the form stores keep in a column."""
+    name, data = body_to_wire(body)
+    return name, json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+
+
+def body_from_data_json(type_name: object, data_text: str | bytes) -> EventBody:
+    try:
+        data = json.loads(data_text)
+    except (ValueError, TypeError) as exc:
+        raise EventDecodeError(f"event data is not valid JSON: {exc}") from None
+    return body_from_wire(type_name, data)
+
+
+_ENVELOPE_KEYS = frozenset({"workflow_id", "seq", "recorded_at", "type", "data"})
+
+
+def event_to_wire(event: Event) -> dict[str, Any]:
+    name, data = body_to_wire(event.body)
+    return {
+        "workflow_id": event.workflow_id,
+        "seq": event.seq,
+        "recorded_at": _format_dt(event.recorded_at),
+        "type": name,
+        "data": data,
+    }
+
+
+def event_from_wire(obj: object) -> Event:
+    if not isinstance(obj, dict):
+        raise EventDecodeError(f"an event must be a JSON object, got {obj!r}")
+    unknown = sorted(set(obj) - _ENVELOPE_KEYS)
+    if unknown:
+        raise EventDecodeError(f"event envelope: unknown field(s) {', '.join(map(repr, unknown))}")
+    missing = sorted(_ENVELOPE_KEYS - set(obj))
+    if missing:
+        raise EventDecodeError(f"event envelope: missing field(s) {', '.join(map(repr, missing))}")
+    workflow_id = obj["workflow_id"]
+    seq = obj["seq"]
+    if not isinstance(workflow_id, str):
+        raise EventDecodeError(f"event envelope: workflow_id must be a string, got {workflow_id!r}")
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise EventDecodeError(f"event envelope: seq must be an integer, got {seq!r}")
+    body = body_from_wire(obj["type"], obj["data"])
+    try:
+        return Event(
+            workflow_id=workflow_id, seq=seq, recorded_at=_parse_dt(obj["recorded_at"]), body=body
+        )
+    except (ValueError, TypeError) as exc:
+        raise EventDecodeError(f"event envelope: {exc}") from exc
+
+
+def event_to_json(event: Event) -> str:
+    return json.dumps(event_to_wire(event), separators=_SEPARATORS, ensure_ascii=False)
+
+
+def event_from_json(text: str | bytes) -> Event:
+    try:
+        obj = json.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise EventDecodeError(f"event is not valid JSON: {exc}") from None
+    return event_from_wire(obj)
+
+
+def format_datetime(value: datetime) -> str:
+    """The wire form of a datetime (ISO-8601, UTC)."""
+    return _format_dt(value)
+
+
+def parse_datetime(value: str) -> datetime:
+    return _parse_dt(value)

@@ -1,0 +1,67 @@
+"""The surface for store-plugin authors.
+
+Everything a store needs and nothing of the engine: the event model, the wire
+codec, the projections a store may use to keep a status column, the store
+protocols and errors, and the registration hook.
+"""
+
+from __future__ import annotations
+
+from .._errors import (
+    BackendUnavailable as BackendUnavailable,
+    DatabaseCorrupt as DatabaseCorrupt,
+    DatabaseTooNew as DatabaseTooNew,
+    EventDecodeError as EventDecodeError,
+    InvalidBatch as InvalidBatch,
+    InvalidQuery as InvalidQuery,
+    InvalidStoreUrl as InvalidStoreUrl,
+    NotAnAionDatabase as NotAnAionDatabase,
+    NotFound as NotFound,
+    NotOwner as NotOwner,
+    SequenceConflict as SequenceConflict,
+    SerializationError as SerializationError,
+    StoreError as StoreError,
+    StoreOpenError as StoreOpenError,
+    StorePathError as StorePathError,
+)
+from .._events import (
+    Event as Event,
+    EventBody as EventBody,
+    SearchValue as SearchValue,
+    WorkflowStatus as WorkflowStatus,
+)
+from .._plugins import (
+    DISABLE_ENV as DISABLE_ENV,
+    ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,
+    PluginLoadError as PluginLoadError,
+    StoreOpener as StoreOpener,
+    StoreRegistry as StoreRegistry,
+    StoreScheme as StoreScheme,
+    build_registry as build_registry,
+    hookimpl as hookimpl,
+    hookspec as hookspec,
+    make_plugin_manager as make_plugin_manager,
+)
+from .._projections import (
+    is_active_status as is_active_status,
+    status_after as status_after,
+)
+from .._store import (
+    EventStore as EventStore,
+    SearchOp as SearchOp,
+    SearchPredicate as SearchPredicate,
+    Store as Store,
+    TimerEntry as TimerEntry,
+    VisibilityFilter as VisibilityFilter,
+    VisibilityRow as VisibilityRow,
+    VisibilityStore as VisibilityStore,
+    validate_batch as validate_batch,
+)
+from .._wire import (
+    body_data_json as body_data_json,
+    body_from_data_json as body_from_data_json,
+    event_from_json as event_from_json,
+    event_to_json as event_to_json,
+    format_datetime as format_datetime,
+    parse_datetime as parse_datetime,
+)

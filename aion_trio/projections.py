@@ -1,0 +1,31 @@
+"""Projections over event histories: status, settlement, timers, failures (DESIGN §3.3).
+
+Pure functions of event lists; usable by store authors and tools without an
+engine.
+"""
+
+from __future__ import annotations
+
+from ._projections import (
+    AttemptRecord as AttemptRecord,
+    FailureSummary as FailureSummary,
+    OutstandingTimer as OutstandingTimer,
+    activity_settled as activity_settled,
+    current_lease_terminal as current_lease_terminal,
+    failure as failure,
+    is_active as is_active,
+    is_active_status as is_active_status,
+    latest_run_id as latest_run_id,
+    next_delivery_attempt as next_delivery_attempt,
+    retry_trail as retry_trail,
+    run_ids as run_ids,
+    run_segment as run_segment,
+    run_status as run_status,
+    scheduled_activities as scheduled_activities,
+    search_attributes as search_attributes,
+    start_event as start_event,
+    status_after as status_after,
+    timer_resolved as timer_resolved,
+    unsettled_activities as unsettled_activities,
+    workflow_status as workflow_status,
+)
