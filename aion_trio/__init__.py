@@ -10,17 +10,22 @@ from __future__ import annotations
 from . import projections as projections
 from ._errors import (
     AionError as AionError,
+    ActivityFailure as ActivityFailure,
     AionInternalError as AionInternalError,
     BackendUnavailable as BackendUnavailable,
     DatabaseCorrupt as DatabaseCorrupt,
     DatabaseTooNew as DatabaseTooNew,
+    EngineEpochClosed as EngineEpochClosed,
+    EngineError as EngineError,
     EventDecodeError as EventDecodeError,
     InvalidBatch as InvalidBatch,
     InvalidQuery as InvalidQuery,
     InvalidStoreUrl as InvalidStoreUrl,
     NotAnAionDatabase as NotAnAionDatabase,
     NotFound as NotFound,
+    NonDeterminismError as NonDeterminismError,
     NotOwner as NotOwner,
+    NotRunning as NotRunning,
     PayloadError as PayloadError,
     PayloadNotSerializable as PayloadNotSerializable,
     PayloadTooLarge as PayloadTooLarge,
@@ -31,7 +36,14 @@ from ._errors import (
     StoreOpenError as StoreOpenError,
     StorePathError as StorePathError,
     StoreSchemeConflict as StoreSchemeConflict,
+    TerminalError as TerminalError,
+    UnknownActivityType as UnknownActivityType,
     UnknownStoreScheme as UnknownStoreScheme,
+    UnknownWorkflowType as UnknownWorkflowType,
+    WorkflowAlreadyStarted as WorkflowAlreadyStarted,
+    WorkflowCommandError as WorkflowCommandError,
+    WorkflowFailure as WorkflowFailure,
+    WorkflowNotFound as WorkflowNotFound,
 )
 from ._events import (
     ActivityAdvisoryExhausted as ActivityAdvisoryExhausted,
@@ -67,6 +79,32 @@ from ._events import (
     WorkflowStarted as WorkflowStarted,
     WorkflowStatus as WorkflowStatus,
     WorkflowTimedOut as WorkflowTimedOut,
+)
+from ._activities import (
+    ActivityDispatcher as ActivityDispatcher,
+    ActivityInfo as ActivityInfo,
+    ActivityOutcome as ActivityOutcome,
+    ActivityRequest as ActivityRequest,
+    activity_info as activity_info,
+)
+from ._clock import EngineClock as EngineClock
+from ._completion import CompletionRetryConfig as CompletionRetryConfig
+from ._context import ActivityHandle as ActivityHandle, WorkflowContext as WorkflowContext
+from ._definitions import (
+    ActivityDefinition as ActivityDefinition,
+    WorkflowDefinition as WorkflowDefinition,
+    activity as activity,
+    workflow as workflow,
+)
+from ._engine import (
+    Engine as Engine,
+    EngineConfig as EngineConfig,
+    EngineStatistics as EngineStatistics,
+    IdReusePolicy as IdReusePolicy,
+    PendingActivity as PendingActivity,
+    RunHandle as RunHandle,
+    WorkflowDescription as WorkflowDescription,
+    open_engine as open_engine,
 )
 from ._payload import Payload as Payload, PayloadCodec as PayloadCodec
 from ._plugins import open_store as open_store

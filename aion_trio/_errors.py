@@ -8,6 +8,7 @@ mapped into the store errors at the store boundary, with the original kept as
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 class AionError(Exception):
@@ -216,3 +217,175 @@ class PayloadTooLarge(PayloadError):
 
 class EventDecodeError(AionError, ValueError):
     """A wire-form event has an unknown type, an unknown or missing field, or a bad value."""
+
+
+# --------------------------------------------------------------------------
+# Engine errors (DESIGN §5-§7, §11)
+# --------------------------------------------------------------------------
+
+
+class EngineError(AionError):
+    """Base class of errors raised by the engine itself."""
+
+
+class EngineEpochClosed(EngineError):
+    """A durable write was refused because this engine's epoch has closed.
+
+    It is not a store fault: the engine is shutting down (or has shut down),
+    nothing was written, and the next engine's recovery owns the work.
+    Constructed only by :func:`epoch_closed`.
+    """
+
+    def __init__(self, workflow_id: str | None, run_id: str | None, action: str) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.action = action
+        where = ""
+        if workflow_id is not None:
+            where = f" for workflow {workflow_id!r}"
+            if run_id is not None:
+                where += f" run {run_id}"
+        super().__init__(
+            f"refused to {action}{where}: the engine epoch is closed (the engine is shutting "
+            "down); nothing was written and the next engine's recovery will pick this up"
+        )
+
+
+def epoch_closed(workflow_id: str | None, run_id: str | None, action: str) -> EngineEpochClosed:
+    """The one place an :class:`EngineEpochClosed` is constructed."""
+    return EngineEpochClosed(workflow_id, run_id, action)
+
+
+class NonDeterminismError(EngineError):
+    """Replayed workflow code issued a command that differs from the recorded one.
+
+    The run is not failed: it stays Running and is marked stuck until an
+    operator deploys compatible code (and restarts) or terminates it.
+    """
+
+    def __init__(
+        self,
+        workflow_id: str,
+        run_id: str,
+        family: str,
+        ordinal: int,
+        recorded: str,
+        requested: str,
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.family = family
+        self.ordinal = ordinal
+        self.recorded = recorded
+        self.requested = requested
+        super().__init__(
+            f"non-determinism in workflow {workflow_id!r} run {run_id}: {family} command "
+            f"#{ordinal} was recorded as {recorded} but the code now requests {requested}; "
+            "the run stays Running (marked stuck) until compatible code is deployed or it is "
+            "terminated (use ctx.patched() to change code under running workflows)"
+        )
+
+
+class UnknownWorkflowType(EngineError, LookupError):
+    """No workflow of this name is registered with the engine."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        self.name = name
+        self.known = tuple(known)
+        super().__init__(
+            f"workflow type {name!r} is not registered with this engine "
+            f"(registered: {', '.join(self.known) or 'none'}); pass it in open_engine(workflows=[...])"
+        )
+
+
+class UnknownActivityType(EngineError, LookupError):
+    """No activity of this name is registered with the engine."""
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        self.name = name
+        self.known = tuple(known)
+        super().__init__(
+            f"activity type {name!r} is not registered with this engine "
+            f"(registered: {', '.join(self.known) or 'none'}); pass it in open_engine(activities=[...])"
+        )
+
+
+class WorkflowNotFound(EngineError, LookupError):
+    """No workflow with this id (or run) exists in the store."""
+
+    def __init__(self, workflow_id: str, run_id: str | None = None) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        what = f"workflow {workflow_id!r}" + (f" run {run_id}" if run_id else "")
+        super().__init__(f"{what} does not exist in this store")
+
+
+class WorkflowAlreadyStarted(EngineError):
+    """A start was refused by the id-reuse policy."""
+
+    def __init__(self, workflow_id: str, run_id: str, status: str, policy: str) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.status = status
+        self.policy = policy
+        super().__init__(
+            f"workflow {workflow_id!r} already exists (run {run_id}, {status}); id_reuse={policy} "
+            "refuses a new run — pick another workflow_id or another id_reuse policy"
+        )
+
+
+class NotRunning(EngineError):
+    """The operation needs a running workflow, and this one is terminal."""
+
+    def __init__(self, workflow_id: str, status: str, operation: str) -> None:
+        self.workflow_id = workflow_id
+        self.status = status
+        self.operation = operation
+        super().__init__(
+            f"cannot {operation} workflow {workflow_id!r}: it is {status}, not running; nothing was recorded"
+        )
+
+
+class WorkflowCommandError(EngineError, RuntimeError):
+    """A workflow command was used where it is not allowed (wrong task, query handler, ...)."""
+
+
+class ActivityFailure(AionError):
+    """Raised inside workflow code when an activity settled with a final failure."""
+
+    def __init__(self, activity_id: int, activity_type: str, error: Any) -> None:
+        self.activity_id = activity_id
+        self.activity_type = activity_type
+        self.error = error
+        super().__init__(
+            f"activity:{activity_id} {activity_type} failed ({error.cause.value}): "
+            f"{error.type}: {error.message}"
+        )
+
+    @property
+    def type(self) -> str:
+        return str(self.error.type)
+
+    @property
+    def message(self) -> str:
+        return str(self.error.message)
+
+
+class WorkflowFailure(AionError):
+    """Raised by ``result()`` when the run ended without a result.
+
+    ``status`` is the terminal status; ``error`` the recorded error (for Failed).
+    """
+
+    def __init__(self, workflow_id: str, run_id: str, status: str, error: Any = None, reason: str = "") -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.status = status
+        self.error = error
+        self.reason = reason
+        detail = f"{error.type}: {error.message}" if error is not None else reason
+        super().__init__(f"workflow {workflow_id!r} run {run_id} {status}" + (f": {detail}" if detail else ""))
+
+
+class TerminalError(Exception):
+    """Raise from activity code for a failure that must not be retried."""

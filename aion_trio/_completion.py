@@ -1,0 +1,410 @@
+"""Recording a run's terminal, and retrying it durably (DESIGN §7; seeds 000 and 001).
+
+When a run's coroutine returns or raises, its exit is normalised once into a
+:class:`TerminalIntent` whose ``exit_time`` is captured once and reused by
+every retry, so a terminal that lands after an outage still says when the run
+finished.  One attempt runs under the recorder lock; a transient failure arms
+a retry in the engine epoch and returns at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+
+from ._epoch import ArmOutcome, RetryKey, RetrySlot
+from ._errors import BackendUnavailable
+from ._events import (
+    ErrorInfo,
+    Event,
+    EventBody,
+    TimerCancelCause,
+    TimerCancelled,
+    WorkflowCompleted,
+    WorkflowContinuedAsNew,
+    WorkflowFailed,
+    WorkflowTimedOut,
+)
+from ._ids import deadline_timer_id
+from ._payload import Payload
+from ._projections import current_lease_terminal, outstanding_timers, run_segment, run_status
+from ._registry import Lease, Residency
+
+if TYPE_CHECKING:
+    from ._engine import EngineCore
+
+logger = logging.getLogger("aion_trio.completion")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class CompletionRetryConfig:
+    """The completion retry's backoff ladder: sleep ``initial``, doubling up to ``ceiling``.
+
+    Refused at construction if it cannot climb: ``initial`` must be positive
+    and finite, ``ceiling`` at least ``initial``.  The ceiling is also the
+    log rate of a stuck retry (every attempt at the ceiling logs once).
+    """
+
+    initial: float = 0.1
+    ceiling: float = 30.0
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("initial", "ceiling"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"completion retry {name} must be a finite number of seconds, got {value!r}")
+        if self.initial <= 0:
+            raise ValueError(f"completion retry initial backoff must be > 0 (a ladder from 0 cannot climb), got {self.initial!r}")
+        if self.ceiling < self.initial:
+            raise ValueError(
+                f"completion retry ceiling ({self.ceiling!r}) must be at least the initial backoff ({self.initial!r})"
+            )
+
+
+class TerminalKind(enum.Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CONTINUED_AS_NEW = "continued_as_new"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class TerminalIntent:
+    """What terminal a run's exit means; ``exit_time`` captured once, reused by every retry."""
+
+    kind: TerminalKind
+    exit_time: datetime
+    result: Payload | None = None
+    error: ErrorInfo | None = None
+    continue_input: Payload | None = None
+    continue_type: str | None = None
+
+    @classmethod
+    def completed(cls, result: Payload, exit_time: datetime) -> TerminalIntent:
+        return cls(kind=TerminalKind.COMPLETED, exit_time=exit_time, result=result)
+
+    @classmethod
+    def failed(cls, error: ErrorInfo, exit_time: datetime) -> TerminalIntent:
+        return cls(kind=TerminalKind.FAILED, exit_time=exit_time, error=error)
+
+    @classmethod
+    def continued_as_new(cls, input: Payload, workflow_type: str | None, exit_time: datetime) -> TerminalIntent:
+        return cls(
+            kind=TerminalKind.CONTINUED_AS_NEW, exit_time=exit_time, continue_input=input, continue_type=workflow_type
+        )
+
+    def body(self, run_id: str) -> EventBody:
+        if self.kind is TerminalKind.COMPLETED:
+            assert self.result is not None
+            return WorkflowCompleted(result=self.result)
+        if self.kind is TerminalKind.FAILED:
+            assert self.error is not None
+            return WorkflowFailed(error=self.error)
+        assert self.continue_input is not None
+        return WorkflowContinuedAsNew(input=self.continue_input, workflow_type=self.continue_type, parent_run_id=run_id)
+
+
+class TerminalProgress(enum.Enum):
+    """Whether a terminal for the run was observed durable (own append, or found present)."""
+
+    NOT_RECORDED = "not_recorded"
+    RECORDED = "recorded"
+
+    def operator_summary(self) -> str:
+        if self is TerminalProgress.RECORDED:
+            return "was recorded, but the bookkeeping that follows it did not complete"
+        return "could not be recorded"
+
+
+@final
+class CompletionFailure(Exception):
+    """An attempt's failure, carrying the progress made before it."""
+
+    def __init__(self, error: BaseException, progress: TerminalProgress, retryable: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.progress = progress
+        self.retryable = retryable
+
+
+def is_transient(error: BaseException) -> bool:
+    """Only unavailability clears by waiting.
+
+    ``SequenceConflict`` (a second writer), ``NotOwner`` (this node lost the
+    workflow: re-resolving the owner is not this loop's job), ``NotFound``,
+    serialization, non-determinism and a closed epoch are all reported, never
+    retried: the loop has no attempt budget and must not spin on them.
+    """
+    return isinstance(error, BackendUnavailable)
+
+
+def failure_discriminant(error: BaseException) -> str:
+    """The retry's log dedup key: the error's type, never its rendered message."""
+    cls = type(error)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@final
+class FaultReporter:
+    """When an unbounded retry states its fault: when a fault is first seen, and
+    whenever the attempt count reaches the next power of two.  A new fault does
+    not push the escalation point out."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._report_at = 1
+
+    def should_report(self, fault: str, attempts: int) -> bool:
+        unseen = fault not in self._seen
+        escalated = attempts >= self._report_at
+        if not unseen and not escalated:
+            return False
+        if unseen:
+            self._seen.add(fault)
+        if escalated:
+            self._report_at = attempts * 2
+        return True
+
+
+def _log_fields(lease: Lease, **more: Any) -> dict[str, Any]:
+    return {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id, **more}
+
+
+def stands_down(core: EngineCore, lease: Lease, progress: TerminalProgress) -> bool:
+    """Exactly two disjuncts: this completion already recorded a terminal, or the
+    registry positively holds a *different* lease for the run.  An absent entry
+    does not stand down (absence of evidence is not a reopen)."""
+    current = core.registry.get(lease.workflow_id, lease.run_id)
+    superseded = current is not None and current.lease_id != lease.lease_id
+    if progress is TerminalProgress.RECORDED or superseded:
+        logger.info(
+            "completion stands down without writing: this run's terminal is no longer this lease's "
+            "to write (it already recorded one, or a newer lease holds the run)",
+            extra=_log_fields(lease, superseded_by_newer_lease=superseded),
+        )
+        return True
+    return False
+
+
+async def retire_deadline(core: EngineCore, lease: Lease, history: Any) -> None:
+    """Append ``TimerCancelled`` for the run's outstanding deadline, if any.  Hold the lock."""
+    deadline = deadline_timer_id(lease.run_id)
+    segment = run_segment(history, lease.run_id)
+    if any(t.timer_id == deadline for t in outstanding_timers(segment)):
+        await lease.recorder.append(
+            [TimerCancelled(timer_id=deadline, cause=TimerCancelCause.WORKFLOW_INTENT)],
+            action="retire the workflow deadline",
+            run_id=lease.run_id,
+        )
+        await core.forget_timer(lease.workflow_id, deadline)
+
+
+@attrs.define
+class _Progress:
+    value: TerminalProgress
+
+
+async def run_exit_attempt(core: EngineCore, lease: Lease, intent: TerminalIntent, progress: _Progress) -> None:
+    """One attempt.  ``progress`` is set at the two instants a terminal is known durable."""
+    recorder = lease.recorder
+    resumed: Event | None = None
+    recorded: Event
+    async with recorder.lock:
+        # The epoch gate sits before the branch: the resume arm appends too.
+        core.epoch.gate(lease.workflow_id, lease.run_id, "record the workflow terminal")
+        history = await recorder.current_history()
+        existing = current_lease_terminal(run_segment(history, lease.run_id))
+        if existing is not None:
+            # Durable point 1: a terminal is already in history.
+            progress.value = TerminalProgress.RECORDED
+            # A TimedOut deadline belongs to the deadline teardown (its resume anchor).
+            if not isinstance(existing.body, WorkflowTimedOut):
+                await retire_deadline(core, lease, history)
+            resumed = existing
+            recorded = existing
+        else:
+            if stands_down(core, lease, progress.value):
+                return
+            body = intent.body(lease.run_id)
+            deadline = deadline_timer_id(lease.run_id)
+            bodies: list[EventBody] = [body]
+            if any(t.timer_id == deadline for t in outstanding_timers(run_segment(history, lease.run_id))):
+                bodies.append(TimerCancelled(timer_id=deadline, cause=TimerCancelCause.WORKFLOW_INTENT))
+            events = await recorder.append(
+                bodies, action="record the workflow terminal", run_id=lease.run_id, at=intent.exit_time
+            )
+            # Durable point 2: this attempt's own append returned.
+            progress.value = TerminalProgress.RECORDED
+            recorded = events[0]
+            status = run_status(recorder.history, lease.run_id)
+            if status is not None:
+                lease.cached_status = status
+            if len(bodies) > 1:
+                await core.forget_timer(lease.workflow_id, deadline)
+
+    # Notify as soon as the terminal is decided: bookkeeping failures below
+    # must never strand a waiter.
+    lease.completion.notify(recorded)
+
+    if resumed is not None and isinstance(resumed.body, WorkflowTimedOut):
+        # The teardown owns a timed-out run's visibility and deadline.
+        reconcile_registry(core, lease)
+        return
+    await core.upsert_visibility(lease.workflow_id)
+    reconcile_registry(core, lease)
+    if isinstance(recorded.body, WorkflowContinuedAsNew) and recorded.body.parent_run_id == lease.run_id:
+        await core.start_successor(lease, recorded.body)
+
+
+def reconcile_registry(core: EngineCore, lease: Lease) -> None:
+    """Status from history; residency Suspended; the entry is kept."""
+    status = run_status(lease.recorder.history, lease.run_id)
+    if status is not None:
+        lease.cached_status = status
+    if lease.residency is Residency.RESIDENT:
+        lease.residency = Residency.SUSPENDED
+
+
+async def complete_run_exit(
+    core: EngineCore, lease: Lease, intent: TerminalIntent, prior: TerminalProgress
+) -> TerminalProgress:
+    """One attempt, seeded with earlier attempts' progress; raises :class:`CompletionFailure`."""
+    progress = _Progress(prior)
+    try:
+        await run_exit_attempt(core, lease, intent, progress)
+    except (trio.Cancelled, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise CompletionFailure(exc, progress.value, is_transient(exc)) from exc
+    return progress.value
+
+
+async def handle_run_exit(core: EngineCore, lease: Lease, intent: TerminalIntent) -> None:
+    """Record the run's terminal.  A transient failure arms a retry and returns at once;
+    anything else is raised to the caller."""
+    try:
+        await complete_run_exit(core, lease, intent, TerminalProgress.NOT_RECORDED)
+    except CompletionFailure as failure:
+        if failure.retryable:
+            arm_completion_retry(core, lease, intent, failure.error, failure.progress)
+            return
+        raise failure.error from None
+
+
+def arm_completion_retry(
+    core: EngineCore, lease: Lease, intent: TerminalIntent, cause: BaseException, progress: TerminalProgress
+) -> ArmOutcome:
+    key = RetryKey(lease.workflow_id, lease.run_id, lease.lease_id)
+    config = core.config.completion_retry
+
+    async def body(slot: RetrySlot) -> None:
+        await retry_run_exit(core, lease, intent, config, progress)
+
+    outcome = core.epoch.arm_completion_retry(key, body)
+    fields = _log_fields(lease, error=repr(cause), terminal_recorded=progress is TerminalProgress.RECORDED)
+    summary = progress.operator_summary()
+    if outcome is ArmOutcome.ARMED:
+        logger.warning("workflow completion %s; retrying durably in the background: %s", summary, cause, extra=fields)
+    elif outcome is ArmOutcome.ALREADY_ARMED:
+        logger.debug(
+            "workflow completion %s; a retry for this lease is already in flight and owns the terminal, "
+            "so this exit arms nothing",
+            summary,
+            extra=fields,
+        )
+    elif progress is TerminalProgress.NOT_RECORDED:
+        logger.warning(
+            "workflow completion could not be recorded and no retry was armed (the engine is shutting "
+            "down); the run stays Running until the next engine's recovery: %s",
+            cause,
+            extra=fields,
+        )
+    else:
+        logger.warning(
+            "workflow completion was recorded and no retry was armed (the engine is shutting down); the "
+            "run is terminal, but its bookkeeping (visibility, registry) did not complete and may lag "
+            "until recovery: %s",
+            cause,
+            extra=fields,
+        )
+    return outcome
+
+
+async def retry_run_exit(
+    core: EngineCore,
+    lease: Lease,
+    intent: TerminalIntent,
+    config: CompletionRetryConfig,
+    arming_progress: TerminalProgress,
+) -> None:
+    """Retry until the terminal lands, the run is seen terminal or superseded, the epoch
+    closes, or an unretryable failure is hit.  No attempt budget: its price is loudness."""
+    backoff = config.initial
+    attempts = 0
+    reporter = FaultReporter()
+    started = trio.current_time()
+    progress = arming_progress
+    while True:
+        await trio.sleep(backoff)
+        backoff = min(backoff * 2, config.ceiling)
+        attempts += 1
+        try:
+            progress = await complete_run_exit(core, lease, intent, progress)
+        except CompletionFailure as failure:
+            progress = failure.progress
+            fields = _log_fields(
+                lease,
+                attempts=attempts,
+                elapsed_seconds=round(trio.current_time() - started, 3),
+                error=repr(failure.error),
+                fault=failure_discriminant(failure.error),
+                terminal_recorded=progress is TerminalProgress.RECORDED,
+            )
+            if not failure.retryable:
+                if progress is TerminalProgress.RECORDED:
+                    logger.error(
+                        "workflow completion hit an unretryable failure AFTER its terminal was durably "
+                        "recorded; the run is terminal, but the bookkeeping that follows did not complete: %s",
+                        failure.error,
+                        extra=fields,
+                    )
+                else:
+                    logger.error(
+                        "workflow completion hit an unretryable failure; the run stays Running until the "
+                        "next engine's recovery or an operator acts: %s",
+                        failure.error,
+                        extra=fields,
+                    )
+                return
+            at_ceiling = backoff >= config.ceiling
+            fields["at_ceiling"] = at_ceiling
+            # Always consult the reporter, so its first-sight bookkeeping sees every fault.
+            first_sight = reporter.should_report(fields["fault"], attempts)
+            if at_ceiling or first_sight:
+                logger.warning(
+                    "workflow completion retry failed transiently; retrying with backoff: %s",
+                    failure.error,
+                    extra=fields,
+                )
+            continue
+        if progress is TerminalProgress.RECORDED:
+            logger.info(
+                "workflow completion is durable after a transient failure: the terminal is in history "
+                "(visibility is refreshed by the attempt that ran the bookkeeping; if this attempt stood "
+                "down on an already-durable terminal, a visibility row may lag until the next reconcile)",
+                extra=_log_fields(lease, attempts=attempts),
+            )
+        else:
+            logger.info(
+                "workflow completion retry stood down without recording: the terminal is no longer this "
+                "lease's to write",
+                extra=_log_fields(lease, attempts=attempts),
+            )
+        return

@@ -1,0 +1,461 @@
+"""Executing workflow code: the context, commands, handles and replay (DESIGN §6.3).
+
+A run is a Trio task executing the user's coroutine with a
+:class:`WorkflowContext`.  Commands take per-run ordinals by family in program
+order and resolve against history as *Recorded* (replay: return it, append
+nothing), *ResumeLive* (history exhausted: do it for real and record it) or
+*NonDeterminism*.  Observations (activity outcomes, ...) are recorded before
+they are observed: the workflow only ever reads its run's segment of the
+recorder's history, a prefix that only grows, and consumes resolutions from
+it — so replay takes the branch the live run took.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import uuid
+from collections.abc import Callable, Generator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+
+import attrs
+import trio
+
+from ._definitions import ActivityDefinition
+from ._errors import (
+    ActivityFailure,
+    PayloadError,
+    UnknownActivityType,
+    WorkflowCommandError,
+)
+from ._events import (
+    ActivityCancelled,
+    ActivityCompleted,
+    ActivityError,
+    ActivityFailed,
+    ActivityScheduled,
+    ActivityStarted,
+    Event,
+    FailureCause,
+    MarkerRecorded,
+    WorkflowReopened,
+    WorkflowStarted,
+)
+from ._payload import Payload
+
+if TYPE_CHECKING:
+    from ._engine import EngineCore
+    from ._registry import Lease
+
+T = TypeVar("T")
+
+PATCH_MARKER_PREFIX = "patch:"
+
+
+class RunAborted(BaseException):
+    """Unwinds workflow code without recording a terminal (epoch closed, double writer, ...).
+
+    A ``BaseException`` so ``except Exception`` in workflow code cannot swallow
+    it.  The run stays Running in the store; the next engine's recovery (or an
+    operator) takes it from there.
+    """
+
+
+@final
+class ContinueAsNew(Exception):
+    """Raise ``ctx.continue_as_new(...)`` to end this run and start a fresh one."""
+
+    def __init__(self, args: tuple[Any, ...], workflow_type: str | None) -> None:
+        super().__init__("continue as new")
+        self.args_ = args
+        self.workflow_type = workflow_type
+
+
+@attrs.define(eq=False)
+class _PendingActivity:
+    ordinal: int
+    definition: ActivityDefinition[Any]
+    input: Payload
+    task_queue: str
+    options: Payload
+
+
+@final
+class RunState:
+    """An incremental index of one run's segment of the recorder's history."""
+
+    def __init__(self, run_id: str, history: Sequence[Event]) -> None:
+        self.run_id = run_id
+        self._history = history
+        self._cursor = 0
+        self._inside = False
+        self._ended = False
+        self.start: Event | None = None
+        self.scheduled: dict[int, Event] = {}
+        self.settled: dict[int, Event] = {}
+        self.markers: dict[str, Event] = {}
+        self.started_attempt: dict[int, int] = {}
+
+    def sync(self) -> None:
+        """Index events appended since the last call."""
+        history = self._history
+        n = len(history)
+        while self._cursor < n and not self._ended:
+            event = history[self._cursor]
+            self._cursor += 1
+            body = event.body
+            if isinstance(body, WorkflowStarted):
+                if self._inside:
+                    self._ended = True
+                    break
+                if body.run_id == self.run_id:
+                    self._inside = True
+                    self.start = event
+                continue
+            if not self._inside:
+                continue
+            if isinstance(body, ActivityScheduled):
+                self.scheduled[body.activity_id] = event
+            elif isinstance(body, ActivityStarted):
+                self.started_attempt[body.activity_id] = body.attempt
+            elif isinstance(body, (ActivityCompleted, ActivityCancelled)):
+                self.settled[body.activity_id] = event
+            elif isinstance(body, ActivityFailed):
+                if body.final:
+                    self.settled[body.activity_id] = event
+            elif isinstance(body, WorkflowReopened):
+                for activity_id in body.reopened_activity_ids:
+                    self.settled.pop(activity_id, None)
+            elif isinstance(body, MarkerRecorded):
+                self.markers.setdefault(body.name, event)
+
+
+def _seed(workflow_id: str, run_id: str) -> int:
+    digest = hashlib.sha256(f"{workflow_id}\x00{run_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+@final
+class ActivityHandle(Generic[T]):
+    """A scheduled activity.  ``await handle`` gives its result or raises ``ActivityFailure``."""
+
+    def __init__(self, ctx: WorkflowContext, activity_id: int, activity_type: str) -> None:
+        self._ctx = ctx
+        self.activity_id = activity_id
+        self.activity_type = activity_type
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._ctx._await_activity(self).__await__()
+
+    def __repr__(self) -> str:
+        return f"<ActivityHandle activity:{self.activity_id} {self.activity_type}>"
+
+
+class _ReplayAwareLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """``ctx.logger``: silent while the run replays, with workflow fields attached."""
+
+    def __init__(self, logger: logging.Logger, ctx: WorkflowContext) -> None:
+        super().__init__(logger, {})
+        self._ctx = ctx
+
+    def isEnabledFor(self, level: int) -> bool:
+        return not self._ctx.is_replaying and self.logger.isEnabledFor(level)
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = dict(kwargs.get("extra") or {})
+        extra.setdefault("workflow_id", self._ctx.workflow_id)
+        extra.setdefault("run_id", self._ctx.run_id)
+        kwargs["extra"] = extra
+        return msg, kwargs
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if self.isEnabledFor(level):
+            super().log(level, msg, *args, **kwargs)
+
+
+@final
+class WorkflowContext:
+    """The workflow's only door to the world.
+
+    Use it only from the workflow's own task: for concurrency inside a
+    workflow, start activities with :meth:`start` and combine the handles with
+    :meth:`gather` / :meth:`wait_first` (never a nursery).
+    """
+
+    def __init__(self, core: EngineCore, lease: Lease) -> None:
+        self._core = core
+        self._lease = lease
+        self._recorder = lease.recorder
+        self._state = RunState(lease.run_id, lease.recorder.history)
+        self._state.sync()
+        if self._state.start is None:
+            raise WorkflowCommandError(f"run {lease.run_id} has no WorkflowStarted in history")
+        self._now: datetime = self._state.start.recorded_at
+        self._position = self._state.start.seq
+        # A run whose lease began with nothing after its start has nothing to replay.
+        self._caught_up = lease.start_head <= self._state.start.seq
+        self._next_activity = 0
+        self._pending: list[_PendingActivity] = []
+        self._poisoned: BaseException | None = None
+        self._rng = random.Random(_seed(lease.workflow_id, lease.run_id))
+        self._task: trio.lowlevel.Task | None = None
+        self.logger: logging.LoggerAdapter = _ReplayAwareLogger(  # type: ignore[type-arg]
+            logging.getLogger(f"aion_trio.workflow.{lease.workflow_type}"), self
+        )
+
+    # -- identity ----------------------------------------------------------
+
+    @property
+    def workflow_id(self) -> str:
+        return self._lease.workflow_id
+
+    @property
+    def run_id(self) -> str:
+        return self._lease.run_id
+
+    @property
+    def workflow_type(self) -> str:
+        return self._lease.workflow_type
+
+    @property
+    def is_replaying(self) -> bool:
+        """True until the run first does something not already in history."""
+        return not self._caught_up
+
+    def now(self) -> datetime:
+        """The replay position: the run's start time, advanced by each resolution consumed.
+
+        Identical live and on replay; never reads a clock.
+        """
+        return self._now
+
+    def random(self) -> random.Random:
+        """A generator seeded by (workflow_id, run_id): same sequence on replay."""
+        return self._rng
+
+    def uuid4(self) -> uuid.UUID:
+        """A deterministic version-4 UUID from :meth:`random`."""
+        return uuid.UUID(int=self._rng.getrandbits(128), version=4)
+
+    # -- internals ---------------------------------------------------------
+
+    def _bind_task(self) -> None:
+        self._task = trio.lowlevel.current_task()
+
+    def _require_own_task(self, what: str) -> None:
+        try:
+            current = trio.lowlevel.current_task()
+        except RuntimeError:
+            current = None
+        if self._task is None or current is not self._task:
+            raise WorkflowCommandError(
+                f"{what} was called from a task that is not workflow {self.workflow_id!r}'s own; "
+                "workflow commands must be issued by the workflow function itself — for concurrency "
+                "use handles: h = ctx.start(activity, ...), then await ctx.gather(h1, h2) or "
+                "ctx.wait_first(h1, h2) instead of a nursery"
+            )
+        if self._poisoned is not None:
+            raise self._poisoned
+
+    def _consume(self, event: Event) -> None:
+        if event.seq > self._position:
+            self._position = event.seq
+        if event.recorded_at > self._now:
+            self._now = event.recorded_at
+
+    def _poison(self, error: BaseException) -> BaseException:
+        self._poisoned = error
+        return error
+
+    # -- activities --------------------------------------------------------
+
+    def start(self, activity: ActivityDefinition[Any] | str, *args: Any, task_queue: str | None = None) -> ActivityHandle[Any]:
+        """Schedule an activity; returns a handle at once (await it later)."""
+        self._require_own_task("ctx.start()")
+        definition = self._core.activity_definition(activity)
+        ordinal = self._next_activity
+        self._state.sync()
+        recorded = self._state.scheduled.get(ordinal)
+        if recorded is not None:
+            body = recorded.body
+            assert isinstance(body, ActivityScheduled)
+            if body.activity_type != definition.name:
+                from ._errors import NonDeterminismError
+
+                raise self._poison(
+                    NonDeterminismError(
+                        self.workflow_id,
+                        self.run_id,
+                        "activity",
+                        ordinal,
+                        f"activity {body.activity_type!r}",
+                        f"activity {definition.name!r}",
+                    )
+                )
+            self._next_activity += 1
+            self._consume(recorded)
+            return ActivityHandle(self, ordinal, definition.name)
+        # ResumeLive: validate the input before anything is recorded.
+        try:
+            payload = self._core.codec.encode(list(args), what=f"input of activity {definition.name!r}")
+        except PayloadError:
+            raise
+        self._caught_up = True
+        self._next_activity += 1
+        queue = task_queue or definition.task_queue or self._core.config.default_task_queue
+        self._pending.append(
+            _PendingActivity(
+                ordinal=ordinal,
+                definition=definition,
+                input=payload,
+                task_queue=queue,
+                options=Payload.of(definition.options_json()),
+            )
+        )
+        return ActivityHandle(self, ordinal, definition.name)
+
+    async def run(self, activity: ActivityDefinition[Any] | str, *args: Any, task_queue: str | None = None) -> Any:
+        """Schedule an activity and wait for its result."""
+        return await self.start(activity, *args, task_queue=task_queue)
+
+    async def _flush(self) -> None:
+        """Record pending commands (one batch) and dispatch what they start."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        await self._core.record_commands(self._lease, self._state, pending)
+
+    def _activity_resolution(self, activity_id: int) -> Event | None:
+        return self._state.settled.get(activity_id)
+
+    def _activity_value(self, handle: ActivityHandle[Any], event: Event) -> Any:
+        body = event.body
+        if isinstance(body, ActivityCompleted):
+            return self._core.codec.decode(body.result)
+        if isinstance(body, ActivityFailed):
+            raise ActivityFailure(handle.activity_id, handle.activity_type, body.error)
+        if isinstance(body, ActivityCancelled):
+            raise ActivityFailure(
+                handle.activity_id,
+                handle.activity_type,
+                ActivityError(
+                    cause=FailureCause.CANCELLED,
+                    type="ActivityCancelled",
+                    message=f"attempt {body.attempt} was cancelled",
+                ),
+            )
+        raise AssertionError(f"not an activity resolution: {event!r}")  # pragma: no cover
+
+    async def _wait_until(self, check: Callable[[], T | None]) -> T:
+        """Flush commands, then park until ``check()`` finds a resolution in the snapshot."""
+        self._require_own_task("awaiting a workflow handle")
+        await self._flush()
+        await trio.lowlevel.checkpoint()
+        while True:
+            self._state.sync()
+            found = check()
+            if found is not None:
+                return found
+            self._caught_up = True
+            await self._recorder.wait_changed()
+            if self._poisoned is not None:
+                raise self._poisoned
+
+    async def _await_activity(self, handle: ActivityHandle[Any]) -> Any:
+        event = await self._wait_until(lambda: self._activity_resolution(handle.activity_id))
+        self._consume(event)
+        return self._activity_value(handle, event)
+
+    async def gather(self, *handles: ActivityHandle[Any]) -> list[Any]:
+        """Wait for every handle; results in argument order.
+
+        If any failed, raises the failure recorded first (lowest seq) as soon
+        as it is in history — the same one live and on replay.
+        """
+
+        def check() -> list[Event] | Event | None:
+            resolved = [self._activity_resolution(h.activity_id) for h in handles]
+            failures = [e for e in resolved if e is not None and not isinstance(e.body, ActivityCompleted)]
+            if failures:
+                return min(failures, key=lambda e: e.seq)
+            if all(e is not None for e in resolved):
+                return [e for e in resolved if e is not None]
+            return None
+
+        outcome = await self._wait_until(check)
+        if isinstance(outcome, Event):
+            self._consume(outcome)
+            body = outcome.body
+            handle = next(h for h in handles if h.activity_id == getattr(body, "activity_id", None))
+            return self._activity_value(handle, outcome)
+        for event in outcome:
+            self._consume(event)
+        return [self._activity_value(h, e) for h, e in zip(handles, outcome)]
+
+    async def wait_first(self, *handles: ActivityHandle[Any]) -> ActivityHandle[Any]:
+        """Wait until one handle resolves; returns the one recorded first (lowest seq)."""
+        if not handles:
+            raise ValueError("wait_first() needs at least one handle")
+
+        def check() -> tuple[ActivityHandle[Any], Event] | None:
+            present = [
+                (h, e) for h in handles if (e := self._activity_resolution(h.activity_id)) is not None
+            ]
+            return min(present, key=lambda pair: pair[1].seq) if present else None
+
+        handle, event = await self._wait_until(check)
+        self._consume(event)
+        return handle
+
+    # -- versioning ----------------------------------------------------------
+
+    async def patched(self, patch_id: str) -> bool:
+        """True if this run executes the new code path for ``patch_id``.
+
+        Runs that recorded the patch, and runs reaching this point live, take
+        the new path (live runs record a marker); a run replaying history made
+        by older code before the marker existed takes the old path.
+        """
+        self._require_own_task("ctx.patched()")
+        name = PATCH_MARKER_PREFIX + patch_id
+        self._state.sync()
+        marker = self._state.markers.get(name)
+        if marker is not None:
+            self._consume(marker)
+            return True
+        if self._has_unmatched_commands():
+            # History made by older code issued further commands without this
+            # patch: follow the old path so replay keeps matching it.
+            return False
+        await self._flush()
+        await self._core.record_marker(self._lease, name, Payload("true"))
+        self._state.sync()
+        self._caught_up = True
+        return True
+
+    def continue_as_new(self, *args: Any, workflow_type: str | None = None) -> ContinueAsNew:
+        """``raise ctx.continue_as_new(...)``: end this run and start a fresh one with new input."""
+        self._require_own_task("ctx.continue_as_new()")
+        return ContinueAsNew(args, workflow_type)
+
+    # -- checks at exit ----------------------------------------------------
+
+    def _has_unmatched_commands(self) -> bool:
+        self._state.sync()
+        return any(k >= self._next_activity for k in self._state.scheduled)
+
+    def unissued_recorded_command(self) -> tuple[str, int, str] | None:
+        """A command recorded in history that this execution never issued, if any."""
+        self._state.sync()
+        extra = sorted(k for k in self._state.scheduled if k >= self._next_activity)
+        if extra:
+            body = self._state.scheduled[extra[0]].body
+            assert isinstance(body, ActivityScheduled)
+            return ("activity", extra[0], f"activity {body.activity_type!r}")
+        return None
+
+
+def unknown_activity(name: str, known: Sequence[str]) -> UnknownActivityType:
+    return UnknownActivityType(name, sorted(known))

@@ -1,0 +1,170 @@
+"""``@workflow`` and ``@activity``: what users register with an engine."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from typing import Any, Generic, TypeVar, final, overload
+
+import attrs
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ActivityLoop(enum.Enum):
+    """How an activity function is run."""
+
+    TRIO = "trio"  #: ``async def``: a Trio task, truly cancellable
+    THREAD = "thread"  #: plain ``def``: ``trio.to_thread.run_sync``
+    ASYNCIO = "asyncio"  #: asyncio coroutine function, through trio-asyncio
+
+
+def _seconds(value: timedelta | float | int | None, what: str) -> float | None:
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{what} must be a positive duration, got {value!r}")
+    return seconds
+
+
+def _check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+        raise ValueError(f"{what} name must be a non-empty str without whitespace, got {name!r}")
+    return name
+
+
+@final
+@attrs.frozen(kw_only=True)
+class WorkflowDefinition(Generic[F]):
+    """A registered workflow: ``fn(ctx, *args)`` is an ``async def``."""
+
+    name: str
+    fn: F
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ActivityDefinition(Generic[F]):
+    """A registered activity and its default options."""
+
+    name: str
+    fn: F
+    loop: ActivityLoop
+    #: Per-attempt timeout in seconds (``None``: no timeout).
+    timeout: float | None = None
+    task_queue: str | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the plain function (handy in unit tests of the activity itself)."""
+        return self.fn(*args, **kwargs)
+
+    def options_json(self) -> dict[str, Any]:
+        return {"timeout": self.timeout, "loop": self.loop.value}
+
+
+@overload
+def workflow(fn: F, /) -> WorkflowDefinition[F]: ...
+@overload
+def workflow(*, name: str | None = None) -> Callable[[F], WorkflowDefinition[F]]: ...
+
+
+def workflow(fn: F | None = None, /, *, name: str | None = None) -> Any:
+    """Declare ``async def fn(ctx, *args)`` a workflow.  ``name`` defaults to the qualname.
+
+    Workflow code must be deterministic: it talks to the world only through
+    its :class:`~aion_trio.WorkflowContext` (activities, timers, signals,
+    ``ctx.now()``, ``ctx.random()``), never directly.
+    """
+
+    def wrap(f: F) -> WorkflowDefinition[F]:
+        if not inspect.iscoroutinefunction(f):
+            raise TypeError(f"@workflow needs an async def function, got {f!r}")
+        definition: WorkflowDefinition[F] = WorkflowDefinition(name=_check_name(name or f.__qualname__, "workflow"), fn=f)
+        return definition
+
+    return wrap(fn) if fn is not None else wrap
+
+
+@overload
+def activity(fn: F, /) -> ActivityDefinition[F]: ...
+@overload
+def activity(
+    *,
+    name: str | None = None,
+    loop: str | None = None,
+    timeout: timedelta | float | None = None,
+    task_queue: str | None = None,
+) -> Callable[[F], ActivityDefinition[F]]: ...
+
+
+def activity(
+    fn: F | None = None,
+    /,
+    *,
+    name: str | None = None,
+    loop: str | None = None,
+    timeout: timedelta | float | None = None,
+    task_queue: str | None = None,
+) -> Any:
+    """Declare ``fn`` an activity.
+
+    ``async def`` activities run as Trio tasks; plain ``def`` activities run in
+    a worker thread; ``loop="asyncio"`` runs an asyncio coroutine function
+    through trio-asyncio.  ``timeout`` bounds each attempt.  Activities run at
+    least once: make them idempotent.
+    """
+
+    seconds = _seconds(timeout, "timeout")
+    if task_queue is not None:
+        _check_name(task_queue, "task_queue")
+
+    def wrap(f: F) -> ActivityDefinition[F]:
+        if loop is None:
+            kind = ActivityLoop.TRIO if inspect.iscoroutinefunction(f) else ActivityLoop.THREAD
+        else:
+            try:
+                kind = ActivityLoop(loop)
+            except ValueError:
+                raise ValueError(f"loop must be 'trio', 'thread' or 'asyncio', got {loop!r}") from None
+        is_async = inspect.iscoroutinefunction(f)
+        if kind in (ActivityLoop.TRIO, ActivityLoop.ASYNCIO) and not is_async:
+            raise TypeError(f"activity {f.__qualname__}: loop={kind.value!r} needs an async def function")
+        if kind is ActivityLoop.THREAD and is_async:
+            raise TypeError(f"activity {f.__qualname__}: an async def function cannot run in a thread")
+        definition: ActivityDefinition[F] = ActivityDefinition(
+            name=_check_name(name or f.__qualname__, "activity"),
+            fn=f,
+            loop=kind,
+            timeout=seconds,
+            task_queue=task_queue,
+        )
+        return definition
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def index_definitions(
+    workflows: Iterable[WorkflowDefinition[Any]], activities: Iterable[ActivityDefinition[Any]]
+) -> tuple[Mapping[str, WorkflowDefinition[Any]], Mapping[str, ActivityDefinition[Any]]]:
+    wf: dict[str, WorkflowDefinition[Any]] = {}
+    for w in workflows:
+        if not isinstance(w, WorkflowDefinition):
+            raise TypeError(f"workflows=[...] takes @aion_trio.workflow functions, got {w!r}")
+        if w.name in wf and wf[w.name] is not w:
+            raise ValueError(f"two workflows are registered under the name {w.name!r}")
+        wf[w.name] = w
+    act: dict[str, ActivityDefinition[Any]] = {}
+    for a in activities:
+        if not isinstance(a, ActivityDefinition):
+            raise TypeError(f"activities=[...] takes @aion_trio.activity functions, got {a!r}")
+        if a.name in act and act[a.name] is not a:
+            raise ValueError(f"two activities are registered under the name {a.name!r}")
+        act[a.name] = a
+    return wf, act

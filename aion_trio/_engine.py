@@ -1,0 +1,965 @@
+"""The engine: ``open_engine``, the client API, running runs, recovery (DESIGN §2, §5, §6)."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import sys
+import traceback
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, final
+
+import attrs
+import trio
+
+from ._activities import (
+    ActivityDispatcher,
+    ActivityRequest,
+    InProcessDispatcher,
+    RecordOutcome,
+    drive_activity,
+    record_activity_event,
+)
+from ._clock import EngineClock, TrioClock
+from ._completion import (
+    CompletionRetryConfig,
+    TerminalIntent,
+    handle_run_exit,
+)
+from ._context import ContinueAsNew, RunAborted, RunState, WorkflowContext, _PendingActivity
+from ._definitions import ActivityDefinition, ActivityLoop, WorkflowDefinition, index_definitions
+from ._epoch import EngineEpoch, EpochStatistics
+from ._errors import (
+    AionInternalError,
+    BackendUnavailable,
+    EngineEpochClosed,
+    NonDeterminismError,
+    NotOwner,
+    PayloadError,
+    SequenceConflict,
+    StoreError,
+    UnknownActivityType,
+    UnknownWorkflowType,
+    WorkflowAlreadyStarted,
+    WorkflowFailure,
+    WorkflowNotFound,
+    epoch_closed,
+)
+from ._events import (
+    ActivityScheduled,
+    ActivityStarted,
+    ErrorInfo,
+    Event,
+    MarkerRecorded,
+    WorkflowCompleted,
+    WorkflowContinuedAsNew,
+    WorkflowFailed,
+    WorkflowReopened,
+    WorkflowStarted,
+    WorkflowStatus,
+    validate_search_attributes,
+)
+from ._ids import new_run_id, new_workflow_id, validate_workflow_id
+from ._payload import Payload, PayloadCodec
+from ._plugins import open_store
+from ._projections import (
+    current_lease_terminal,
+    failure,
+    latest_run_id,
+    next_delivery_attempt,
+    retry_trail,
+    run_segment,
+    scheduled_activities,
+    search_attributes,
+    unsettled_activities,
+    workflow_status,
+)
+from ._recorder import Recorder
+from ._registry import Lease, Registry, Residency
+from ._store import EventStore, Store, VisibilityFilter, VisibilityRow, VisibilityStore
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+logger = logging.getLogger("aion_trio.engine")
+
+
+class IdReusePolicy(enum.Enum):
+    """What ``start`` does when the workflow id already exists.
+
+    * ``ALLOW_DUPLICATE`` (default): refuse while a run is active; once the
+      last run closed, start a new run under the same id.
+    * ``ALLOW_IF_FAILED``: like the default, but only if the last run failed,
+      was cancelled or timed out.
+    * ``REJECT_DUPLICATE``: refuse if the id was ever used.
+    * ``USE_EXISTING``: return the existing latest run (idempotent start).
+    """
+
+    ALLOW_DUPLICATE = "allow_duplicate"
+    ALLOW_IF_FAILED = "allow_if_failed"
+    REJECT_DUPLICATE = "reject_duplicate"
+    USE_EXISTING = "use_existing"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EngineConfig:
+    """Engine settings.
+
+    ``drain_timeout``: on graceful shutdown, seconds in-flight activity attempts
+    may run to finish and record their outcome; what still runs at the deadline
+    is parked (nothing recorded) and re-dispatched by the next engine.  ``None``
+    or 0: no drain.  ``clock``: inject an :class:`EngineClock` (default: wall
+    time advanced by Trio's clock, so ``MockClock`` drives durable time).
+    """
+
+    completion_retry: CompletionRetryConfig = attrs.field(factory=CompletionRetryConfig)
+    codec: PayloadCodec = attrs.field(factory=PayloadCodec)
+    drain_timeout: float | None = None
+    default_task_queue: str = "default"
+    clock: EngineClock | None = None
+    #: Worker threads for plain-``def`` activities.
+    max_activity_threads: int = 40
+
+    def __attrs_post_init__(self) -> None:
+        if self.drain_timeout is not None and (self.drain_timeout < 0):
+            raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout!r}")
+        if self.max_activity_threads < 1:
+            raise ValueError(f"max_activity_threads must be >= 1, got {self.max_activity_threads!r}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PendingActivity:
+    activity_id: int
+    activity_type: str
+    attempt: int
+    scheduled_at: datetime
+    task_queue: str
+
+
+@final
+@attrs.frozen(kw_only=True)
+class WorkflowDescription:
+    """A workflow's current state, projected from its history."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    status: WorkflowStatus
+    start_time: datetime
+    close_time: datetime | None
+    task_queue: str
+    search_attributes: Mapping[str, Any]
+    result: Any = None
+    error: ErrorInfo | None = None
+    failed_step: str | None = None
+    pending_activities: tuple[PendingActivity, ...] = ()
+    stuck_reason: str | None = None
+    history_length: int = 0
+    run_ids: tuple[str, ...] = ()
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EngineStatistics:
+    registered_leases: int
+    resident_runs: int
+    stuck_runs: int
+    loaded_recorders: int
+    epoch: EpochStatistics
+
+
+class EngineCore:
+    """The engine's internals, shared by the run tasks, dispatchers and completion path."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        epoch: EngineEpoch,
+        workflows: Mapping[str, WorkflowDefinition[Any]],
+        activities: Mapping[str, ActivityDefinition[Any]],
+        config: EngineConfig,
+        clock: EngineClock,
+        dispatcher: ActivityDispatcher,
+    ) -> None:
+        self.store = store
+        self.events: EventStore = store.events
+        self.visibility: VisibilityStore = store.visibility
+        self.epoch = epoch
+        self.workflows = workflows
+        self.activities = activities
+        self.config = config
+        self.codec = config.codec
+        self.clock = clock
+        self.dispatcher = dispatcher
+        self.registry = Registry()
+        self.stuck: dict[str, str] = {}
+        self._recorders: dict[str, Recorder] = {}
+        self._loading: dict[str, trio.Event] = {}
+
+    # -- definitions -------------------------------------------------------
+
+    def workflow_definition(self, workflow: WorkflowDefinition[Any] | str) -> WorkflowDefinition[Any]:
+        name = workflow if isinstance(workflow, str) else getattr(workflow, "name", None)
+        found = self.workflows.get(name) if isinstance(name, str) else None
+        if found is None:
+            raise UnknownWorkflowType(str(name if name is not None else workflow), sorted(self.workflows))
+        return found
+
+    def activity_definition(self, activity: ActivityDefinition[Any] | str) -> ActivityDefinition[Any]:
+        name = activity if isinstance(activity, str) else getattr(activity, "name", None)
+        found = self.activities.get(name) if isinstance(name, str) else None
+        if found is None:
+            raise UnknownActivityType(str(name if name is not None else activity), sorted(self.activities))
+        return found
+
+    # -- recorders ---------------------------------------------------------
+
+    async def recorder_for(self, workflow_id: str) -> Recorder:
+        """This engine's one recorder for ``workflow_id`` (loaded from the store once)."""
+        while True:
+            found = self._recorders.get(workflow_id)
+            if found is not None:
+                await trio.lowlevel.checkpoint()
+                return found
+            loading = self._loading.get(workflow_id)
+            if loading is None:
+                break
+            await loading.wait()
+        done = trio.Event()
+        self._loading[workflow_id] = done
+        try:
+            recorder = await Recorder.load(workflow_id, self.events, self.epoch, self.clock)
+            self._recorders[workflow_id] = recorder
+            return recorder
+        finally:
+            del self._loading[workflow_id]
+            done.set()
+
+    def loaded_recorder(self, workflow_id: str) -> Recorder | None:
+        return self._recorders.get(workflow_id)
+
+    # -- runs --------------------------------------------------------------
+
+    async def reopen_locked(
+        self, recorder: Recorder, run_id: str, workflow_type: str, activity_ids: Sequence[int] = ()
+    ) -> Lease:
+        """Append ``WorkflowReopened`` and install the run's new lease in the same critical
+        section (hold the recorder lock), so no check made under the lock ever sees the
+        reopen recorded without its lease, or the lease without its reopen."""
+        await recorder.append(
+            [WorkflowReopened(run_id=run_id, reopened_activity_ids=tuple(activity_ids))],
+            action="reopen the run",
+            run_id=run_id,
+        )
+        return self.new_lease(recorder, run_id, workflow_type)
+
+    def new_lease(self, recorder: Recorder, run_id: str, workflow_type: str) -> Lease:
+        """Create and install a lease.  Call inside the recorder critical section
+        that appended the event making it current."""
+        lease = Lease(
+            workflow_id=recorder.workflow_id,
+            run_id=run_id,
+            workflow_type=workflow_type,
+            recorder=recorder,
+            start_head=recorder.head,
+        )
+        self.registry.install(lease)
+        return lease
+
+    def spawn_run(self, lease: Lease) -> None:
+        self.epoch.spawn(
+            self._run_workflow, lease, name=f"workflow:{lease.workflow_id}", workflow_id=lease.workflow_id, run_id=lease.run_id
+        )
+
+    async def _run_workflow(self, lease: Lease) -> None:
+        """A run's task: execute (or replay) the code, then record its terminal."""
+        fields = {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id}
+        definition = self.workflows.get(lease.workflow_type)
+        if definition is None:
+            await self.mark_stuck(
+                lease,
+                f"workflow type {lease.workflow_type!r} is not registered with this engine; register it "
+                "and restart, or terminate the run",
+            )
+            return
+        ctx = WorkflowContext(self, lease)
+        ctx._bind_task()
+        lease.task = trio.lowlevel.current_task()
+        start = ctx._state.start
+        assert start is not None and isinstance(start.body, WorkflowStarted)
+        raw_args = self.codec.decode(start.body.input)
+        args = raw_args if isinstance(raw_args, list) else [raw_args]
+        intent: TerminalIntent
+        try:
+            try:
+                with trio.CancelScope() as scope:
+                    lease.cancel_scope = scope
+                    value = await definition.fn(ctx, *args)
+                await ctx._flush()
+            except RunAborted:
+                return
+            except NonDeterminismError as exc:
+                await self.mark_stuck(lease, str(exc))
+                return
+            except ContinueAsNew as request:
+                if ctx._poisoned is not None:
+                    await self.mark_stuck(lease, str(ctx._poisoned))
+                    return
+                exit_time = self.clock.now()
+                try:
+                    payload = self.codec.encode(list(request.args_), what="continue-as-new input")
+                    intent = TerminalIntent.continued_as_new(payload, request.workflow_type, exit_time)
+                except PayloadError as exc:
+                    intent = TerminalIntent.failed(error_info(exc), exit_time)
+            except Exception as exc:
+                if ctx._poisoned is not None:
+                    await self.mark_stuck(lease, str(ctx._poisoned))
+                    return
+                intent = TerminalIntent.failed(error_info(exc), self.clock.now())
+            else:
+                if ctx._poisoned is not None:
+                    await self.mark_stuck(lease, str(ctx._poisoned))
+                    return
+                leftover = ctx.unissued_recorded_command()
+                if leftover is not None:
+                    family, ordinal, recorded = leftover
+                    await self.mark_stuck(
+                        lease,
+                        str(
+                            NonDeterminismError(
+                                lease.workflow_id, lease.run_id, family, ordinal, recorded, "the workflow to return"
+                            )
+                        ),
+                    )
+                    return
+                exit_time = self.clock.now()
+                try:
+                    payload = self.codec.encode(value, what=f"result of workflow {lease.workflow_type!r}")
+                    intent = TerminalIntent.completed(payload, exit_time)
+                except PayloadError as exc:
+                    intent = TerminalIntent.failed(error_info(exc), exit_time)
+        finally:
+            lease.task = None
+            lease.cancel_scope = None
+        try:
+            await handle_run_exit(self, lease, intent)
+        except EngineEpochClosed as exc:
+            logger.warning("workflow terminal not recorded: %s", exc, extra=fields)
+        except Exception as exc:
+            logger.error(
+                "workflow completion hit an unretryable failure; the run stays as history shows it: %s: %s",
+                type(exc).__name__,
+                exc,
+                extra=fields,
+            )
+
+    async def mark_stuck(self, lease: Lease, reason: str) -> None:
+        """Leave the run Running, marked stuck (visibility ``stuck_reason``), others unaffected."""
+        lease.residency = Residency.STUCK
+        lease.stuck_reason = reason
+        self.stuck[lease.workflow_id] = reason
+        logger.error(
+            "workflow run is stuck and stays Running: %s",
+            reason,
+            extra={"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id},
+        )
+        lease.recorder.notify()
+        await self.upsert_visibility_quietly(lease.workflow_id)
+
+    # -- commands from workflow code ---------------------------------------
+
+    async def _append_with_retry(self, lease: Lease, what: str, build: Any) -> None:
+        """Append what ``build(history)`` returns (re-evaluated per attempt), retrying transient
+        failures.  Unrecoverable failures unwind the run without a terminal."""
+        recorder = lease.recorder
+        delay = self.config.completion_retry.initial
+        attempts = 0
+        fields = {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id}
+        while True:
+            attempts += 1
+            if not self.epoch.admitting:
+                logger.info("run parked: the engine is shutting down (%s not recorded)", what, extra=fields)
+                raise RunAborted()
+            try:
+                async with recorder.lock:
+                    history = await recorder.current_history()
+                    bodies = build(history)
+                    if bodies:
+                        await recorder.append(bodies, action=what, run_id=lease.run_id)
+                return
+            except BackendUnavailable as exc:
+                if attempts & (attempts - 1) == 0:
+                    logger.warning("could not %s (attempt %d); retrying: %s", what, attempts, exc, extra=fields)
+                await trio.sleep(delay)
+                delay = min(delay * 2, self.config.completion_retry.ceiling)
+            except EngineEpochClosed:
+                raise RunAborted() from None
+            except (SequenceConflict, NotOwner) as exc:
+                await self.mark_stuck(lease, f"could not {what}: {exc}")
+                raise RunAborted() from exc
+            except StoreError as exc:
+                await self.mark_stuck(lease, f"could not {what}: {type(exc).__name__}: {exc}")
+                raise RunAborted() from exc
+
+    async def record_commands(self, lease: Lease, state: RunState, pending: Sequence[_PendingActivity]) -> None:
+        def build(history: Sequence[Event]) -> list[Any]:
+            state.sync()
+            bodies: list[Any] = []
+            for p in pending:
+                if p.ordinal in state.scheduled:
+                    continue
+                bodies.append(
+                    ActivityScheduled(
+                        activity_id=p.ordinal,
+                        activity_type=p.definition.name,
+                        input=p.input,
+                        task_queue=p.task_queue,
+                        options=p.options,
+                    )
+                )
+                bodies.append(ActivityStarted(activity_id=p.ordinal, attempt=1))
+            return bodies
+
+        await self._append_with_retry(lease, "schedule activities", build)
+        state.sync()
+        for p in pending:
+            self.dispatch(
+                lease.recorder,
+                ActivityRequest(
+                    workflow_id=lease.workflow_id,
+                    run_id=lease.run_id,
+                    activity_id=p.ordinal,
+                    activity_type=p.definition.name,
+                    input=p.input,
+                    attempt=1,
+                    task_queue=p.task_queue,
+                    options=p.options,
+                ),
+            )
+
+    async def record_marker(self, lease: Lease, name: str, value: Payload) -> None:
+        def build(history: Sequence[Event]) -> list[Any]:
+            segment = run_segment(history, lease.run_id)
+            if any(isinstance(e.body, MarkerRecorded) and e.body.name == name for e in segment):
+                return []
+            return [MarkerRecorded(name=name, value=value)]
+
+        await self._append_with_retry(lease, f"record marker {name}", build)
+
+    # -- activities --------------------------------------------------------
+
+    def dispatch(self, recorder: Recorder, request: ActivityRequest) -> None:
+        try:
+            self.epoch.spawn(
+                self._drive_activity,
+                recorder,
+                request,
+                name=f"activity:{request.workflow_id}:{request.activity_id}",
+                workflow_id=request.workflow_id,
+                run_id=request.run_id,
+            )
+        except EngineEpochClosed:
+            logger.info(
+                "activity:%d not dispatched: the engine is shutting down; recovery re-dispatches it",
+                request.activity_id,
+                extra={"workflow_id": request.workflow_id, "run_id": request.run_id},
+            )
+
+    async def _drive_activity(self, recorder: Recorder, request: ActivityRequest) -> None:
+        backoff = (self.config.completion_retry.initial, self.config.completion_retry.ceiling)
+        await drive_activity(recorder, self.dispatcher, request, record_backoff=backoff)
+
+    async def redispatch_unsettled(self, recorder: Recorder, run_id: str) -> int:
+        """Recovery: dispatch every scheduled, unsettled activity of the run at its next attempt."""
+        segment = run_segment(recorder.history, run_id)
+        scheduled = scheduled_activities(segment)
+        count = 0
+        for activity_id in unsettled_activities(segment):
+            attempt = next_delivery_attempt(segment, activity_id)
+            if attempt is None:
+                continue
+            sched = scheduled[activity_id]
+            trail = retry_trail(segment, activity_id)
+            if not trail or trail[-1].attempt < attempt:
+                # The next attempt has not gone on the wire yet: record that it does.
+                outcome = await record_activity_event(
+                    recorder, run_id, activity_id, ActivityStarted(activity_id=activity_id, attempt=attempt)
+                )
+                if outcome is not RecordOutcome.RECORDED:
+                    continue
+            self.dispatch(
+                recorder,
+                ActivityRequest(
+                    workflow_id=recorder.workflow_id,
+                    run_id=run_id,
+                    activity_id=activity_id,
+                    activity_type=sched.activity_type,
+                    input=sched.input,
+                    attempt=attempt,
+                    task_queue=sched.task_queue,
+                    options=sched.options,
+                ),
+            )
+            count += 1
+        return count
+
+    # -- timers (the index is a hint; history decides) ----------------------
+
+    async def forget_timer(self, workflow_id: str, timer_id: str) -> None:
+        try:
+            await self.events.remove_timer(workflow_id, timer_id)
+        except StoreError as exc:
+            logger.warning("could not remove timer %s from the index (harmless): %s", timer_id, exc)
+
+    # -- visibility --------------------------------------------------------
+
+    def visibility_row(self, workflow_id: str, history: Sequence[Event]) -> VisibilityRow | None:
+        run_id = latest_run_id(history)
+        if run_id is None:
+            return None
+        segment = run_segment(history, run_id)
+        start = segment[0]
+        assert isinstance(start.body, WorkflowStarted)
+        status = workflow_status(history) or WorkflowStatus.RUNNING
+        terminal = current_lease_terminal(segment)
+        failed = failure(segment)
+        return VisibilityRow(
+            workflow_id=workflow_id,
+            run_id=run_id,
+            workflow_type=start.body.workflow_type,
+            status=status,
+            start_time=start.recorded_at,
+            close_time=terminal.recorded_at if terminal is not None else None,
+            task_queue=start.body.task_queue,
+            failed_step=failed.failed_step if failed else None,
+            failure_reason=failed.reason if failed else None,
+            search_attributes=search_attributes(history, run_id),
+            stuck_reason=self.stuck.get(workflow_id) if status is WorkflowStatus.RUNNING else None,
+        )
+
+    async def upsert_visibility(self, workflow_id: str) -> None:
+        recorder = await self.recorder_for(workflow_id)
+        row = self.visibility_row(workflow_id, recorder.history)
+        if row is not None:
+            await self.visibility.upsert(row)
+
+    async def upsert_visibility_quietly(self, workflow_id: str) -> None:
+        try:
+            await self.upsert_visibility(workflow_id)
+        except StoreError as exc:
+            logger.warning(
+                "visibility not updated (it is reconciled from history later): %s", exc, extra={"workflow_id": workflow_id}
+            )
+
+    # -- continue-as-new -----------------------------------------------------
+
+    async def start_successor(self, lease: Lease, terminal: WorkflowContinuedAsNew) -> Lease | None:
+        """Start the successor of a continued run through the same recorder.
+
+        Behind its own epoch gate (it spawns a run).  A successor already open
+        appends nothing and returns ``None``.
+        """
+        self.epoch.gate(lease.workflow_id, lease.run_id, "start the continue-as-new successor")
+        recorder = lease.recorder
+        async with recorder.lock:
+            history = await recorder.current_history()
+            if any(
+                isinstance(e.body, WorkflowStarted) and e.body.parent_run_id == lease.run_id for e in history
+            ):
+                logger.debug(
+                    "continue-as-new successor already started; nothing appended",
+                    extra={"workflow_id": lease.workflow_id, "run_id": lease.run_id},
+                )
+                return None
+            start = run_segment(history, lease.run_id)[0].body
+            assert isinstance(start, WorkflowStarted)
+            run_id = new_run_id()
+            workflow_type = terminal.workflow_type or lease.workflow_type
+            await recorder.append(
+                [
+                    WorkflowStarted(
+                        workflow_type=workflow_type,
+                        input=terminal.input,
+                        run_id=run_id,
+                        parent_run_id=lease.run_id,
+                        parent_workflow_id=start.parent_workflow_id,
+                        task_queue=start.task_queue,
+                        search_attributes=start.search_attributes,
+                        timeout=start.timeout,
+                    )
+                ],
+                action="start the continue-as-new successor",
+                run_id=run_id,
+            )
+            successor = self.new_lease(recorder, run_id, workflow_type)
+            self.spawn_run(successor)
+        await self.upsert_visibility_quietly(lease.workflow_id)
+        return successor
+
+    # -- recovery -----------------------------------------------------------
+
+    async def recover(self) -> None:
+        """The startup sweep: resume every active workflow; one failure does not stop the others."""
+        active = await self.events.list_active()
+        resumed = 0
+        for workflow_id in active:
+            try:
+                await self.recover_workflow(workflow_id)
+                resumed += 1
+            except (trio.Cancelled, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                reason = f"recovery failed: {type(exc).__name__}: {exc}"
+                self.stuck[workflow_id] = reason
+                logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
+        if active:
+            logger.info("recovery resumed %d of %d active workflows", resumed, len(active))
+
+    async def recover_workflow(self, workflow_id: str) -> None:
+        recorder = await self.recorder_for(workflow_id)
+        history = recorder.history
+        run_id = latest_run_id(history)
+        status = workflow_status(history)
+        if run_id is None or status is None:
+            return
+        segment = run_segment(history, run_id)
+        start = segment[0].body
+        assert isinstance(start, WorkflowStarted)
+        if status is WorkflowStatus.RUNNING:
+            lease = self.new_lease(recorder, run_id, start.workflow_type)
+            if start.workflow_type not in self.workflows:
+                await self.mark_stuck(
+                    lease,
+                    f"workflow type {start.workflow_type!r} is not registered with this engine; register it "
+                    "and restart, or terminate the run",
+                )
+                return
+            self.spawn_run(lease)
+            await self.redispatch_unsettled(recorder, run_id)
+        elif status is WorkflowStatus.CONTINUED_AS_NEW:
+            terminal = current_lease_terminal(segment)
+            if terminal is not None and isinstance(terminal.body, WorkflowContinuedAsNew):
+                lease = self.new_lease(recorder, run_id, start.workflow_type)
+                lease.residency = Residency.SUSPENDED
+                lease.cached_status = WorkflowStatus.CONTINUED_AS_NEW
+                await self.start_successor(lease, terminal.body)
+        await self.upsert_visibility_quietly(workflow_id)
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    return ErrorInfo(
+        type=type(exc).__qualname__,
+        message=str(exc),
+        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
+
+
+@final
+class RunHandle:
+    """A started run: ``await handle.result()``."""
+
+    def __init__(self, engine: Engine, workflow_id: str, run_id: str) -> None:
+        self._engine = engine
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+
+    async def result(self, *, follow_continue_as_new: bool = True) -> Any:
+        return await self._engine.result(
+            self.workflow_id, run_id=self.run_id, follow_continue_as_new=follow_continue_as_new
+        )
+
+    async def describe(self) -> WorkflowDescription:
+        return await self._engine.describe(self.workflow_id)
+
+    def __repr__(self) -> str:
+        return f"<RunHandle {self.workflow_id!r} run {self.run_id}>"
+
+
+@final
+class Engine:
+    """A running engine.  Obtain one with :func:`open_engine`."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self._core = core
+
+    @property
+    def epoch(self) -> EngineEpoch:
+        return self._core.epoch
+
+    @property
+    def store(self) -> Store:
+        return self._core.store
+
+    def statistics(self) -> EngineStatistics:
+        leases = self._core.registry.leases()
+        return EngineStatistics(
+            registered_leases=len(leases),
+            resident_runs=sum(1 for lease in leases if lease.task is not None),
+            stuck_runs=sum(1 for lease in leases if lease.residency is Residency.STUCK),
+            loaded_recorders=len(self._core._recorders),
+            epoch=self._core.epoch.statistics(),
+        )
+
+    async def start(
+        self,
+        workflow: WorkflowDefinition[Any] | str,
+        *args: Any,
+        workflow_id: str | None = None,
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+        search_attributes: Mapping[str, Any] | None = None,
+        task_queue: str | None = None,
+    ) -> RunHandle:
+        """Start a workflow run; returns once ``WorkflowStarted`` is durable.
+
+        Bad input (unknown workflow, unserialisable or oversized arguments,
+        bad search attributes) raises before anything is recorded.
+        """
+        core = self._core
+        definition = core.workflow_definition(workflow)
+        wid = validate_workflow_id(workflow_id) if workflow_id is not None else new_workflow_id()
+        payload = core.codec.encode(list(args), what=f"input of workflow {definition.name!r}")
+        attributes = validate_search_attributes(search_attributes or {})
+        queue = task_queue or core.config.default_task_queue
+        if not isinstance(queue, str) or not queue:
+            raise ValueError(f"task_queue must be a non-empty str, got {queue!r}")
+        if not isinstance(id_reuse, IdReusePolicy):
+            raise TypeError(f"id_reuse must be an IdReusePolicy, got {id_reuse!r}")
+        if not core.epoch.admitting:
+            raise epoch_closed(wid, None, "start a workflow")
+        recorder = await core.recorder_for(wid)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            existing_run = latest_run_id(history)
+            if existing_run is not None:
+                status = workflow_status(history)
+                assert status is not None
+                reuse = _reuse_allowed(id_reuse, status)
+                if reuse is None:
+                    return RunHandle(self, wid, existing_run)
+                if not reuse:
+                    raise WorkflowAlreadyStarted(wid, existing_run, status.value, id_reuse.value)
+            run_id = new_run_id()
+            await recorder.append(
+                [
+                    WorkflowStarted(
+                        workflow_type=definition.name,
+                        input=payload,
+                        run_id=run_id,
+                        task_queue=queue,
+                        search_attributes=attributes,
+                    )
+                ],
+                action="start a workflow",
+                run_id=run_id,
+            )
+            lease = core.new_lease(recorder, run_id, definition.name)
+            core.spawn_run(lease)
+        await core.upsert_visibility_quietly(wid)
+        return RunHandle(self, wid, run_id)
+
+    async def _existing_recorder(self, workflow_id: str) -> Recorder:
+        recorder = await self._core.recorder_for(workflow_id)
+        if not recorder.history:
+            raise WorkflowNotFound(workflow_id)
+        return recorder
+
+    async def result(
+        self, workflow_id: str, *, run_id: str | None = None, follow_continue_as_new: bool = True
+    ) -> Any:
+        """Wait for the run's terminal and return its result (following continue-as-new).
+
+        Raises :class:`WorkflowFailure` if the run failed, was cancelled or timed out.
+        """
+        recorder = await self._existing_recorder(workflow_id)
+        current = run_id or latest_run_id(recorder.history)
+        assert current is not None
+        while True:
+            history = recorder.history
+            segment = run_segment(history, current)
+            if not segment:
+                raise WorkflowNotFound(workflow_id, current)
+            terminal = current_lease_terminal(segment)
+            if terminal is not None:
+                body = terminal.body
+                if isinstance(body, WorkflowCompleted):
+                    return self._core.codec.decode(body.result)
+                if isinstance(body, WorkflowContinuedAsNew):
+                    if not follow_continue_as_new:
+                        raise WorkflowFailure(workflow_id, current, "continued_as_new")
+                    successor = next(
+                        (
+                            e.body.run_id
+                            for e in history
+                            if isinstance(e.body, WorkflowStarted) and e.body.parent_run_id == current
+                        ),
+                        None,
+                    )
+                    if successor is not None:
+                        current = successor
+                        continue
+                elif isinstance(body, WorkflowFailed):
+                    raise WorkflowFailure(workflow_id, current, "failed", error=body.error)
+                else:
+                    status = workflow_status(segment)
+                    raise WorkflowFailure(
+                        workflow_id, current, status.value if status else "closed", reason=getattr(body, "reason", "")
+                    )
+            await recorder.wait_changed()
+
+    async def history(self, workflow_id: str) -> list[Event]:
+        """The workflow's full event history, read from the store."""
+        events = await self._core.events.read_history(workflow_id)
+        if not events:
+            raise WorkflowNotFound(workflow_id)
+        return events
+
+    async def describe(self, workflow_id: str) -> WorkflowDescription:
+        core = self._core
+        recorder = await self._existing_recorder(workflow_id)
+        history = recorder.history
+        run_id = latest_run_id(history)
+        assert run_id is not None
+        segment = run_segment(history, run_id)
+        start = segment[0]
+        assert isinstance(start.body, WorkflowStarted)
+        status = workflow_status(history) or WorkflowStatus.RUNNING
+        terminal = current_lease_terminal(segment)
+        result = None
+        error = None
+        if terminal is not None and isinstance(terminal.body, WorkflowCompleted):
+            result = core.codec.decode(terminal.body.result)
+        if terminal is not None and isinstance(terminal.body, WorkflowFailed):
+            error = terminal.body.error
+        scheduled = scheduled_activities(segment)
+        scheduled_at = {
+            e.body.activity_id: e.recorded_at for e in segment if isinstance(e.body, ActivityScheduled)
+        }
+        pending = tuple(
+            PendingActivity(
+                activity_id=a,
+                activity_type=scheduled[a].activity_type,
+                attempt=next_delivery_attempt(segment, a) or 1,
+                scheduled_at=scheduled_at[a],
+                task_queue=scheduled[a].task_queue,
+            )
+            for a in unsettled_activities(segment)
+        )
+        failed = failure(segment)
+        return WorkflowDescription(
+            workflow_id=workflow_id,
+            run_id=run_id,
+            workflow_type=start.body.workflow_type,
+            status=status,
+            start_time=start.recorded_at,
+            close_time=terminal.recorded_at if terminal is not None else None,
+            task_queue=start.body.task_queue,
+            search_attributes=search_attributes(history, run_id),
+            result=result,
+            error=error,
+            failed_step=failed.failed_step if failed else None,
+            pending_activities=pending,
+            stuck_reason=core.stuck.get(workflow_id) if status is WorkflowStatus.RUNNING else None,
+            history_length=len(history),
+            run_ids=tuple(e.body.run_id for e in history if isinstance(e.body, WorkflowStarted)),
+        )
+
+    async def list(self, filter: VisibilityFilter | None = None, **criteria: Any) -> list[VisibilityRow]:
+        """Visibility rows matching ``filter`` (or ``VisibilityFilter(**criteria)``)."""
+        return await self._core.visibility.list(_filter(filter, criteria))
+
+    async def count(self, filter: VisibilityFilter | None = None, **criteria: Any) -> int:
+        return await self._core.visibility.count(_filter(filter, criteria))
+
+
+def _filter(filter: VisibilityFilter | None, criteria: Mapping[str, Any]) -> VisibilityFilter:
+    if filter is not None and criteria:
+        raise TypeError("pass either a VisibilityFilter or keyword criteria, not both")
+    return filter if filter is not None else VisibilityFilter(**criteria)
+
+
+def _reuse_allowed(policy: IdReusePolicy, status: WorkflowStatus) -> bool | None:
+    """True: start a new run; False: refuse; None: return the existing run."""
+    if policy is IdReusePolicy.USE_EXISTING:
+        return None
+    if policy is IdReusePolicy.REJECT_DUPLICATE:
+        return False
+    if status in (WorkflowStatus.RUNNING, WorkflowStatus.CONTINUED_AS_NEW):
+        return False
+    if policy is IdReusePolicy.ALLOW_IF_FAILED:
+        return status in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT)
+    return True
+
+
+@contextlib.asynccontextmanager
+async def open_engine(
+    store: str | Store,
+    *,
+    workflows: Iterable[WorkflowDefinition[Any]] = (),
+    activities: Iterable[ActivityDefinition[Any]] = (),
+    config: EngineConfig | None = None,
+    dispatcher: ActivityDispatcher | None = None,
+) -> AsyncIterator[Engine]:
+    """Open an engine over ``store`` (a URL such as ``sqlite:///orders.db`` or an opened store).
+
+    The engine's epoch lives exactly as long as the ``async with`` block: every
+    background task runs in its nursery, so leaving the block cancels and
+    joins them all.  On normal exit the shutdown is graceful (stop admitting,
+    optional drain, close the latch, cancel, join, close the store); on an
+    exception the latch closes first.  A store given as an object is not
+    closed (its opener owns it).
+    """
+    config = config or EngineConfig()
+    workflow_map, activity_map = index_definitions(workflows, activities)
+    clock = config.clock
+    async with contextlib.AsyncExitStack() as stack:
+        if isinstance(store, str):
+            opened: Store = await stack.enter_async_context(open_store(store))
+        else:
+            opened = store
+        asyncio_loop = None
+        if any(a.loop is ActivityLoop.ASYNCIO for a in activity_map.values()):
+            import trio_asyncio
+
+            asyncio_loop = await stack.enter_async_context(trio_asyncio.open_loop())
+        limiter = trio.CapacityLimiter(config.max_activity_threads)
+        try:
+            async with trio.open_nursery() as nursery:
+                epoch = EngineEpoch(nursery)
+                core = EngineCore(
+                    store=opened,
+                    epoch=epoch,
+                    workflows=workflow_map,
+                    activities=activity_map,
+                    config=config,
+                    clock=clock or TrioClock.start(),
+                    dispatcher=dispatcher
+                    or InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter),
+                )
+                engine = Engine(core)
+                try:
+                    await core.recover()
+                    yield engine
+                except BaseException:
+                    epoch.begin_close()
+                    raise
+                else:
+                    epoch.stop_admitting()
+                    if config.drain_timeout:
+                        with trio.move_on_after(config.drain_timeout):
+                            await epoch.wait_attempts_idle()
+                    epoch.begin_close()
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # Background tasks never raise (their failures are logged), so a
+            # group here carries the body's own exception: re-raise it alone.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise AionInternalError(
+                f"several errors escaped the engine epoch; please report this: {group!r}"
+            ) from group

@@ -1,0 +1,203 @@
+"""The recorder: the single writer of one workflow's history (DESIGN §6.2).
+
+One recorder per workflow in an engine, shared by every run and lease of that
+workflow.  It owns the tracked head, the history it has read and appended, and
+a ``trio.Lock``.  Check-then-append decisions are made under the lock from the
+in-memory history, so a long workflow costs O(events), not O(events²).
+
+It never re-reads the store to resolve a ``SequenceConflict`` (that means a
+second writer, and is reported).  When an append fails in any other way the
+outcome is unknown — the commit may have landed and only the acknowledgement
+been lost — so the history is marked stale and re-read before the next
+decision; that re-read is how a retried completion finds its own earlier
+terminal and takes the resume path instead of writing a second one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import final
+
+import trio
+
+from ._clock import EngineClock
+from ._epoch import EngineEpoch
+from ._errors import AionInternalError, SequenceConflict
+from ._events import Event, EventBody, make_batch
+from ._store import EventStore
+
+logger = logging.getLogger("aion_trio.recorder")
+
+
+@final
+class Recorder:
+    """Serialises every append to one workflow's history."""
+
+    def __init__(
+        self,
+        workflow_id: str,
+        store: EventStore,
+        epoch: EngineEpoch,
+        clock: EngineClock,
+        history: Sequence[Event] = (),
+    ) -> None:
+        self.workflow_id = workflow_id
+        self._store = store
+        self._epoch = epoch
+        self._clock = clock
+        self._history: list[Event] = list(history)
+        self._head = self._history[-1].seq if self._history else 0
+        self._lock = trio.Lock()
+        self._stale = False
+        self._pending: list[Event] | None = None
+        self._changed = trio.lowlevel.ParkingLot()
+        self.appends = 0
+        self.rereads = 0
+
+    @classmethod
+    async def load(
+        cls, workflow_id: str, store: EventStore, epoch: EngineEpoch, clock: EngineClock
+    ) -> Recorder:
+        """A recorder resumed at the stored head, with the stored history."""
+        history = await store.read_history(workflow_id)
+        return cls(workflow_id, store, epoch, clock, history)
+
+    @classmethod
+    def resume_at(
+        cls,
+        workflow_id: str,
+        store: EventStore,
+        epoch: EngineEpoch,
+        clock: EngineClock,
+        history: Sequence[Event],
+    ) -> Recorder:
+        return cls(workflow_id, store, epoch, clock, history)
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def lock(self) -> trio.Lock:
+        return self._lock
+
+    @property
+    def head(self) -> int:
+        return self._head
+
+    @property
+    def history(self) -> Sequence[Event]:
+        """The history as this recorder knows it (append-only; treat as read-only)."""
+        return self._history
+
+    @property
+    def stale(self) -> bool:
+        return self._stale
+
+    @property
+    def clock(self) -> EngineClock:
+        return self._clock
+
+    @property
+    def epoch(self) -> EngineEpoch:
+        return self._epoch
+
+    def _require_lock(self) -> None:
+        if self._lock.statistics().owner is not trio.lowlevel.current_task():
+            raise AionInternalError(
+                f"recorder of {self.workflow_id!r} used without holding its lock; please report this"
+            )
+
+    # -- reading -----------------------------------------------------------
+
+    async def current_history(self) -> Sequence[Event]:
+        """The history for a decision: re-read from the store first if stale.  Hold the lock."""
+        self._require_lock()
+        if self._stale:
+            await self._reread()
+        return self._history
+
+    async def _reread(self) -> None:
+        stored = await self._store.read_history(self.workflow_id)
+        self.rereads += 1
+        stored_head = stored[-1].seq if stored else 0
+        if stored_head == self._head:
+            self._stale = False
+            self._pending = None
+            return
+        pending = self._pending
+        extra = stored[len(self._history) :]
+        own_commit_landed = (
+            pending is not None
+            and stored_head == self._head + len(pending)
+            and [e.body for e in extra] == [e.body for e in pending]
+            and stored[: len(self._history)] == self._history
+        )
+        if not own_commit_landed:
+            # Something other than this recorder wrote: a second writer.
+            raise SequenceConflict(self.workflow_id, self._head, stored_head)
+        logger.info(
+            "append of unknown outcome had landed: adopting seqs %d..%d",
+            self._head + 1,
+            stored_head,
+            extra={"workflow_id": self.workflow_id},
+        )
+        self._history.extend(extra)
+        self._head = stored_head
+        self._stale = False
+        self._pending = None
+        self._changed.unpark_all()
+
+    # -- writing -----------------------------------------------------------
+
+    async def append(
+        self,
+        bodies: Sequence[EventBody],
+        *,
+        action: str,
+        run_id: str | None = None,
+        at: datetime | None = None,
+    ) -> list[Event]:
+        """Append ``bodies`` as one batch.  Hold the lock.
+
+        The epoch gate is checked here, under the lock, immediately before the
+        write: every durable write of the engine passes this point.
+        ``at`` overrides ``recorded_at`` (a terminal reuses its exit time).
+        """
+        self._require_lock()
+        self._epoch.gate(self.workflow_id, run_id, action)
+        if self._stale:
+            await self._reread()
+            self._epoch.gate(self.workflow_id, run_id, action)
+        recorded_at = at if at is not None else self._clock.now()
+        events = make_batch(self.workflow_id, self._head + 1, recorded_at, list(bodies))
+        self._pending = events
+        try:
+            await self._store.append(self.workflow_id, events, self._head)
+        except SequenceConflict:
+            self._pending = None
+            raise
+        except trio.Cancelled:
+            # Store contract: a cancelled append wrote nothing.
+            self._pending = None
+            raise
+        except BaseException:
+            # Outcome unknown: the commit may have landed.
+            self._stale = True
+            raise
+        self._pending = None
+        self._history.extend(events)
+        self._head = events[-1].seq
+        self.appends += 1
+        self._changed.unpark_all()
+        return events
+
+    # -- waiting -----------------------------------------------------------
+
+    async def wait_changed(self) -> None:
+        """Park until the history grows (or the caller is cancelled)."""
+        await self._changed.park()
+
+    def notify(self) -> None:
+        """Wake everything parked in :meth:`wait_changed` (e.g. a status mark changed)."""
+        self._changed.unpark_all()

@@ -1,0 +1,114 @@
+"""Runs, leases and the registry (DESIGN §6.1).
+
+A lease is one incarnation of a run in this engine.  The registry maps
+``(workflow_id, run_id)`` to the current lease; a reopen installs a *new*
+lease under the same key, and a stale lease is recognised by its lease id.
+Every change of a run's lease happens inside the recorder critical section
+that appends the event causing it.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+
+from ._events import Event, WorkflowStatus
+
+if TYPE_CHECKING:
+    from ._recorder import Recorder
+
+
+class Residency(enum.Enum):
+    RESIDENT = "resident"
+    SUSPENDED = "suspended"
+    STUCK = "stuck"
+
+
+@final
+class CompletionNotifier:
+    """Rung once, when a run's terminal is decided (before any bookkeeping)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.terminal: Event | None = None
+
+    def notify(self, terminal: Event) -> None:
+        if self.terminal is None:
+            self.terminal = terminal
+        self._event.set()
+
+    @property
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> Event:
+        await self._event.wait()
+        assert self.terminal is not None
+        return self.terminal
+
+
+_lease_ids = itertools.count(1)
+
+
+def next_lease_id() -> int:
+    return next(_lease_ids)
+
+
+@final
+@attrs.define(eq=False)
+class Lease:
+    """One incarnation of a run in this engine."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    recorder: Recorder
+    lease_id: int = attrs.field(factory=next_lease_id)
+    completion: CompletionNotifier = attrs.field(factory=CompletionNotifier)
+    cached_status: WorkflowStatus = WorkflowStatus.RUNNING
+    residency: Residency = Residency.RESIDENT
+    #: The head of history when this lease began: events at or below it were
+    #: recorded by an earlier incarnation (replay is silent up to here).
+    start_head: int = 0
+    stuck_reason: str | None = None
+    #: The run's Trio task while its workflow code executes.
+    task: trio.lowlevel.Task | None = None
+    cancel_scope: trio.CancelScope | None = None
+    extra: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.workflow_id, self.run_id)
+
+
+@final
+class Registry:
+    """``(workflow_id, run_id) -> current Lease``."""
+
+    def __init__(self) -> None:
+        self._leases: dict[tuple[str, str], Lease] = {}
+
+    def get(self, workflow_id: str, run_id: str) -> Lease | None:
+        return self._leases.get((workflow_id, run_id))
+
+    def install(self, lease: Lease) -> Lease | None:
+        """Make ``lease`` current for its key; returns the lease it replaced."""
+        previous = self._leases.get(lease.key)
+        self._leases[lease.key] = lease
+        return previous
+
+    def remove(self, workflow_id: str, run_id: str) -> Lease | None:
+        return self._leases.pop((workflow_id, run_id), None)
+
+    def leases(self) -> list[Lease]:
+        return list(self._leases.values())
+
+    def for_workflow(self, workflow_id: str) -> list[Lease]:
+        return [lease for (w, _), lease in self._leases.items() if w == workflow_id]
+
+    def __len__(self) -> int:
+        return len(self._leases)

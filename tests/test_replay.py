@@ -1,0 +1,276 @@
+"""Replay and recovery inside one process: an engine closes mid-run, another resumes it.
+
+Closing an engine parks what runs (nothing recorded), leaving history exactly
+as a crash would; the next engine on the same store replays.  (Crashes of real
+processes with SIGKILL are in ``test_crash_recovery.py``.)
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import aion_trio as aion
+from aion_trio import projections
+
+EXECUTIONS: dict[str, int] = {}
+RELEASED = {"value": False}
+DELAY = {"seconds": 0.0}
+OBSERVED: list[Any] = []
+
+
+def _count(name: str) -> None:
+    EXECUTIONS[name] = EXECUTIONS.get(name, 0) + 1
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    EXECUTIONS.clear()
+    OBSERVED.clear()
+    RELEASED["value"] = False
+    DELAY["seconds"] = 0.0
+
+
+@aion.activity
+async def step_one(x: int) -> int:
+    _count("step_one")
+    await trio.sleep(DELAY["seconds"])
+    return x + 1
+
+
+@aion.activity
+async def gated_step(x: int) -> int:
+    _count("gated_step")
+    if not RELEASED["value"]:
+        await trio.sleep_forever()
+    await trio.sleep(DELAY["seconds"])
+    return x * 10
+
+
+@aion.workflow
+async def two_steps(ctx: aion.WorkflowContext, x: int) -> dict[str, Any]:
+    OBSERVED.append(("start", ctx.now(), ctx.random().random(), str(ctx.uuid4()), ctx.is_replaying))
+    ctx.logger.info("before step one")
+    a = await ctx.run(step_one, x)
+    OBSERVED.append(("after one", ctx.now(), ctx.random().random(), ctx.is_replaying))
+    ctx.logger.info("after step one")
+    b = await ctx.run(gated_step, a)
+    OBSERVED.append(("after gated", ctx.now(), ctx.is_replaying))
+    ctx.logger.info("after gated step")
+    return {"a": a, "b": b, "now": ctx.now().isoformat()}
+
+
+def _entries(label: str) -> list[Any]:
+    return [entry for entry in OBSERVED if entry[0] == label]
+
+
+async def test_a_resumed_run_replays_completed_steps_instead_of_re_executing_them(
+    store_url: Callable[[], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    url = store_url()
+    caplog.set_level(logging.INFO, logger="aion_trio.workflow")
+    async with aion.open_engine(url, workflows=[two_steps], activities=[step_one, gated_step]) as engine:
+        await engine.start(two_steps, 1, workflow_id="resume-me")
+        while EXECUTIONS.get("gated_step", 0) < 1:
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(0.01)
+    # The first engine is gone; the gated step was parked: nothing recorded for it.
+    first_logs = [r.getMessage() for r in caplog.records if r.name.startswith("aion_trio.workflow")]
+    assert first_logs == ["before step one", "after step one"]
+    live_start = _entries("start")[0]
+    live_after_one = _entries("after one")[0]
+    assert live_start[-1] is False and live_after_one[-1] is False  # live, not replaying
+
+    caplog.clear()
+    RELEASED["value"] = True
+    async with aion.open_engine(url, workflows=[two_steps], activities=[step_one, gated_step]) as engine:
+        result = await engine.result("resume-me")
+        history = await engine.history("resume-me")
+    assert result["a"] == 2 and result["b"] == 20
+    # step_one ran once in total: the second engine replayed its recorded result.
+    assert EXECUTIONS == {"step_one": 1, "gated_step": 2}
+    # Replay saw the same now(), random and uuid values at the same points.
+    replay_start = _entries("start")[1]
+    replay_after_one = _entries("after one")[1]
+    assert replay_start[:4] == live_start[:4]
+    assert replay_after_one[:3] == live_after_one[:3]
+    assert replay_start[-1] is True  # it knew it was replaying
+    # now() after the resumed step is that step's recorded time, also on replay.
+    gated_done = next(e for e in history if isinstance(e.body, aion.ActivityCompleted) and e.body.activity_id == 1)
+    assert _entries("after gated")[0][1] == gated_done.recorded_at
+    # The logger stayed silent for what the first engine had already logged.
+    second_logs = [r.getMessage() for r in caplog.records if r.name.startswith("aion_trio.workflow")]
+    assert second_logs == ["after step one", "after gated step"] or second_logs == ["after gated step"]
+    # Exactly one terminal, no duplicated activity completions.
+    assert sum(1 for e in history if e.is_terminal) == 1
+    completions = [e.body.activity_id for e in history if isinstance(e.body, aion.ActivityCompleted)]
+    assert sorted(completions) == [0, 1]
+    # The parked attempt was re-delivered under the same attempt number.
+    started = [e.body for e in history if isinstance(e.body, aion.ActivityStarted) and e.body.activity_id == 1]
+    assert [s.attempt for s in started] == [1]
+
+
+async def test_now_is_the_replay_position_not_the_wall_clock(autojump_clock: trio.testing.MockClock) -> None:
+    url = f"memory://now-{uuid.uuid4().hex}"
+    DELAY["seconds"] = 5.0
+    async with aion.open_engine(url, workflows=[two_steps], activities=[step_one, gated_step]) as engine:
+        await engine.start(two_steps, 1, workflow_id="clock")
+        while EXECUTIONS.get("gated_step", 0) < 1:
+            await trio.sleep(1)
+        history = await engine.history("clock")
+    started_at = history[0].recorded_at
+    step_one_done = next(e for e in history if isinstance(e.body, aion.ActivityCompleted)).recorded_at
+    assert _entries("start")[0][1] == started_at
+    assert _entries("after one")[0][1] == step_one_done
+    # Much later (mock time), the replay still sees the recorded instants.
+    await trio.sleep(3600)
+    RELEASED["value"] = True
+    async with aion.open_engine(url, workflows=[two_steps], activities=[step_one, gated_step]) as engine:
+        await engine.result("clock")
+    assert _entries("start")[1][1] == started_at
+    assert _entries("after one")[1][1] == step_one_done
+    assert (_entries("after gated")[0][1] - started_at).total_seconds() > 3600
+
+
+# --------------------------------------------------------------------------
+# Non-determinism
+# --------------------------------------------------------------------------
+
+
+@aion.activity
+async def reserve(x: int) -> int:
+    return x
+
+
+@aion.activity
+async def refund(x: int) -> int:
+    return -x
+
+
+def _versioned(first: aion.ActivityDefinition[Any]) -> aion.WorkflowDefinition[Any]:
+    @aion.workflow(name="checkout")
+    async def checkout(ctx: aion.WorkflowContext, x: int) -> int:
+        value = await ctx.run(first, x)
+        return int(await ctx.run(gated_step, value))
+
+    return checkout
+
+
+@aion.workflow
+async def unrelated(ctx: aion.WorkflowContext, x: int) -> int:
+    return int(await ctx.run(reserve, x))
+
+
+async def test_incompatible_code_is_reported_as_non_determinism_and_the_run_stays_running(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    v1 = _versioned(reserve)
+    v2 = _versioned(refund)
+    async with aion.open_engine(url, workflows=[v1], activities=[reserve, refund, gated_step]) as engine:
+        await engine.start(v1, 3, workflow_id="nd")
+        while EXECUTIONS.get("gated_step", 0) < 1:
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(0.01)
+    RELEASED["value"] = True
+    async with aion.open_engine(url, workflows=[v2, unrelated], activities=[reserve, refund, gated_step]) as engine:
+        # Another workflow in the same engine is unaffected.
+        other = await engine.start(unrelated, 7, workflow_id="fine")
+        assert await other.result() == 7
+        for _ in range(100):
+            description = await engine.describe("nd")
+            if description.stuck_reason:
+                break
+            await trio.sleep(0.01)
+        assert description.status is aion.WorkflowStatus.RUNNING
+        reason = description.stuck_reason or ""
+        assert "activity command #0" in reason
+        assert "'reserve'" in reason and "'refund'" in reason
+        row = await engine.store.visibility.get("nd")
+        assert row is not None and row.stuck_reason == reason and row.status is aion.WorkflowStatus.RUNNING
+        history = await engine.history("nd")
+    # Nothing was appended for the mismatching command, and no terminal.
+    assert not any(e.is_terminal for e in history)
+    assert [e.body.activity_type for e in history if isinstance(e.body, aion.ActivityScheduled)] == [
+        "reserve",
+        "gated_step",
+    ]
+
+
+# --------------------------------------------------------------------------
+# Versioning with ctx.patched
+# --------------------------------------------------------------------------
+
+
+@aion.workflow(name="patchable")
+async def patchable_v1(ctx: aion.WorkflowContext) -> str:
+    await ctx.run(reserve, 1)
+    await ctx.run(gated_step, 1)
+    return "v1"
+
+
+@aion.workflow(name="patchable")
+async def patchable_v2(ctx: aion.WorkflowContext) -> str:
+    if await ctx.patched("use-refund"):
+        await ctx.run(refund, 1)
+        await ctx.run(gated_step, 1)
+        return "v2"
+    await ctx.run(reserve, 1)
+    await ctx.run(gated_step, 1)
+    return "v1-path"
+
+
+async def test_patched_keeps_old_runs_on_the_old_path_and_new_runs_on_the_new(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[patchable_v1], activities=[reserve, refund, gated_step]) as engine:
+        await engine.start(patchable_v1, workflow_id="old")
+        while EXECUTIONS.get("gated_step", 0) < 1:
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(0.01)
+    RELEASED["value"] = True
+    async with aion.open_engine(url, workflows=[patchable_v2], activities=[reserve, refund, gated_step]) as engine:
+        assert await engine.result("old") == "v1-path"
+        new = await engine.start(patchable_v2, workflow_id="new")
+        assert await new.result() == "v2"
+        markers = [e.body.name for e in await engine.history("new") if isinstance(e.body, aion.MarkerRecorded)]
+        assert markers == ["patch:use-refund"]
+        assert not any(isinstance(e.body, aion.MarkerRecorded) for e in await engine.history("old"))
+
+
+# --------------------------------------------------------------------------
+# Continue-as-new (the completion path's successor start)
+# --------------------------------------------------------------------------
+
+
+@aion.workflow
+async def countdown(ctx: aion.WorkflowContext, n: int) -> int:
+    if n > 0:
+        await ctx.run(reserve, n)
+        raise ctx.continue_as_new(n - 1)
+    return 42
+
+
+async def test_continue_as_new_starts_a_successor_run_and_result_follows_the_chain(
+    store_url: Callable[[], str],
+) -> None:
+    async with aion.open_engine(store_url(), workflows=[countdown], activities=[reserve]) as engine:
+        run = await engine.start(countdown, 3, workflow_id="loop")
+        assert await run.result() == 42
+        history = await engine.history("loop")
+        runs = projections.run_ids(history)
+        assert len(runs) == 4
+        for earlier, later in zip(runs, runs[1:]):
+            start = projections.start_event(history, later)
+            assert start is not None and start.body.parent_run_id == earlier
+            assert projections.run_status(history, earlier) is aion.WorkflowStatus.CONTINUED_AS_NEW
+        assert projections.workflow_status(history) is aion.WorkflowStatus.COMPLETED
+        with pytest.raises(aion.WorkflowFailure, match="continued_as_new"):
+            await engine.result("loop", run_id=runs[0], follow_continue_as_new=False)
