@@ -257,7 +257,10 @@ async def run_exit_attempt(core: EngineCore, lease: Lease, intent: TerminalInten
         # The teardown owns a timed-out run's visibility and deadline.
         reconcile_registry(core, lease)
         return
-    await core.upsert_visibility(lease.workflow_id)
+    # Shielded (and bounded): an engine shutting down right after a run ended
+    # still lets the index catch up, so a finished run never lists as Running.
+    with trio.CancelScope(shield=True), trio.move_on_after(core.config.bookkeeping_timeout):
+        await core.upsert_visibility(lease.workflow_id)
     reconcile_registry(core, lease)
     if isinstance(recorded.body, WorkflowContinuedAsNew) and recorded.body.parent_run_id == lease.run_id:
         await core.start_successor(lease, recorded.body)

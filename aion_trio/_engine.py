@@ -122,6 +122,9 @@ class EngineConfig:
     clock: EngineClock | None = None
     #: Worker threads for plain-``def`` activities.
     max_activity_threads: int = 40
+    #: Seconds the visibility update after a recorded terminal may run on,
+    #: shielded from the shutdown's cancellation.
+    bookkeeping_timeout: float = 5.0
 
     def __attrs_post_init__(self) -> None:
         if self.drain_timeout is not None and (self.drain_timeout < 0):
@@ -619,6 +622,19 @@ class EngineCore:
                 logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
         if active:
             logger.info("recovery resumed %d of %d active workflows", resumed, len(active))
+        await self.reconcile_visibility(set(active))
+
+    async def reconcile_visibility(self, active: set[str]) -> None:
+        """Rows that still say Running for workflows history says are not active are rewritten
+        (an engine killed between a terminal and its index update leaves one)."""
+        try:
+            rows = await self.visibility.list(VisibilityFilter(status=WorkflowStatus.RUNNING))
+        except StoreError as exc:
+            logger.warning("visibility reconciliation skipped: %s", exc)
+            return
+        for row in rows:
+            if row.workflow_id not in active:
+                await self.upsert_visibility_quietly(row.workflow_id)
 
     async def recover_workflow(self, workflow_id: str) -> None:
         recorder = await self.recorder_for(workflow_id)

@@ -70,6 +70,16 @@ ACTIVITIES = [double, add_one_in_thread, explode]
 # --------------------------------------------------------------------------
 
 
+async def _row_when(engine: aion.Engine, workflow_id: str, status: aion.WorkflowStatus) -> aion.VisibilityRow:
+    """The visibility row once it shows ``status`` (it is updated right after the terminal)."""
+    with trio.fail_after(10):
+        while True:
+            row = await engine.store.visibility.get(workflow_id)
+            if row is not None and row.status is status:
+                return row
+            await trio.sleep(0.01)
+
+
 async def test_a_workflow_runs_activities_and_returns_its_result(store_url: Callable[[], str]) -> None:
     async with aion.open_engine(store_url(), workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
         run = await engine.start(pipeline, 5, workflow_id="order-5")
@@ -97,8 +107,8 @@ async def test_a_failing_workflow_records_the_failure_and_result_raises(store_ur
         assert info.value.status == "failed"
         assert info.value.error.type == "RuntimeError"
         assert "card declined" in info.value.error.message
-        row = (await engine.list(workflow_type="fails_after_activity"))[0]
-        assert row.status is aion.WorkflowStatus.FAILED
+        # Visibility follows the terminal (the waiter is woken first).
+        row = await _row_when(engine, "bad", aion.WorkflowStatus.FAILED)
         assert row.failed_step == "activity:0 explode"
         assert row.failure_reason is not None and "card declined" in row.failure_reason
         failed = [e.body for e in await engine.history("bad") if isinstance(e.body, aion.ActivityFailed)]
@@ -112,6 +122,7 @@ async def test_list_and_count_follow_visibility(store_url: Callable[[], str]) ->
                 returns_input, i, workflow_id=f"r{i}", search_attributes={"customer": f"c{i % 2}", "n": i}
             )
             await run.result()
+            await _row_when(engine, f"r{i}", aion.WorkflowStatus.COMPLETED)
         assert await engine.count() == 3
         assert await engine.count(status=aion.WorkflowStatus.COMPLETED) == 3
         assert await engine.count(status=aion.WorkflowStatus.RUNNING) == 0
