@@ -228,8 +228,12 @@ async def record_activity_event(
 def outcome_body(request: ActivityRequest, outcome: ActivityOutcome) -> EventBody:
     if outcome.error is None:
         assert outcome.result is not None
-        return ActivityCompleted(activity_id=request.activity_id, result=outcome.result, attempt=request.attempt)
-    return ActivityFailed(activity_id=request.activity_id, error=outcome.error, attempt=request.attempt, final=True)
+        return ActivityCompleted(
+            activity_id=request.activity_id, result=outcome.result, attempt=request.attempt
+        )
+    return ActivityFailed(
+        activity_id=request.activity_id, error=outcome.error, attempt=request.attempt, final=True
+    )
 
 
 async def drive_activity(
@@ -252,12 +256,22 @@ async def drive_activity(
         "activity": request.activity_id,
         "attempt": request.attempt,
     }
+    # In flight (for the drain) until the outcome is recorded, not merely produced.
     epoch.attempt_started()
     try:
         outcome = await dispatcher.dispatch(request)
+        return await _record_outcome(recorder, request, outcome_body(request, outcome), record_backoff, log_extra)
     finally:
         epoch.attempt_finished()
-    body = outcome_body(request, outcome)
+
+
+async def _record_outcome(
+    recorder: Recorder,
+    request: ActivityRequest,
+    body: EventBody,
+    record_backoff: tuple[float, float],
+    log_extra: dict[str, Any],
+) -> RecordOutcome:
     delay, ceiling = record_backoff
     attempts = 0
     while True:
@@ -265,7 +279,7 @@ async def drive_activity(
         try:
             result = await record_activity_event(recorder, request.run_id, request.activity_id, body)
         except BackendUnavailable as exc:
-            if attempts == 1 or attempts & (attempts - 1) == 0:
+            if attempts & (attempts - 1) == 0:
                 logger.warning(
                     "could not record the outcome of activity:%d %s (attempt %d); retrying: %s",
                     request.activity_id,
@@ -284,5 +298,7 @@ async def drive_activity(
                 extra=log_extra,
             )
         elif result is RecordOutcome.SETTLED_ELSEWHERE:
-            logger.debug("activity:%d was settled elsewhere; this outcome is dropped", request.activity_id, extra=log_extra)
+            logger.debug(
+                "activity:%d was settled elsewhere; this outcome is dropped", request.activity_id, extra=log_extra
+            )
         return result

@@ -52,8 +52,9 @@ class TrioClock:
         if wall is not None:
             anchor = wall.astimezone(timezone.utc)
             return cls(anchor_wall=anchor, anchor_trio=trio.current_time(), last=anchor)
-        found = _RUN_ANCHOR.get(None)
-        if found is None:
+        try:
+            found = _RUN_ANCHOR.get()
+        except LookupError:
             found = (datetime.now(timezone.utc), trio.current_time())
             _RUN_ANCHOR.set(found)
         anchor_wall, anchor_trio = found

@@ -271,7 +271,9 @@ class WorkflowContext:
 
     # -- activities --------------------------------------------------------
 
-    def start(self, activity: ActivityDefinition[Any] | str, *args: Any, task_queue: str | None = None) -> ActivityHandle[Any]:
+    def start(
+        self, activity: ActivityDefinition[Any] | str, *args: Any, task_queue: str | None = None
+    ) -> ActivityHandle[Any]:
         """Schedule an activity; returns a handle at once (await it later)."""
         self._require_own_task("ctx.start()")
         definition = self._core.activity_definition(activity)
@@ -316,7 +318,9 @@ class WorkflowContext:
         )
         return ActivityHandle(self, ordinal, definition.name)
 
-    async def run(self, activity: ActivityDefinition[Any] | str, *args: Any, task_queue: str | None = None) -> Any:
+    async def run(
+        self, activity: ActivityDefinition[Any] | str, *args: Any, task_queue: str | None = None
+    ) -> Any:
         """Schedule an activity and wait for its result."""
         return await self.start(activity, *args, task_queue=task_queue)
 
@@ -384,15 +388,16 @@ class WorkflowContext:
                 return [e for e in resolved if e is not None]
             return None
 
-        outcome = await self._wait_until(check)
+        outcome: list[Event] | Event = await self._wait_until(check)
         if isinstance(outcome, Event):
             self._consume(outcome)
             body = outcome.body
             handle = next(h for h in handles if h.activity_id == getattr(body, "activity_id", None))
-            return self._activity_value(handle, outcome)
+            self._activity_value(handle, outcome)  # raises the recorded failure
+            raise AssertionError("unreachable: a gather failure resolved to a success")
         for event in outcome:
             self._consume(event)
-        return [self._activity_value(h, e) for h, e in zip(handles, outcome)]
+        return [self._activity_value(h, e) for h, e in zip(handles, outcome, strict=False)]
 
     async def wait_first(self, *handles: ActivityHandle[Any]) -> ActivityHandle[Any]:
         """Wait until one handle resolves; returns the one recorded first (lowest seq)."""
@@ -400,9 +405,7 @@ class WorkflowContext:
             raise ValueError("wait_first() needs at least one handle")
 
         def check() -> tuple[ActivityHandle[Any], Event] | None:
-            present = [
-                (h, e) for h in handles if (e := self._activity_resolution(h.activity_id)) is not None
-            ]
+            present = [(h, e) for h in handles if (e := self._activity_resolution(h.activity_id)) is not None]
             return min(present, key=lambda pair: pair[1].seq) if present else None
 
         handle, event = await self._wait_until(check)

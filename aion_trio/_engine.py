@@ -81,7 +81,7 @@ from ._registry import Lease, Registry, Residency
 from ._store import EventStore, Store, VisibilityFilter, VisibilityRow, VisibilityStore
 
 if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
 
 logger = logging.getLogger("aion_trio.engine")
 
@@ -255,7 +255,7 @@ class EngineCore:
         section (hold the recorder lock), so no check made under the lock ever sees the
         reopen recorded without its lease, or the lease without its reopen."""
         await recorder.append(
-            [WorkflowReopened(run_id=run_id, reopened_activity_ids=tuple(activity_ids))],
+            [WorkflowReopened(run_id=run_id, reopened_activity_ids=tuple(int(a) for a in activity_ids))],
             action="reopen the run",
             run_id=run_id,
         )
@@ -276,7 +276,11 @@ class EngineCore:
 
     def spawn_run(self, lease: Lease) -> None:
         self.epoch.spawn(
-            self._run_workflow, lease, name=f"workflow:{lease.workflow_id}", workflow_id=lease.workflow_id, run_id=lease.run_id
+            self._run_workflow,
+            lease,
+            name=f"workflow:{lease.workflow_id}",
+            workflow_id=lease.workflow_id,
+            run_id=lease.run_id,
         )
 
     async def _run_workflow(self, lease: Lease) -> None:
@@ -294,7 +298,8 @@ class EngineCore:
         ctx._bind_task()
         lease.task = trio.lowlevel.current_task()
         start = ctx._state.start
-        assert start is not None and isinstance(start.body, WorkflowStarted)
+        assert start is not None
+        assert isinstance(start.body, WorkflowStarted)
         raw_args = self.codec.decode(start.body.input)
         args = raw_args if isinstance(raw_args, list) else [raw_args]
         intent: TerminalIntent
@@ -335,7 +340,12 @@ class EngineCore:
                         lease,
                         str(
                             NonDeterminismError(
-                                lease.workflow_id, lease.run_id, family, ordinal, recorded, "the workflow to return"
+                                lease.workflow_id,
+                                lease.run_id,
+                                family,
+                                ordinal,
+                                recorded,
+                                "the workflow to return",
                             )
                         ),
                     )
@@ -397,7 +407,9 @@ class EngineCore:
                 return
             except BackendUnavailable as exc:
                 if attempts & (attempts - 1) == 0:
-                    logger.warning("could not %s (attempt %d); retrying: %s", what, attempts, exc, extra=fields)
+                    logger.warning(
+                        "could not %s (attempt %d); retrying: %s", what, attempts, exc, extra=fields
+                    )
                 await trio.sleep(delay)
                 delay = min(delay * 2, self.config.completion_retry.ceiling)
             except EngineEpochClosed:
@@ -409,7 +421,9 @@ class EngineCore:
                 await self.mark_stuck(lease, f"could not {what}: {type(exc).__name__}: {exc}")
                 raise RunAborted() from exc
 
-    async def record_commands(self, lease: Lease, state: RunState, pending: Sequence[_PendingActivity]) -> None:
+    async def record_commands(
+        self, lease: Lease, state: RunState, pending: Sequence[_PendingActivity]
+    ) -> None:
         def build(history: Sequence[Event]) -> list[Any]:
             state.sync()
             bodies: list[Any] = []
@@ -556,7 +570,9 @@ class EngineCore:
             await self.upsert_visibility(workflow_id)
         except StoreError as exc:
             logger.warning(
-                "visibility not updated (it is reconciled from history later): %s", exc, extra={"workflow_id": workflow_id}
+                "visibility not updated (it is reconciled from history later): %s",
+                exc,
+                extra={"workflow_id": workflow_id},
             )
 
     # -- continue-as-new -----------------------------------------------------
@@ -823,7 +839,10 @@ class Engine:
                 else:
                     status = workflow_status(segment)
                     raise WorkflowFailure(
-                        workflow_id, current, status.value if status else "closed", reason=getattr(body, "reason", "")
+                        workflow_id,
+                        current,
+                        status.value if status else "closed",
+                        reason=getattr(body, "reason", ""),
                     )
             await recorder.wait_changed()
 

@@ -31,11 +31,11 @@ from aion_trio._completion import (
     FaultReporter,
     TerminalIntent,
     TerminalProgress,
+    _Progress,
     complete_run_exit,
     failure_discriminant,
     handle_run_exit,
     run_exit_attempt,
-    _Progress,
 )
 from aion_trio._engine import EngineCore
 from aion_trio._events import (
@@ -115,7 +115,9 @@ def completed(label: str, h: Harness) -> TerminalIntent:
 
 
 def deadline_started(lease: Lease, h: Harness) -> TimerStarted:
-    return TimerStarted(timer_id=deadline_timer_id(lease.run_id), fire_at=h.core.clock.now() + timedelta(hours=1))
+    return TimerStarted(
+        timer_id=deadline_timer_id(lease.run_id), fire_at=h.core.clock.now() + timedelta(hours=1)
+    )
 
 
 def deadline_outstanding(history: list[aion.Event], lease: Lease) -> bool:
@@ -128,7 +130,9 @@ def deadline_outstanding(history: list[aion.Event], lease: Lease) -> bool:
 # --------------------------------------------------------------------------
 
 
-async def test_normal_exit_records_completed_reconciles_and_notifies(autojump_clock: trio.testing.MockClock) -> None:
+async def test_normal_exit_records_completed_reconciles_and_notifies(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         intent = completed("result", h)
@@ -143,10 +147,13 @@ async def test_normal_exit_records_completed_reconciles_and_notifies(autojump_cl
         assert [type(e.body) for e in history] == [WorkflowStarted, WorkflowCompleted]
         assert history[1].body.result == intent.result
         row = await h.flaky.inner.visibility.get(lease.workflow_id)
-        assert row is not None and row.status is aion.WorkflowStatus.COMPLETED
+        assert row is not None
+        assert row.status is aion.WorkflowStatus.COMPLETED
 
 
-async def test_abnormal_exit_records_failed_reconciles_and_notifies(autojump_clock: trio.testing.MockClock) -> None:
+async def test_abnormal_exit_records_failed_reconciles_and_notifies(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         error = ErrorInfo(type="RuntimeError", message="process crashed")
@@ -165,14 +172,18 @@ def test_the_terminal_is_scoped_to_the_requested_run_segment() -> None:
     bodies = [
         WorkflowStarted(workflow_type="checkout", input=aion.Payload.of(["first"]), run_id=old),
         WorkflowContinuedAsNew(input=aion.Payload.of(["next"]), parent_run_id=old),
-        WorkflowStarted(workflow_type="checkout", input=aion.Payload.of(["next"]), run_id=new, parent_run_id=old),
+        WorkflowStarted(
+            workflow_type="checkout", input=aion.Payload.of(["next"]), run_id=new, parent_run_id=old
+        ),
         WorkflowCompleted(result=aion.Payload.of("done")),
     ]
     events = [aion.Event(workflow_id="w", seq=i + 1, recorded_at=now, body=b) for i, b in enumerate(bodies)]
     old_terminal = projections.current_lease_terminal(projections.run_segment(events, old))
     new_terminal = projections.current_lease_terminal(projections.run_segment(events, new))
-    assert old_terminal is not None and isinstance(old_terminal.body, WorkflowContinuedAsNew)
-    assert new_terminal is not None and isinstance(new_terminal.body, WorkflowCompleted)
+    assert old_terminal is not None
+    assert isinstance(old_terminal.body, WorkflowContinuedAsNew)
+    assert new_terminal is not None
+    assert isinstance(new_terminal.body, WorkflowCompleted)
 
 
 # --------------------------------------------------------------------------
@@ -180,7 +191,9 @@ def test_the_terminal_is_scoped_to_the_requested_run_segment() -> None:
 # --------------------------------------------------------------------------
 
 
-async def test_an_exit_resumes_an_interrupted_deadline_retirement(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_exit_resumes_an_interrupted_deadline_retirement(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         await write(lease, deadline_started(lease, h))
@@ -194,7 +207,9 @@ async def test_an_exit_resumes_an_interrupted_deadline_retirement(autojump_clock
         assert retired[0].cause is aion.TimerCancelCause.WORKFLOW_INTENT
 
 
-async def test_a_fresh_terminal_retires_the_deadline_in_the_same_batch(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_fresh_terminal_retires_the_deadline_in_the_same_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         await write(lease, deadline_started(lease, h))
@@ -204,7 +219,9 @@ async def test_a_fresh_terminal_retires_the_deadline_in_the_same_batch(autojump_
         assert history[-1].recorded_at == history[-2].recorded_at
 
 
-async def test_an_exit_does_not_retire_a_timed_out_runs_deadline(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_exit_does_not_retire_a_timed_out_runs_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         await write(lease, deadline_started(lease, h))
@@ -215,7 +232,9 @@ async def test_an_exit_does_not_retire_a_timed_out_runs_deadline(autojump_clock:
         assert await h.completed_count(lease) == 0
 
 
-async def test_an_exit_leaves_a_timed_out_runs_visibility_to_its_teardown(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_exit_leaves_a_timed_out_runs_visibility_to_its_teardown(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     # Control: the next test drives the same resume path with a Completed
     # terminal and shows the index IS written there.
     async with harness() as h:
@@ -227,7 +246,9 @@ async def test_an_exit_leaves_a_timed_out_runs_visibility_to_its_teardown(autoju
         assert row is None or row.status is not aion.WorkflowStatus.TIMED_OUT
 
 
-async def test_a_resumed_completion_appends_nothing_and_still_refreshes_visibility(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_resumed_completion_appends_nothing_and_still_refreshes_visibility(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         # An earlier attempt appended the terminal and died before the upsert.
@@ -238,7 +259,8 @@ async def test_a_resumed_completion_appends_nothing_and_still_refreshes_visibili
         await handle_run_exit(h.core, lease, completed("r", h))
         assert len(await h.truth(lease)) == len(before)
         row = await h.flaky.inner.visibility.get(lease.workflow_id)
-        assert row is not None and row.status is aion.WorkflowStatus.COMPLETED
+        assert row is not None
+        assert row.status is aion.WorkflowStatus.COMPLETED
 
 
 # --------------------------------------------------------------------------
@@ -246,28 +268,40 @@ async def test_a_resumed_completion_appends_nothing_and_still_refreshes_visibili
 # --------------------------------------------------------------------------
 
 
-async def test_a_stale_lease_that_never_recorded_does_not_append_into_a_reopened_run(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_stale_lease_that_never_recorded_does_not_append_into_a_reopened_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         stale = await active_workflow(h)
         # Another path ended the run; an operator reopened it (new lease, same critical section).
         async with stale.recorder.lock:
-            await stale.recorder.append([WorkflowCompleted(result=aion.Payload.of("first"))], action="t", run_id=stale.run_id)
+            await stale.recorder.append(
+                [WorkflowCompleted(result=aion.Payload.of("first"))], action="t", run_id=stale.run_id
+            )
             successor = await h.core.reopen_locked(stale.recorder, stale.run_id, "checkout")
         assert await h.completed_count(stale) == 1, "control: exactly one terminal before the exit"
         current = h.core.registry.get(stale.workflow_id, stale.run_id)
-        assert current is successor and current.lease_id != stale.lease_id, "control: a different lease is current"
+        assert current is successor, "control: the reopen's lease is current"
+        assert current.lease_id != stale.lease_id, "control: a different lease is current"
         # No error (a double-writer report would be a false incident) and no append.
         await handle_run_exit(h.core, stale, completed("late", h))
         assert await h.completed_count(stale) == 1
-        assert projections.current_lease_terminal(projections.run_segment(await h.truth(stale), stale.run_id)) is None
+        assert (
+            projections.current_lease_terminal(projections.run_segment(await h.truth(stale), stale.run_id))
+            is None
+        )
 
 
-async def test_a_reopened_run_that_finishes_again_records_its_terminal(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_reopened_run_that_finishes_again_records_its_terminal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         first = await active_workflow(h)
         async with first.recorder.lock:
             await first.recorder.append(
-                [aion.WorkflowFailed(error=ErrorInfo(type="E", message="first attempt"))], action="t", run_id=first.run_id
+                [aion.WorkflowFailed(error=ErrorInfo(type="E", message="first attempt"))],
+                action="t",
+                run_id=first.run_id,
             )
             current = await h.core.reopen_locked(first.recorder, first.run_id, "checkout")
         history = await h.truth(first)
@@ -276,11 +310,16 @@ async def test_a_reopened_run_that_finishes_again_records_its_terminal(autojump_
         )
         assert h.core.registry.get(first.workflow_id, first.run_id) is current
         await handle_run_exit(h.core, current, completed("second", h))
-        terminal = projections.current_lease_terminal(projections.run_segment(await h.truth(first), first.run_id))
-        assert terminal is not None and isinstance(terminal.body, WorkflowCompleted)
+        terminal = projections.current_lease_terminal(
+            projections.run_segment(await h.truth(first), first.run_id)
+        )
+        assert terminal is not None
+        assert isinstance(terminal.body, WorkflowCompleted)
 
 
-async def test_a_lease_that_already_recorded_stands_down_when_the_registry_has_no_entry(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_lease_that_already_recorded_stands_down_when_the_registry_has_no_entry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         await write(lease, WorkflowCompleted(result=aion.Payload.of("recorded by me")))
@@ -295,7 +334,9 @@ async def test_a_lease_that_already_recorded_stands_down_when_the_registry_has_n
         assert await h.completed_count(lease) == 1
 
 
-async def test_an_absent_registry_entry_alone_does_not_stand_down(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_absent_registry_entry_alone_does_not_stand_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         h.core.registry.remove(lease.workflow_id, lease.run_id)
@@ -323,7 +364,9 @@ class GatedAppends:
         await self.inner.append(workflow_id, events, expected_seq)
 
 
-async def test_the_reopen_window_is_closed_an_exit_never_sees_a_reopen_without_its_lease(autojump_clock: trio.testing.MockClock) -> None:
+async def test_the_reopen_window_is_closed_an_exit_never_sees_a_reopen_without_its_lease(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """The seeds' named residual: a lease that never recorded, whose run another path
     ended and an operator reopened, arriving while the reopen is in flight.  Because the
     reopen appends and installs its lease in one recorder critical section, the exit
@@ -355,7 +398,9 @@ async def test_the_reopen_window_is_closed_an_exit_never_sees_a_reopen_without_i
             # is still registered, and the exit must wait for the lock.
             nursery.start_soon(late_exit)
             await trio.testing.wait_all_tasks_blocked()
-            assert stale.recorder.lock.statistics().tasks_waiting == 1, "control: the exit is waiting on the lock"
+            assert stale.recorder.lock.statistics().tasks_waiting == 1, (
+                "control: the exit is waiting on the lock"
+            )
             gate.release.set()
         assert errors == []
         assert h.core.registry.get(stale.workflow_id, stale.run_id) is successor[0]
@@ -369,7 +414,9 @@ async def test_the_reopen_window_is_closed_an_exit_never_sees_a_reopen_without_i
 # --------------------------------------------------------------------------
 
 
-async def test_a_transient_history_read_failure_still_lands_the_terminal(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_transient_history_read_failure_still_lands_the_terminal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         # The append fails with an unknown outcome, so the recorder must re-read
@@ -382,7 +429,9 @@ async def test_a_transient_history_read_failure_still_lands_the_terminal(autojum
         assert h.flaky.events.faults["read_history"] == 3, "control: the read faults really fired"
 
 
-async def test_a_transient_append_failure_still_lands_the_original_terminal_at_its_exit_time(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_transient_append_failure_still_lands_the_original_terminal_at_its_exit_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         h.flaky.events.fail_next_appends(3)
@@ -396,23 +445,28 @@ async def test_a_transient_append_failure_still_lands_the_original_terminal_at_i
         assert terminals[0].recorded_at == intent.exit_time, "the terminal says when the run finished"
 
 
-async def test_an_append_that_commits_then_reports_failure_lands_exactly_one_terminal(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_append_that_commits_then_reports_failure_lands_exactly_one_terminal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         h.flaky.events.commit_then_fail_next_appends(1)
         await handle_run_exit(h.core, lease, completed("result", h))
         assert await h.completed_count(lease) == 1, "control: the first append really committed"
         assert h.core.epoch.armed_completion_retry_count() == 1
-        with trio.fail_after(60):
-            while h.core.epoch.armed_completion_retry_count():
-                await trio.sleep(0.001)
+        # The retry re-reads, finds its own commit and takes the resume path.
+        await trio.sleep(1)
+        assert h.core.epoch.armed_completion_retry_count() == 0
         assert await h.completed_count(lease) == 1
         assert lease.recorder.rereads >= 1
         row = await h.flaky.inner.visibility.get(lease.workflow_id)
-        assert row is not None and row.status is aion.WorkflowStatus.COMPLETED
+        assert row is not None
+        assert row.status is aion.WorkflowStatus.COMPLETED
 
 
-async def test_a_retrying_completion_returns_with_the_retry_still_armed(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_retrying_completion_returns_with_the_retry_still_armed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         h.flaky.events.fail_next_appends(1)
@@ -421,7 +475,9 @@ async def test_a_retrying_completion_returns_with_the_retry_still_armed(autojump
         assert h.core.epoch.armed_completion_retry_count() == 1
 
 
-async def test_notify_precedes_bookkeeping_so_a_failed_upsert_strands_no_waiter(autojump_clock: trio.testing.MockClock) -> None:
+async def test_notify_precedes_bookkeeping_so_a_failed_upsert_strands_no_waiter(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         h.flaky.visibility.fail_next("upsert", 1)
@@ -431,7 +487,9 @@ async def test_notify_precedes_bookkeeping_so_a_failed_upsert_strands_no_waiter(
         assert await h.engine.result(lease.workflow_id) == {"label": "r"}
 
 
-async def test_a_failure_after_the_terminal_landed_reports_it_as_recorded(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_failure_after_the_terminal_landed_reports_it_as_recorded(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         h.flaky.visibility.fail_next("upsert", 1)
@@ -447,10 +505,14 @@ async def test_a_failure_after_the_terminal_landed_reports_it_as_recorded(autoju
 # --------------------------------------------------------------------------
 
 
-async def test_one_lease_can_never_hold_more_than_one_completion_retry(autojump_clock: trio.testing.MockClock) -> None:
+async def test_one_lease_can_never_hold_more_than_one_completion_retry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
-        assert h.core.epoch.armed_completion_retry_count() == 0, "control: nothing armed before the first exit"
+        assert h.core.epoch.armed_completion_retry_count() == 0, (
+            "control: nothing armed before the first exit"
+        )
         h.flaky.events.fail_next_appends(1)
         h.flaky.events.fail_next_reads(500)
         for arm in range(1, 26):
@@ -468,17 +530,24 @@ async def test_two_leases_of_one_run_can_each_hold_a_retry(autojump_clock: trio.
         await handle_run_exit(h.core, first, completed("r", h))
         assert h.core.epoch.armed_completion_retry_count() == 1
         second = Lease(
-            workflow_id=first.workflow_id, run_id=first.run_id, workflow_type="checkout", recorder=first.recorder
+            workflow_id=first.workflow_id,
+            run_id=first.run_id,
+            workflow_type="checkout",
+            recorder=first.recorder,
         )
         h.core.registry.install(second)
         from aion_trio._completion import arm_completion_retry
 
-        outcome = arm_completion_retry(h.core, second, completed("r", h), RuntimeError("x"), TerminalProgress.NOT_RECORDED)
+        outcome = arm_completion_retry(
+            h.core, second, completed("r", h), RuntimeError("x"), TerminalProgress.NOT_RECORDED
+        )
         assert outcome.value == "armed"
         assert h.core.epoch.armed_completion_retry_count() == 2
 
 
-async def test_a_release_from_a_foreign_task_cannot_evict_a_live_retry(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_release_from_a_foreign_task_cannot_evict_a_live_retry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         h.flaky.events.fail_next_appends(1)
@@ -509,7 +578,8 @@ async def test_shutdown_cancels_and_joins_armed_retries(autojump_clock: trio.tes
         # The slot is released only in the retry task's own `finally`: an empty set
         # after the block means the task ran to its end (was joined), not detached.
         assert epoch.armed_completion_retry_count() == 0
-        assert task is not None and task.parent_nursery is not None
+        assert task is not None
+        assert task.parent_nursery is not None
         assert task not in task.parent_nursery.child_tasks
         assert await h.completed_count(lease) == 0, "the closed epoch wrote nothing"
 
@@ -529,9 +599,13 @@ def test_a_ladder_that_cannot_climb_is_refused() -> None:
     CompletionRetryConfig(initial=1, ceiling=1)  # a flat ladder is fine
 
 
-async def test_the_configured_ladder_governs_when_a_retry_lands(autojump_clock: trio.testing.MockClock) -> None:
+async def test_the_configured_ladder_governs_when_a_retry_lands(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     configured = 500.0
-    assert configured / 5 > CompletionRetryConfig().initial * 10, "the window must dwarf the default first sleep"
+    assert configured / 5 > CompletionRetryConfig().initial * 10, (
+        "the window must dwarf the default first sleep"
+    )
     async with harness(CompletionRetryConfig(initial=configured, ceiling=configured)) as h:
         lease = await active_workflow(h)
         h.flaky.events.fail_next_appends(1)
@@ -546,7 +620,9 @@ async def test_the_configured_ladder_governs_when_a_retry_lands(autojump_clock: 
         assert await h.completed_count(lease) == 1
 
 
-async def test_at_the_ceiling_every_failing_attempt_states_itself(caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock) -> None:
+async def test_at_the_ceiling_every_failing_attempt_states_itself(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
     caplog.set_level(logging.WARNING, logger="aion_trio.completion")
     failing_reads = 64
     async with harness(CompletionRetryConfig(initial=0.001, ceiling=0.001)) as h:
@@ -567,7 +643,9 @@ async def test_at_the_ceiling_every_failing_attempt_states_itself(caplog: pytest
         assert record.fault.endswith("BackendUnavailable")  # type: ignore[attr-defined]
 
 
-async def test_below_the_ceiling_only_first_sight_and_doublings_speak(caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock) -> None:
+async def test_below_the_ceiling_only_first_sight_and_doublings_speak(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
     caplog.set_level(logging.WARNING, logger="aion_trio.completion")
     async with harness(CompletionRetryConfig(initial=0.001, ceiling=1000.0)) as h:
         lease = await active_workflow(h)
@@ -593,7 +671,9 @@ async def test_a_sequence_conflict_is_reported_not_retried(autojump_clock: trio.
         assert h.core.epoch.armed_completion_retry_count() == 0
 
 
-async def test_a_lost_ownership_refusal_is_reported_not_retried(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_lost_ownership_refusal_is_reported_not_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         h.flaky.events.not_owner_next_appends(1)
@@ -602,7 +682,9 @@ async def test_a_lost_ownership_refusal_is_reported_not_retried(autojump_clock: 
         assert h.core.epoch.armed_completion_retry_count() == 0
 
 
-async def test_an_attempt_refuses_to_append_once_the_epoch_is_closed(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_attempt_refuses_to_append_once_the_epoch_is_closed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         before = await h.truth(lease)
@@ -613,7 +695,9 @@ async def test_an_attempt_refuses_to_append_once_the_epoch_is_closed(autojump_cl
         assert h.core.epoch.armed_completion_retry_count() == 0
 
 
-async def test_the_resume_arm_refuses_to_append_once_the_epoch_is_closed(autojump_clock: trio.testing.MockClock) -> None:
+async def test_the_resume_arm_refuses_to_append_once_the_epoch_is_closed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         await write(lease, deadline_started(lease, h))
@@ -628,7 +712,9 @@ async def test_the_resume_arm_refuses_to_append_once_the_epoch_is_closed(autojum
         assert deadline_outstanding(after, lease)
 
 
-async def test_the_continuation_start_refuses_once_the_epoch_is_closed(autojump_clock: trio.testing.MockClock) -> None:
+async def test_the_continuation_start_refuses_once_the_epoch_is_closed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with harness() as h:
         lease = await active_workflow(h)
         terminal = WorkflowContinuedAsNew(input=aion.Payload.of(["next"]), parent_run_id=lease.run_id)
@@ -650,7 +736,8 @@ async def test_a_successor_already_open_is_not_started_twice(autojump_clock: tri
         assert first is not None
         assert await h.core.start_successor(lease, terminal) is None
         starts = [e for e in await h.truth(lease) if isinstance(e.body, WorkflowStarted)]
-        assert len(starts) == 2 and starts[1].body.parent_run_id == lease.run_id
+        assert len(starts) == 2
+        assert starts[1].body.parent_run_id == lease.run_id
 
 
 # --------------------------------------------------------------------------
@@ -680,5 +767,18 @@ def test_a_changed_fault_is_stated_at_once_and_does_not_defer_the_escalation() -
     assert not reporter.should_report("store/unavailable", 1)
     assert reporter.should_report("engine/other", 1), "a new fault is news at once"
     assert reporter.should_report("engine/other", 2), "the escalation set by attempt 1 still fires at 2"
-    alternating = [a for a in range(3, 17) if reporter.should_report("store/unavailable" if a % 2 else "engine/other", a)]
+    alternating = [
+        a for a in range(3, 17) if reporter.should_report("store/unavailable" if a % 2 else "engine/other", a)
+    ]
     assert alternating == [4, 8, 16], "flapping between known faults does not flood"
+
+
+async def test_a_sequence_conflict_never_triggers_a_reread(autojump_clock: trio.testing.MockClock) -> None:
+    async with harness() as h:
+        lease = await active_workflow(h)
+        h.flaky.events.conflict_next_appends(1)
+        with pytest.raises(aion.SequenceConflict):
+            await handle_run_exit(h.core, lease, completed("r", h))
+        assert not lease.recorder.stale
+        assert lease.recorder.rereads == 0
+        assert h.flaky.events.calls["read_history"] == 1, "only the initial load read the store"

@@ -39,7 +39,16 @@ def _executions(side: Path) -> list[tuple[str, int, int, float]]:
 
 def _spawn(store: Path, side: Path, generation: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.procs.crash_worker", str(store), str(side), str(generation), str(N), str(K)],
+        [
+            sys.executable,
+            "-m",
+            "tests.procs.crash_worker",
+            str(store),
+            str(side),
+            str(generation),
+            str(N),
+            str(K),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -85,7 +94,9 @@ def test_sigkilled_workers_resume_without_losing_or_repeating_work(tmp_path: Pat
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        dump = subprocess.run(["py-spy", "dump", "--pid", str(proc.pid)], capture_output=True, text=True).stdout
+        dump = subprocess.run(
+            ["py-spy", "dump", "--pid", str(proc.pid)], capture_output=True, text=True
+        ).stdout
         proc.kill()
         out, err = proc.communicate()
         pytest.fail(f"final worker hung; executions={len(_executions(side))}\n{dump}\n{err[-3000:]}")
@@ -100,7 +111,8 @@ def test_sigkilled_workers_resume_without_losing_or_repeating_work(tmp_path: Pat
         history = histories[wid]
         assert [e.seq for e in history] == list(range(1, len(history) + 1)), f"{wid}: seq gap"
         terminals = [e for e in history if e.is_terminal]
-        assert len(terminals) == 1 and isinstance(terminals[0].body, aion.WorkflowCompleted), wid
+        assert len(terminals) == 1, wid
+        assert isinstance(terminals[0].body, aion.WorkflowCompleted), wid
         assert terminals[0].body.result.value() == sum(index * 10 + k for k in range(K)), wid
         completed = [e for e in history if isinstance(e.body, aion.ActivityCompleted)]
         assert sorted(e.body.activity_id for e in completed) == list(range(K)), f"{wid}: duplicate completion"
@@ -109,7 +121,9 @@ def test_sigkilled_workers_resume_without_losing_or_repeating_work(tmp_path: Pat
     # generation g died never executes in a later generation.
     for generation, done in enumerate(completed_by):
         rerun = [x for x in executions if (x[0], x[1]) in done and x[2] > generation]
-        assert rerun == [], f"completed activities re-executed after the kill of generation {generation}: {rerun[:5]}"
+        assert rerun == [], (
+            f"completed activities re-executed after the kill of generation {generation}: {rerun[:5]}"
+        )
     # Every activity ran at least once; re-execution is bounded by what was in flight at each kill.
     per_activity: dict[tuple[str, int], int] = {}
     for wid, step, _gen, _at in executions:
@@ -119,7 +133,8 @@ def test_sigkilled_workers_resume_without_losing_or_repeating_work(tmp_path: Pat
     assert len(executions) < total + 3 * N, "far more re-execution than the in-flight work at the kills"
     # No run was marked stuck: visibility says so for every workflow.
     rows = trio.run(_rows, store)
-    assert len(rows) == N and all(r.stuck_reason is None and r.status is aion.WorkflowStatus.COMPLETED for r in rows)
+    assert len(rows) == N
+    assert all(r.stuck_reason is None and r.status is aion.WorkflowStatus.COMPLETED for r in rows)
 
 
 async def _read_histories(store: Path) -> dict[str, list[aion.Event]]:

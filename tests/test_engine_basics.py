@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 import aion_trio as aion
@@ -27,7 +28,7 @@ CALLS: dict[str, int] = {}
 @aion.activity
 async def double(x: int) -> int:
     CALLS["double"] = CALLS.get("double", 0) + 1
-    await trio.sleep(0)
+    await trio.lowlevel.checkpoint()
     return x * 2
 
 
@@ -96,7 +97,8 @@ async def test_a_workflow_runs_activities_and_returns_its_result(store_url: Call
         assert description.status is aion.WorkflowStatus.COMPLETED
         assert description.result == {"a": 10, "both": [20, 11]}
         assert description.pending_activities == ()
-        assert description.close_time is not None and description.close_time >= description.start_time
+        assert description.close_time is not None
+        assert description.close_time >= description.start_time
 
 
 async def test_a_failing_workflow_records_the_failure_and_result_raises(store_url: Callable[[], str]) -> None:
@@ -110,9 +112,12 @@ async def test_a_failing_workflow_records_the_failure_and_result_raises(store_ur
         # Visibility follows the terminal (the waiter is woken first).
         row = await _row_when(engine, "bad", aion.WorkflowStatus.FAILED)
         assert row.failed_step == "activity:0 explode"
-        assert row.failure_reason is not None and "card declined" in row.failure_reason
+        assert row.failure_reason is not None
+        assert "card declined" in row.failure_reason
         failed = [e.body for e in await engine.history("bad") if isinstance(e.body, aion.ActivityFailed)]
-        assert len(failed) == 1 and failed[0].final and failed[0].error.type == "ValueError"
+        assert len(failed) == 1
+        assert failed[0].final
+        assert failed[0].error.type == "ValueError"
 
 
 async def test_list_and_count_follow_visibility(store_url: Callable[[], str]) -> None:
@@ -126,7 +131,9 @@ async def test_list_and_count_follow_visibility(store_url: Callable[[], str]) ->
         assert await engine.count() == 3
         assert await engine.count(status=aion.WorkflowStatus.COMPLETED) == 3
         assert await engine.count(status=aion.WorkflowStatus.RUNNING) == 0
-        rows = await engine.list(search=[aion.SearchPredicate(key="customer", op=aion.SearchOp.EQUALS, value="c0")])
+        rows = await engine.list(
+            search=[aion.SearchPredicate(key="customer", op=aion.SearchOp.EQUALS, value="c0")]
+        )
         assert sorted(r.workflow_id for r in rows) == ["r0", "r2"]
         rows = await engine.list(search=[aion.SearchPredicate(key="n", op=aion.SearchOp.GREATER, value=0)])
         assert sorted(r.workflow_id for r in rows) == ["r1", "r2"]
@@ -163,7 +170,9 @@ async def calls_unknown_activity(ctx: aion.WorkflowContext) -> None:
 async def test_an_unknown_activity_fails_the_run_with_a_typed_error_and_records_no_schedule(
     store_url: Callable[[], str],
 ) -> None:
-    async with aion.open_engine(store_url(), workflows=[calls_unknown_activity], activities=ACTIVITIES) as engine:
+    async with aion.open_engine(
+        store_url(), workflows=[calls_unknown_activity], activities=ACTIVITIES
+    ) as engine:
         run = await engine.start(calls_unknown_activity, workflow_id="u")
         with pytest.raises(aion.WorkflowFailure) as info:
             await run.result()
@@ -244,7 +253,11 @@ async def uses_blocking_activity(ctx: aion.WorkflowContext) -> str:
 
 async def test_a_blocking_sync_activity_does_not_stall_other_workflows() -> None:
     GATE.clear()
-    async with aion.open_engine("memory://", workflows=[uses_blocking_activity, pipeline], activities=[blocks_a_thread_until_released, *ACTIVITIES]) as engine:
+    async with aion.open_engine(
+        "memory://",
+        workflows=[uses_blocking_activity, pipeline],
+        activities=[blocks_a_thread_until_released, *ACTIVITIES],
+    ) as engine:
         blocked = await engine.start(uses_blocking_activity, workflow_id="blocked")
         # While the thread is blocked, another workflow runs to completion.
         other = await engine.start(pipeline, 1, workflow_id="other")
@@ -286,7 +299,9 @@ async def uses_asyncio(ctx: aion.WorkflowContext, text: str) -> str:
 
 
 async def test_an_asyncio_activity_runs_through_trio_asyncio() -> None:
-    async with aion.open_engine("memory://", workflows=[uses_asyncio], activities=[asyncio_echo_over_loopback]) as engine:
+    async with aion.open_engine(
+        "memory://", workflows=[uses_asyncio], activities=[asyncio_echo_over_loopback]
+    ) as engine:
         run = await engine.start(uses_asyncio, "hello", workflow_id="aio")
         assert await run.result() == "HELLO"
 
@@ -329,7 +344,9 @@ async def spawns_a_task_that_issues_commands(ctx: aion.WorkflowContext) -> str:
 
 
 async def test_commands_from_another_task_are_refused_with_a_pointer_to_handles() -> None:
-    async with aion.open_engine("memory://", workflows=[spawns_a_task_that_issues_commands], activities=ACTIVITIES) as engine:
+    async with aion.open_engine(
+        "memory://", workflows=[spawns_a_task_that_issues_commands], activities=ACTIVITIES
+    ) as engine:
         run = await engine.start(spawns_a_task_that_issues_commands, workflow_id="rogue")
         message = await run.result()
         assert "not workflow 'rogue'" in message
@@ -357,7 +374,9 @@ def _all_tasks() -> set[trio.lowlevel.Task]:
 
 async def test_leaving_open_engine_leaves_no_task_running() -> None:
     before = _all_tasks()
-    async with aion.open_engine("memory://", workflows=[waits_forever, pipeline], activities=[block_forever, *ACTIVITIES]) as engine:
+    async with aion.open_engine(
+        "memory://", workflows=[waits_forever, pipeline], activities=[block_forever, *ACTIVITIES]
+    ) as engine:
         for i in range(5):
             await engine.start(waits_forever, workflow_id=f"w{i}")
         await trio.testing.wait_all_tasks_blocked()
@@ -369,10 +388,19 @@ async def test_leaving_open_engine_leaves_no_task_running() -> None:
 
 
 async def test_an_error_in_the_body_propagates_unwrapped_and_closes_the_epoch() -> None:
-    with pytest.raises(KeyError, match="from the body"):
-        async with aion.open_engine("memory://", workflows=[waits_forever], activities=[block_forever]) as engine:
+    engines: list[aion.Engine] = []
+
+    async def body() -> None:
+        async with aion.open_engine(
+            "memory://", workflows=[waits_forever], activities=[block_forever]
+        ) as engine:
+            engines.append(engine)
             await engine.start(waits_forever, workflow_id="w")
             raise KeyError("from the body")
+
+    with pytest.raises(KeyError, match="from the body"):
+        await body()
+    (engine,) = engines
     assert not engine.epoch.is_open
     with pytest.raises(aion.EngineEpochClosed):
         await engine.start(waits_forever, workflow_id="late")

@@ -7,6 +7,7 @@ processes with SIGKILL are in ``test_crash_recovery.py``.)
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from aion_trio import projections
 EXECUTIONS: dict[str, int] = {}
 RELEASED = {"value": False}
 DELAY = {"seconds": 0.0}
+GATE_ENTERED: dict[str, trio.Event] = {}
 OBSERVED: list[Any] = []
 
 
@@ -35,6 +37,7 @@ def _reset() -> None:
     OBSERVED.clear()
     RELEASED["value"] = False
     DELAY["seconds"] = 0.0
+    GATE_ENTERED["event"] = trio.Event()
 
 
 @aion.activity
@@ -47,6 +50,7 @@ async def step_one(x: int) -> int:
 @aion.activity
 async def gated_step(x: int) -> int:
     _count("gated_step")
+    GATE_ENTERED["event"].set()
     if not RELEASED["value"]:
         await trio.sleep_forever()
     await trio.sleep(DELAY["seconds"])
@@ -77,22 +81,22 @@ async def test_a_resumed_run_replays_completed_steps_instead_of_re_executing_the
     caplog.set_level(logging.INFO, logger="aion_trio.workflow")
     async with aion.open_engine(url, workflows=[two_steps], activities=[step_one, gated_step]) as engine:
         await engine.start(two_steps, 1, workflow_id="resume-me")
-        while EXECUTIONS.get("gated_step", 0) < 1:
-            await trio.testing.wait_all_tasks_blocked()
-            await trio.sleep(0.01)
+        await GATE_ENTERED["event"].wait()
     # The first engine is gone; the gated step was parked: nothing recorded for it.
     first_logs = [r.getMessage() for r in caplog.records if r.name.startswith("aion_trio.workflow")]
     assert first_logs == ["before step one", "after step one"]
     live_start = _entries("start")[0]
     live_after_one = _entries("after one")[0]
-    assert live_start[-1] is False and live_after_one[-1] is False  # live, not replaying
+    assert live_start[-1] is False
+    assert live_after_one[-1] is False
 
     caplog.clear()
     RELEASED["value"] = True
     async with aion.open_engine(url, workflows=[two_steps], activities=[step_one, gated_step]) as engine:
         result = await engine.result("resume-me")
         history = await engine.history("resume-me")
-    assert result["a"] == 2 and result["b"] == 20
+    assert result["a"] == 2
+    assert result["b"] == 20
     # step_one ran once in total: the second engine replayed its recorded result.
     assert EXECUTIONS == {"step_one": 1, "gated_step": 2}
     # Replay saw the same now(), random and uuid values at the same points.
@@ -102,7 +106,9 @@ async def test_a_resumed_run_replays_completed_steps_instead_of_re_executing_the
     assert replay_after_one[:3] == live_after_one[:3]
     assert replay_start[-1] is True  # it knew it was replaying
     # now() after the resumed step is that step's recorded time, also on replay.
-    gated_done = next(e for e in history if isinstance(e.body, aion.ActivityCompleted) and e.body.activity_id == 1)
+    gated_done = next(
+        e for e in history if isinstance(e.body, aion.ActivityCompleted) and e.body.activity_id == 1
+    )
     assert _entries("after gated")[0][1] == gated_done.recorded_at
     # The logger stayed silent for what the first engine had already logged.
     second_logs = [r.getMessage() for r in caplog.records if r.name.startswith("aion_trio.workflow")]
@@ -112,7 +118,9 @@ async def test_a_resumed_run_replays_completed_steps_instead_of_re_executing_the
     completions = [e.body.activity_id for e in history if isinstance(e.body, aion.ActivityCompleted)]
     assert sorted(completions) == [0, 1]
     # The parked attempt was re-delivered under the same attempt number.
-    started = [e.body for e in history if isinstance(e.body, aion.ActivityStarted) and e.body.activity_id == 1]
+    started = [
+        e.body for e in history if isinstance(e.body, aion.ActivityStarted) and e.body.activity_id == 1
+    ]
     assert [s.attempt for s in started] == [1]
 
 
@@ -121,8 +129,7 @@ async def test_now_is_the_replay_position_not_the_wall_clock(autojump_clock: tri
     DELAY["seconds"] = 5.0
     async with aion.open_engine(url, workflows=[two_steps], activities=[step_one, gated_step]) as engine:
         await engine.start(two_steps, 1, workflow_id="clock")
-        while EXECUTIONS.get("gated_step", 0) < 1:
-            await trio.sleep(1)
+        await GATE_ENTERED["event"].wait()
         history = await engine.history("clock")
     started_at = history[0].recorded_at
     step_one_done = next(e for e in history if isinstance(e.body, aion.ActivityCompleted)).recorded_at
@@ -175,11 +182,11 @@ async def test_incompatible_code_is_reported_as_non_determinism_and_the_run_stay
     v2 = _versioned(refund)
     async with aion.open_engine(url, workflows=[v1], activities=[reserve, refund, gated_step]) as engine:
         await engine.start(v1, 3, workflow_id="nd")
-        while EXECUTIONS.get("gated_step", 0) < 1:
-            await trio.testing.wait_all_tasks_blocked()
-            await trio.sleep(0.01)
+        await GATE_ENTERED["event"].wait()
     RELEASED["value"] = True
-    async with aion.open_engine(url, workflows=[v2, unrelated], activities=[reserve, refund, gated_step]) as engine:
+    async with aion.open_engine(
+        url, workflows=[v2, unrelated], activities=[reserve, refund, gated_step]
+    ) as engine:
         # Another workflow in the same engine is unaffected.
         other = await engine.start(unrelated, 7, workflow_id="fine")
         assert await other.result() == 7
@@ -191,9 +198,12 @@ async def test_incompatible_code_is_reported_as_non_determinism_and_the_run_stay
         assert description.status is aion.WorkflowStatus.RUNNING
         reason = description.stuck_reason or ""
         assert "activity command #0" in reason
-        assert "'reserve'" in reason and "'refund'" in reason
+        assert "'reserve'" in reason
+        assert "'refund'" in reason
         row = await engine.store.visibility.get("nd")
-        assert row is not None and row.stuck_reason == reason and row.status is aion.WorkflowStatus.RUNNING
+        assert row is not None
+        assert row.stuck_reason == reason
+        assert row.status is aion.WorkflowStatus.RUNNING
         history = await engine.history("nd")
     # Nothing was appended for the mismatching command, and no terminal.
     assert not any(e.is_terminal for e in history)
@@ -230,17 +240,21 @@ async def test_patched_keeps_old_runs_on_the_old_path_and_new_runs_on_the_new(
     store_url: Callable[[], str],
 ) -> None:
     url = store_url()
-    async with aion.open_engine(url, workflows=[patchable_v1], activities=[reserve, refund, gated_step]) as engine:
+    async with aion.open_engine(
+        url, workflows=[patchable_v1], activities=[reserve, refund, gated_step]
+    ) as engine:
         await engine.start(patchable_v1, workflow_id="old")
-        while EXECUTIONS.get("gated_step", 0) < 1:
-            await trio.testing.wait_all_tasks_blocked()
-            await trio.sleep(0.01)
+        await GATE_ENTERED["event"].wait()
     RELEASED["value"] = True
-    async with aion.open_engine(url, workflows=[patchable_v2], activities=[reserve, refund, gated_step]) as engine:
+    async with aion.open_engine(
+        url, workflows=[patchable_v2], activities=[reserve, refund, gated_step]
+    ) as engine:
         assert await engine.result("old") == "v1-path"
         new = await engine.start(patchable_v2, workflow_id="new")
         assert await new.result() == "v2"
-        markers = [e.body.name for e in await engine.history("new") if isinstance(e.body, aion.MarkerRecorded)]
+        markers = [
+            e.body.name for e in await engine.history("new") if isinstance(e.body, aion.MarkerRecorded)
+        ]
         assert markers == ["patch:use-refund"]
         assert not any(isinstance(e.body, aion.MarkerRecorded) for e in await engine.history("old"))
 
@@ -267,10 +281,136 @@ async def test_continue_as_new_starts_a_successor_run_and_result_follows_the_cha
         history = await engine.history("loop")
         runs = projections.run_ids(history)
         assert len(runs) == 4
-        for earlier, later in zip(runs, runs[1:]):
+        for earlier, later in itertools.pairwise(runs):
             start = projections.start_event(history, later)
-            assert start is not None and start.body.parent_run_id == earlier
+            assert start is not None
+            assert start.body.parent_run_id == earlier
             assert projections.run_status(history, earlier) is aion.WorkflowStatus.CONTINUED_AS_NEW
         assert projections.workflow_status(history) is aion.WorkflowStatus.COMPLETED
         with pytest.raises(aion.WorkflowFailure, match="continued_as_new"):
             await engine.result("loop", run_id=runs[0], follow_continue_as_new=False)
+
+
+# --------------------------------------------------------------------------
+# Graceful shutdown: drain, then park
+# --------------------------------------------------------------------------
+
+
+@aion.activity
+async def slow_step(seconds: float) -> str:
+    _count("slow_step")
+    await trio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@aion.workflow
+async def one_slow_step(ctx: aion.WorkflowContext, seconds: float) -> str:
+    return str(await ctx.run(slow_step, seconds))
+
+
+async def test_a_drain_lets_in_flight_attempts_finish_and_record(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    url = f"memory://drain-{uuid.uuid4().hex}"
+    config = aion.EngineConfig(drain_timeout=60)
+    async with aion.open_engine(
+        url, workflows=[one_slow_step], activities=[slow_step], config=config
+    ) as engine:
+        await engine.start(one_slow_step, 30.0, workflow_id="drained")
+        await trio.testing.wait_all_tasks_blocked()
+        started = trio.current_time()
+    assert trio.current_time() - started >= 30, "control: the exit waited for the attempt"
+    async with aion.open_store(url) as store:
+        history = await store.events.read_history("drained")
+    outcomes = [e.body for e in history if isinstance(e.body, aion.ActivityCompleted)]
+    assert [o.result.value() for o in outcomes] == ["slept 30.0"]
+
+
+async def test_attempts_still_running_at_the_drain_deadline_are_parked_and_redispatched(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    url = f"memory://park-{uuid.uuid4().hex}"
+    config = aion.EngineConfig(drain_timeout=5)
+    async with aion.open_engine(
+        url, workflows=[one_slow_step], activities=[slow_step], config=config
+    ) as engine:
+        await engine.start(one_slow_step, 30.0, workflow_id="parked")
+        await trio.testing.wait_all_tasks_blocked()
+        started = trio.current_time()
+    assert 5 <= trio.current_time() - started < 30
+    async with aion.open_store(url) as store:
+        parked = await store.events.read_history("parked")
+    # Parked: nothing recorded for the attempt — history ends as after a kill -9.
+    assert [e.type for e in parked] == ["WorkflowStarted", "ActivityScheduled", "ActivityStarted"]
+    async with aion.open_engine(url, workflows=[one_slow_step], activities=[slow_step]) as engine:
+        assert await engine.result("parked") == "slept 30.0"
+        history = await engine.history("parked")
+    assert EXECUTIONS["slow_step"] == 2
+    assert [e.body.attempt for e in history if isinstance(e.body, aion.ActivityStarted)] == [1]
+
+
+# --------------------------------------------------------------------------
+# Recovery reconciles visibility; a custom dispatcher
+# --------------------------------------------------------------------------
+
+
+async def test_recovery_rewrites_a_visibility_row_left_behind_by_a_crash(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[unrelated], activities=[reserve]) as engine:
+        run = await engine.start(unrelated, 1, workflow_id="stale-row")
+        await run.result()
+    async with aion.open_store(url) as store:
+        # What an engine killed between the terminal and its index update leaves.
+        row = await store.visibility.get("stale-row")
+        assert row is not None
+        await store.visibility.upsert(
+            aion.VisibilityRow(
+                **{**attrs_asdict(row), "status": aion.WorkflowStatus.RUNNING, "close_time": None}
+            )
+        )
+    async with aion.open_engine(url, workflows=[unrelated], activities=[reserve]) as engine:
+        row = await engine.store.visibility.get("stale-row")
+    assert row is not None
+    assert row.status is aion.WorkflowStatus.COMPLETED
+    assert row.close_time is not None
+
+
+def attrs_asdict(row: aion.VisibilityRow) -> dict[str, Any]:
+    import attrs
+
+    return {f.name: getattr(row, f.name) for f in attrs.fields(type(row))}
+
+
+class RecordingDispatcher:
+    """A dispatcher that answers every request itself (as a remote worker pool would)."""
+
+    def __init__(self) -> None:
+        self.requests: list[aion.ActivityRequest] = []
+
+    async def dispatch(self, request: aion.ActivityRequest) -> aion.ActivityOutcome:
+        self.requests.append(request)
+        await trio.lowlevel.checkpoint()
+        return aion.ActivityOutcome(
+            result=aion.Payload.of(f"remote:{request.activity_type}:{request.input.value()}")
+        )
+
+
+async def test_activities_go_through_the_configured_dispatcher(store_url: Callable[[], str]) -> None:
+    dispatcher = RecordingDispatcher()
+    async with aion.open_engine(
+        store_url(), workflows=[unrelated], activities=[reserve], dispatcher=dispatcher
+    ) as engine:
+        run = await engine.start(unrelated, 5, workflow_id="remote")
+        with pytest.raises(aion.WorkflowFailure):
+            # The dispatcher's payload is a string; the workflow's int() of it fails.
+            await run.result()
+    (request,) = dispatcher.requests
+    assert (request.workflow_id, request.activity_id, request.activity_type, request.attempt) == (
+        "remote",
+        0,
+        "reserve",
+        1,
+    )
+    assert request.input.value() == [5]
