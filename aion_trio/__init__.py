@@ -8,9 +8,37 @@ Implementation lives in private modules; this is the curated public surface
 from __future__ import annotations
 
 from . import projections as projections
+from ._activities import (
+    ActivityDispatcher as ActivityDispatcher,
+    ActivityInfo as ActivityInfo,
+    ActivityOutcome as ActivityOutcome,
+    ActivityRequest as ActivityRequest,
+    OutcomeKind as OutcomeKind,
+    activity_info as activity_info,
+    heartbeat as heartbeat,
+)
+from ._clock import EngineClock as EngineClock
+from ._completion import CompletionRetryConfig as CompletionRetryConfig
+from ._context import ActivityHandle as ActivityHandle, WorkflowContext as WorkflowContext
+from ._definitions import (
+    ActivityDefinition as ActivityDefinition,
+    WorkflowDefinition as WorkflowDefinition,
+    activity as activity,
+    workflow as workflow,
+)
+from ._engine import (
+    Engine as Engine,
+    EngineConfig as EngineConfig,
+    EngineStatistics as EngineStatistics,
+    IdReusePolicy as IdReusePolicy,
+    PendingActivity as PendingActivity,
+    RunHandle as RunHandle,
+    WorkflowDescription as WorkflowDescription,
+    open_engine as open_engine,
+)
 from ._errors import (
-    AionError as AionError,
     ActivityFailure as ActivityFailure,
+    AionError as AionError,
     AionInternalError as AionInternalError,
     BackendUnavailable as BackendUnavailable,
     DatabaseCorrupt as DatabaseCorrupt,
@@ -21,15 +49,16 @@ from ._errors import (
     InvalidBatch as InvalidBatch,
     InvalidQuery as InvalidQuery,
     InvalidStoreUrl as InvalidStoreUrl,
+    NonDeterminismError as NonDeterminismError,
     NotAnAionDatabase as NotAnAionDatabase,
     NotFound as NotFound,
-    NonDeterminismError as NonDeterminismError,
     NotOwner as NotOwner,
     NotRunning as NotRunning,
     PayloadError as PayloadError,
     PayloadNotSerializable as PayloadNotSerializable,
     PayloadTooLarge as PayloadTooLarge,
     PluginError as PluginError,
+    PolicyRefused as PolicyRefused,
     SequenceConflict as SequenceConflict,
     SerializationError as SerializationError,
     StoreError as StoreError,
@@ -40,6 +69,7 @@ from ._errors import (
     UnknownActivityType as UnknownActivityType,
     UnknownStoreScheme as UnknownStoreScheme,
     UnknownWorkflowType as UnknownWorkflowType,
+    WorkerLost as WorkerLost,
     WorkflowAlreadyStarted as WorkflowAlreadyStarted,
     WorkflowCommandError as WorkflowCommandError,
     WorkflowFailure as WorkflowFailure,
@@ -80,34 +110,15 @@ from ._events import (
     WorkflowStatus as WorkflowStatus,
     WorkflowTimedOut as WorkflowTimedOut,
 )
-from ._activities import (
-    ActivityDispatcher as ActivityDispatcher,
-    ActivityInfo as ActivityInfo,
-    ActivityOutcome as ActivityOutcome,
-    ActivityRequest as ActivityRequest,
-    activity_info as activity_info,
-)
-from ._clock import EngineClock as EngineClock
-from ._completion import CompletionRetryConfig as CompletionRetryConfig
-from ._context import ActivityHandle as ActivityHandle, WorkflowContext as WorkflowContext
-from ._definitions import (
-    ActivityDefinition as ActivityDefinition,
-    WorkflowDefinition as WorkflowDefinition,
-    activity as activity,
-    workflow as workflow,
-)
-from ._engine import (
-    Engine as Engine,
-    EngineConfig as EngineConfig,
-    EngineStatistics as EngineStatistics,
-    IdReusePolicy as IdReusePolicy,
-    PendingActivity as PendingActivity,
-    RunHandle as RunHandle,
-    WorkflowDescription as WorkflowDescription,
-    open_engine as open_engine,
-)
 from ._payload import Payload as Payload, PayloadCodec as PayloadCodec
 from ._plugins import open_store as open_store
+from ._retry import (
+    ActivityOptions as ActivityOptions,
+    Exponential as Exponential,
+    Fixed as Fixed,
+    Linear as Linear,
+    RetryPolicy as RetryPolicy,
+)
 from ._store import (
     EventStore as EventStore,
     SearchOp as SearchOp,

@@ -16,7 +16,8 @@ import contextvars
 import enum
 import logging
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, final
 
 import attrs
@@ -27,18 +28,26 @@ from ._errors import (
     BackendUnavailable,
     EngineEpochClosed,
     PayloadError,
+    PolicyRefused,
+    StoreError,
     TerminalError,
     UnknownActivityType,
+    WorkerLost,
 )
 from ._events import (
+    ActivityAdvisoryExhausted,
     ActivityCompleted,
     ActivityError,
     ActivityFailed,
+    ActivityFallbackRouted,
+    ActivityStarted,
+    Event,
     EventBody,
     FailureCause,
 )
 from ._payload import Payload, PayloadCodec
-from ._projections import activity_settled, current_lease_terminal, run_segment
+from ._projections import activity_settled, current_lease_terminal, retry_trail, run_segment
+from ._retry import ActivityOptions
 
 if TYPE_CHECKING:
     from ._recorder import Recorder
@@ -84,27 +93,50 @@ class ActivityRequest:
     input: Payload
     attempt: int
     task_queue: str
+    #: The resolved options as recorded in ``ActivityScheduled`` (a JSON object).
     options: Payload
+    #: When the activity was scheduled (``schedule_to_close`` counts from here).
+    scheduled_at: datetime | None = None
+
+    def resolved_options(self) -> ActivityOptions:
+        data = self.options.value()
+        return ActivityOptions.from_json(data if isinstance(data, dict) else {}, task_queue=self.task_queue)
+
+
+class OutcomeKind(enum.Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    #: The worker vanished: re-dispatch the same attempt, consume no budget.
+    WORKER_LOST = "worker_lost"
+    #: The dispatch was parked for a restart: record nothing, deliver nothing.
+    PARKED = "parked"
 
 
 @final
 @attrs.frozen(kw_only=True)
 class ActivityOutcome:
-    """What an attempt produced: a result, or an error."""
+    """What an attempt produced."""
 
     result: Payload | None = None
     error: ActivityError | None = None
+    kind: OutcomeKind = attrs.field()
+
+    @kind.default
+    def _default_kind(self) -> OutcomeKind:
+        return OutcomeKind.COMPLETED if self.error is None else OutcomeKind.FAILED
 
     @property
     def ok(self) -> bool:
-        return self.error is None
+        return self.kind is OutcomeKind.COMPLETED
 
 
 class ActivityDispatcher(Protocol):
     """Runs one activity attempt and reports its outcome.
 
-    Cancellation: a cancelled ``dispatch`` means the attempt was *parked* (the
-    engine is shutting down or the run stopped waiting): nothing is recorded.
+    The engine bounds each attempt by its ``timeout`` (cancelling
+    ``dispatch``) and drives retries; a dispatcher only runs one attempt.
+    Cancellation of ``dispatch`` means the attempt was stopped by the engine:
+    nothing is recorded for it by the dispatcher.
     """
 
     async def dispatch(self, request: ActivityRequest) -> ActivityOutcome: ...
@@ -117,6 +149,60 @@ def error_from_exception(exc: BaseException, cause: FailureCause) -> ActivityErr
         message=str(exc),
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     )
+
+
+@final
+class _Heartbeat:
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.last = trio.current_time()
+        self.details: Any = None
+        self.expired = False
+        self.changed = trio.Event()
+
+    def beat(self, details: Any = None) -> None:
+        self.last = trio.current_time()
+        self.details = details
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def watch(self, scope: trio.CancelScope) -> None:
+        assert self.timeout is not None
+        while True:
+            with trio.move_on_at(self.last + self.timeout):
+                await self.changed.wait()
+                continue
+            self.expired = True
+            scope.cancel()
+            return
+
+
+async def _watch_heartbeat(tracker: _Heartbeat, attempt: trio.CancelScope, watch: trio.CancelScope) -> None:
+    with watch:
+        await tracker.watch(attempt)
+
+
+_current_heartbeat: contextvars.ContextVar[_Heartbeat | None] = contextvars.ContextVar(
+    "aion_trio_heartbeat", default=None
+)
+
+
+def heartbeat(details: Any = None) -> None:
+    """Report liveness from inside an activity (any kind: Trio, thread or asyncio).
+
+    With a ``heartbeat_timeout``, an attempt that does not heartbeat in time is
+    cancelled and fails as a timeout (retry-eligible within the budget).
+    Outside an activity this raises ``RuntimeError``.
+    """
+    tracker = _current_heartbeat.get()
+    if tracker is None:
+        raise RuntimeError("aion_trio.heartbeat() was called outside an activity")
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        trio.from_thread.run_sync(tracker.beat, details)
+    else:
+        tracker.beat(details)
 
 
 @final
@@ -140,6 +226,7 @@ class InProcessDispatcher:
         if definition is None:
             error = UnknownActivityType(request.activity_type, sorted(self._activities))
             return ActivityOutcome(error=error_from_exception(error, FailureCause.TERMINAL))
+        options = request.resolved_options()
         args = self._codec.decode(request.input)
         if not isinstance(args, list):
             args = [args]
@@ -151,23 +238,52 @@ class InProcessDispatcher:
             attempt=request.attempt,
             task_queue=request.task_queue,
         )
-        token = _current_info.set(info)
+        tracker = _Heartbeat(options.heartbeat_timeout)
+        info_token = _current_info.set(info)
+        beat_token = _current_heartbeat.set(tracker)
+        scope = trio.CancelScope()
+        watch = trio.CancelScope()
+        outcome: ActivityOutcome | None = None
         try:
-            with trio.move_on_after(definition.timeout if definition.timeout else float("inf")) as scope:
+            async with trio.open_nursery() as nursery:
+                if options.heartbeat_timeout is not None:
+                    nursery.start_soon(_watch_heartbeat, tracker, scope, watch)
                 try:
-                    value = await self._call(definition, args)
-                except TerminalError as exc:
-                    return ActivityOutcome(error=error_from_exception(exc, FailureCause.TERMINAL))
-                except Exception as exc:
-                    return ActivityOutcome(error=error_from_exception(exc, FailureCause.RETRYABLE))
+                    with scope:
+                        try:
+                            value = await self._call(definition, args)
+                        except TerminalError as exc:
+                            outcome = ActivityOutcome(error=error_from_exception(exc, FailureCause.TERMINAL))
+                        except PolicyRefused as exc:
+                            outcome = ActivityOutcome(
+                                error=error_from_exception(exc, FailureCause.POLICY_REFUSED)
+                            )
+                        except WorkerLost as exc:
+                            outcome = ActivityOutcome(
+                                error=error_from_exception(exc, FailureCause.RETRYABLE),
+                                kind=OutcomeKind.WORKER_LOST,
+                            )
+                        except Exception as exc:
+                            retry = options.retry
+                            cause = (
+                                FailureCause.TERMINAL
+                                if retry is not None and retry.is_non_retryable(exc)
+                                else FailureCause.RETRYABLE
+                            )
+                            outcome = ActivityOutcome(error=error_from_exception(exc, cause))
+                finally:
+                    watch.cancel()
         finally:
-            _current_info.reset(token)
-        if scope.cancelled_caught:
+            _current_heartbeat.reset(beat_token)
+            _current_info.reset(info_token)
+        if outcome is not None:
+            return outcome
+        if scope.cancelled_caught and tracker.expired:
             return ActivityOutcome(
                 error=ActivityError(
                     cause=FailureCause.TIMEOUT,
-                    type="ActivityTimeout",
-                    message=f"attempt {request.attempt} timed out after {definition.timeout}s",
+                    type="HeartbeatTimeout",
+                    message=f"attempt {request.attempt} sent no heartbeat for {options.heartbeat_timeout}s",
                 )
             )
         try:
@@ -182,8 +298,9 @@ class InProcessDispatcher:
         if definition.loop is ActivityLoop.THREAD:
             # abandon_on_cancel: a timed-out thread activity is abandoned; its
             # late result is discarded (threads cannot be interrupted).
+            context = contextvars.copy_context()
             return await trio.to_thread.run_sync(
-                lambda: definition.fn(*args), abandon_on_cancel=True, limiter=self._limiter
+                lambda: context.run(definition.fn, *args), abandon_on_cancel=True, limiter=self._limiter
             )
         import trio_asyncio
 
@@ -236,33 +353,340 @@ def outcome_body(request: ActivityRequest, outcome: ActivityOutcome) -> EventBod
     )
 
 
-async def drive_activity(
-    recorder: Recorder,
-    dispatcher: ActivityDispatcher,
-    request: ActivityRequest,
-    *,
-    record_backoff: tuple[float, float],
-) -> RecordOutcome | None:
-    """Run one attempt and record its final outcome (single attempt: no retry policy).
+class RecordFailed(Exception):
+    """A required retry-trail record could not be written (the store failed)."""
 
-    Returns ``None`` if the attempt was parked (cancelled: nothing recorded).
-    A transient failure to record the outcome is retried on the given ladder
-    until it lands, the activity is settled elsewhere, or the epoch closes.
+
+@attrs.define
+class _LoopState:
+    attempt: int
+    #: Attempts spent on the current provider (fallback hops start a new count... of the same budget).
+    same_provider_attempt: int
+    current_queue: str
+    consumed_fallback: int
+    refused_queues: list[str]
+
+
+def _loop_state(segment: Sequence[Event], request: ActivityRequest, options: ActivityOptions) -> _LoopState:
+    hops = [
+        e.body
+        for e in segment
+        if isinstance(e.body, ActivityFallbackRouted) and e.body.activity_id == request.activity_id
+    ]
+    queue = hops[-1].to_task_queue if hops else options.task_queue
+    return _LoopState(
+        attempt=request.attempt,
+        same_provider_attempt=max(request.attempt - len(hops), 1),
+        current_queue=queue,
+        consumed_fallback=(hops[-1].fallback_index + 1) if hops else 0,
+        refused_queues=[options.task_queue, *(h.to_task_queue for h in hops)],
+    )
+
+
+class ActivityDriver:
+    """Drives one activity ordinal to its final outcome (DESIGN §8).
+
+    Every record goes through :func:`record_activity_event` (lock, epoch gate,
+    settle check).  The backoff sleep is task-local: a crash mid-backoff
+    recovers by replay, whose dangling non-final failure is re-dispatched at
+    the next attempt.
     """
-    epoch = recorder.epoch
-    log_extra = {
-        "workflow_id": request.workflow_id,
-        "run_id": request.run_id,
-        "activity": request.activity_id,
-        "attempt": request.attempt,
-    }
-    # In flight (for the drain) until the outcome is recorded, not merely produced.
-    epoch.attempt_started()
-    try:
-        outcome = await dispatcher.dispatch(request)
-        return await _record_outcome(recorder, request, outcome_body(request, outcome), record_backoff, log_extra)
-    finally:
-        epoch.attempt_finished()
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        dispatcher: ActivityDispatcher,
+        request: ActivityRequest,
+        *,
+        clock: Any,
+        record_backoff: tuple[float, float],
+    ) -> None:
+        self.recorder = recorder
+        self.dispatcher = dispatcher
+        self.request = request
+        self.options = request.resolved_options()
+        self.clock = clock
+        self.record_backoff = record_backoff
+        self.log = {
+            "workflow_id": request.workflow_id,
+            "run_id": request.run_id,
+            "activity": request.activity_id,
+            "activity_type": request.activity_type,
+        }
+
+    # -- records -------------------------------------------------------------
+
+    async def _required(self, body: EventBody) -> RecordOutcome:
+        """A trail record the loop cannot continue without; a store failure raises RecordFailed."""
+        try:
+            return await record_activity_event(
+                self.recorder, self.request.run_id, self.request.activity_id, body
+            )
+        except StoreError as exc:
+            raise RecordFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _final(self, attempt: int, body: EventBody) -> RecordOutcome:
+        """The settling record: retried on transient store failures until it lands."""
+        request = attrs.evolve(self.request, attempt=attempt)
+        return await _record_outcome(self.recorder, request, body, self.record_backoff, self.log)
+
+    async def _advisory(self, attempt: int, reason: str) -> None:
+        if not self.options.advisory:
+            return
+        body = ActivityAdvisoryExhausted(
+            activity_id=self.request.activity_id,
+            activity_type=self.request.activity_type,
+            reason=reason,
+            attempt=attempt,
+        )
+        try:
+            outcome = await record_activity_event(
+                self.recorder, self.request.run_id, self.request.activity_id, body
+            )
+        except StoreError as exc:
+            logger.warning(
+                "could not record the advisory-exhaustion warning; the terminal failure still stands: %s",
+                exc,
+                extra={**self.log, "attempt": attempt},
+            )
+            return
+        if outcome is RecordOutcome.EPOCH_CLOSED:
+            logger.info("epoch closed before the advisory-exhaustion warning was recorded", extra=self.log)
+
+    async def _settled_elsewhere(self) -> bool:
+        async with self.recorder.lock:
+            try:
+                history = await self.recorder.current_history()
+            except StoreError:
+                return False  # the guarded appends still refuse a post-terminal write
+            segment = run_segment(history, self.request.run_id)
+            return (
+                activity_settled(segment, self.request.activity_id) is not None
+                or current_lease_terminal(segment) is not None
+            )
+
+    # -- the deadline ----------------------------------------------------------
+
+    def _deadline(self) -> datetime | None:
+        if self.options.schedule_to_close is None or self.request.scheduled_at is None:
+            return None
+        return self.request.scheduled_at + timedelta(seconds=self.options.schedule_to_close)
+
+    def _attempt_bound(self) -> float:
+        """Trio-time deadline of the next attempt (per-attempt and schedule-to-close)."""
+        bounds = [float("inf")]
+        if self.options.timeout is not None:
+            bounds.append(trio.current_time() + self.options.timeout)
+        deadline = self._deadline()
+        if deadline is not None:
+            bounds.append(self.clock.trio_deadline(deadline))
+        return min(bounds)
+
+    def _past_deadline(self, extra: float = 0.0) -> bool:
+        deadline = self._deadline()
+        return deadline is not None and trio.current_time() + extra >= self.clock.trio_deadline(deadline)
+
+    # -- one attempt -------------------------------------------------------------
+
+    async def _attempt(self, state: _LoopState) -> ActivityOutcome:
+        request = attrs.evolve(self.request, attempt=state.attempt, task_queue=state.current_queue)
+        with trio.move_on_at(self._attempt_bound()) as scope:
+            return await self.dispatcher.dispatch(request)
+        assert scope.cancelled_caught
+        if self._past_deadline():
+            message = f"schedule_to_close of {self.options.schedule_to_close}s exceeded during attempt {state.attempt}"
+            kind = "ScheduleToCloseTimeout"
+        else:
+            message = f"attempt {state.attempt} timed out after {self.options.timeout}s"
+            kind = "ActivityTimeout"
+        return ActivityOutcome(error=ActivityError(cause=FailureCause.TIMEOUT, type=kind, message=message))
+
+    # -- the loop ----------------------------------------------------------------
+
+    async def run(self, *, resume: bool = False) -> RecordOutcome | None:
+        """Returns the final record's outcome, or ``None`` if the dispatch was parked."""
+        epoch = self.recorder.epoch
+        epoch.attempt_started()
+        try:
+            return await self._run(resume)
+        except RecordFailed as exc:
+            # Fail honestly rather than continue unrecorded.
+            logger.warning("a required retry record failed; failing the activity: %s", exc, extra=self.log)
+            error = ActivityError(
+                cause=FailureCause.TERMINAL,
+                type="RetryTrailNotRecorded",
+                message=f"the retry trail could not be recorded ({exc}); failing instead of continuing unrecorded",
+            )
+            attempt = self._last_attempt
+            return await self._final(
+                attempt,
+                ActivityFailed(
+                    activity_id=self.request.activity_id, error=error, attempt=attempt, final=True
+                ),
+            )
+        finally:
+            epoch.attempt_finished()
+
+    _last_attempt: int = 1
+
+    async def _run(self, resume: bool) -> RecordOutcome | None:
+        policy = self.options.retry
+        async with self.recorder.lock:
+            history = await self.recorder.current_history()
+            segment = run_segment(history, self.request.run_id)
+        state = _loop_state(segment, self.request, self.options)
+        self._last_attempt = state.attempt
+        pending_error: ActivityError | None = None
+        if resume:
+            trail = retry_trail(segment, self.request.activity_id)
+            if trail and trail[-1].outcome == "failed" and not trail[-1].final:
+                # Crashed between a non-final failure and the next start.
+                state.attempt = trail[-1].attempt
+                pending_error = trail[-1].error
+            elif not trail:
+                rec = await self._required(
+                    ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                )
+                if rec is not RecordOutcome.RECORDED:
+                    return rec
+        while True:
+            if pending_error is None:
+                outcome = await self._attempt(state)
+                if outcome.kind is OutcomeKind.PARKED:
+                    logger.debug("dispatch parked: nothing recorded", extra=self.log)
+                    return None
+                if outcome.kind is OutcomeKind.COMPLETED:
+                    assert outcome.result is not None
+                    return await self._final(
+                        state.attempt,
+                        ActivityCompleted(
+                            activity_id=self.request.activity_id, result=outcome.result, attempt=state.attempt
+                        ),
+                    )
+                if outcome.kind is OutcomeKind.WORKER_LOST:
+                    if await self._settled_elsewhere():
+                        return RecordOutcome.SETTLED_ELSEWHERE
+                    logger.warning(
+                        "the worker was lost before reporting; re-dispatching the same attempt %d (no budget consumed)",
+                        state.attempt,
+                        extra=self.log,
+                    )
+                    await trio.lowlevel.checkpoint()
+                    continue
+                assert outcome.error is not None
+                error = outcome.error
+                recorded_failure = False
+            else:
+                error, pending_error = pending_error, None
+                recorded_failure = True
+            # A failed attempt.
+            if error.cause is FailureCause.POLICY_REFUSED and self.options.fallback_queues:
+                if not recorded_failure:
+                    outcome_ = await self._required(self._trail_failure(state.attempt, error))
+                    if outcome_ is not RecordOutcome.RECORDED:
+                        return outcome_
+                hop = self._next_hop(state)
+                if hop is None:
+                    reason = f"{error.type}: {error.message}"
+                    await self._advisory(state.attempt, reason)
+                    final_error = attrs.evolve(
+                        error,
+                        message="policy_refused: declared fallback queues refused in recorded order: "
+                        + ", ".join(state.refused_queues)
+                        + f"; last refusal: {error.message}",
+                    )
+                    return await self._final(state.attempt, self._settle_failure(state.attempt, final_error))
+                index, queue = hop
+                outcome_ = await self._required(
+                    ActivityFallbackRouted(
+                        activity_id=self.request.activity_id,
+                        attempt=state.attempt,
+                        from_task_queue=state.current_queue,
+                        to_task_queue=queue,
+                        fallback_index=index,
+                    )
+                )
+                if outcome_ is not RecordOutcome.RECORDED:
+                    return outcome_
+                state.consumed_fallback = index + 1
+                state.current_queue = queue
+                state.refused_queues.append(queue)
+                state.attempt += 1
+                self._last_attempt = state.attempt
+                outcome_ = await self._required(
+                    ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                )
+                if outcome_ is not RecordOutcome.RECORDED:
+                    return outcome_
+                continue
+            eligible = error.cause in (
+                FailureCause.RETRYABLE,
+                FailureCause.TIMEOUT,
+                FailureCause.POLICY_REFUSED,
+            )
+            if error.type == "ScheduleToCloseTimeout" or self._past_deadline():
+                eligible = False
+            if policy is None or not eligible:
+                if policy is not None or error.cause is not FailureCause.TERMINAL or self.options.advisory:
+                    await self._advisory(state.attempt, f"{error.type}: {error.message}")
+                return await self._final(state.attempt, self._settle_failure(state.attempt, error))
+            if state.same_provider_attempt >= policy.max_attempts:
+                word = "policy_refused" if error.cause is FailureCause.POLICY_REFUSED else "exhausted"
+                configured = " configured" if word == "policy_refused" else ""
+                final_error = attrs.evolve(
+                    error,
+                    message=f"{word}: spent {state.same_provider_attempt} of {policy.max_attempts}{configured} attempts; "
+                    f"last refusal: {error.message}",
+                )
+                await self._advisory(state.attempt, final_error.message)
+                return await self._final(state.attempt, self._settle_failure(state.attempt, final_error))
+            delay = policy.backoff.delay_after(state.same_provider_attempt)
+            if self._past_deadline(extra=delay):
+                final_error = attrs.evolve(
+                    error,
+                    cause=FailureCause.TIMEOUT,
+                    message=f"schedule_to_close of {self.options.schedule_to_close}s leaves no time for attempt "
+                    f"{state.attempt + 1}; last failure: {error.type}: {error.message}",
+                )
+                await self._advisory(state.attempt, final_error.message)
+                return await self._final(state.attempt, self._settle_failure(state.attempt, final_error))
+            if not recorded_failure:
+                outcome_ = await self._required(self._trail_failure(state.attempt, error))
+                if outcome_ is not RecordOutcome.RECORDED:
+                    return outcome_
+            logger.warning(
+                "activity attempt %d of %d failed (%s: %s); retrying in %.3fs",
+                state.attempt,
+                policy.max_attempts,
+                error.type,
+                error.message,
+                delay,
+                extra={**self.log, "attempt": state.attempt, "retry_in": delay},
+            )
+            if not (resume and recorded_failure):
+                await trio.sleep(delay)
+            state.same_provider_attempt += 1
+            state.attempt += 1
+            self._last_attempt = state.attempt
+            outcome_ = await self._required(
+                ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+            )
+            if outcome_ is not RecordOutcome.RECORDED:
+                return outcome_
+
+    def _trail_failure(self, attempt: int, error: ActivityError) -> ActivityFailed:
+        return ActivityFailed(activity_id=self.request.activity_id, error=error, attempt=attempt, final=False)
+
+    def _settle_failure(self, attempt: int, error: ActivityError) -> ActivityFailed:
+        return ActivityFailed(activity_id=self.request.activity_id, error=error, attempt=attempt, final=True)
+
+    def _next_hop(self, state: _LoopState) -> tuple[int, str] | None:
+        chain = self.options.fallback_queues
+        for index in range(state.consumed_fallback, len(chain)):
+            queue = chain[index]
+            if queue != state.current_queue:
+                return index, queue
+        return None
 
 
 async def _record_outcome(
@@ -299,6 +723,8 @@ async def _record_outcome(
             )
         elif result is RecordOutcome.SETTLED_ELSEWHERE:
             logger.debug(
-                "activity:%d was settled elsewhere; this outcome is dropped", request.activity_id, extra=log_extra
+                "activity:%d was settled elsewhere; this outcome is dropped",
+                request.activity_id,
+                extra=log_extra,
             )
         return result

@@ -21,6 +21,7 @@ import trio
 from ._epoch import ArmOutcome, RetryKey, RetrySlot
 from ._errors import BackendUnavailable
 from ._events import (
+    ActivityCancelled,
     ErrorInfo,
     Event,
     EventBody,
@@ -33,7 +34,14 @@ from ._events import (
 )
 from ._ids import deadline_timer_id
 from ._payload import Payload
-from ._projections import current_lease_terminal, outstanding_timers, run_segment, run_status
+from ._projections import (
+    current_lease_terminal,
+    outstanding_timers,
+    retry_trail,
+    run_segment,
+    run_status,
+    unsettled_activities,
+)
 from ._registry import Lease, Residency
 
 if TYPE_CHECKING:
@@ -61,7 +69,9 @@ class CompletionRetryConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"completion retry {name} must be a finite number of seconds, got {value!r}")
         if self.initial <= 0:
-            raise ValueError(f"completion retry initial backoff must be > 0 (a ladder from 0 cannot climb), got {self.initial!r}")
+            raise ValueError(
+                f"completion retry initial backoff must be > 0 (a ladder from 0 cannot climb), got {self.initial!r}"
+            )
         if self.ceiling < self.initial:
             raise ValueError(
                 f"completion retry ceiling ({self.ceiling!r}) must be at least the initial backoff ({self.initial!r})"
@@ -95,9 +105,14 @@ class TerminalIntent:
         return cls(kind=TerminalKind.FAILED, exit_time=exit_time, error=error)
 
     @classmethod
-    def continued_as_new(cls, input: Payload, workflow_type: str | None, exit_time: datetime) -> TerminalIntent:
+    def continued_as_new(
+        cls, input: Payload, workflow_type: str | None, exit_time: datetime
+    ) -> TerminalIntent:
         return cls(
-            kind=TerminalKind.CONTINUED_AS_NEW, exit_time=exit_time, continue_input=input, continue_type=workflow_type
+            kind=TerminalKind.CONTINUED_AS_NEW,
+            exit_time=exit_time,
+            continue_input=input,
+            continue_type=workflow_type,
         )
 
     def body(self, run_id: str) -> EventBody:
@@ -108,7 +123,9 @@ class TerminalIntent:
             assert self.error is not None
             return WorkflowFailed(error=self.error)
         assert self.continue_input is not None
-        return WorkflowContinuedAsNew(input=self.continue_input, workflow_type=self.continue_type, parent_run_id=run_id)
+        return WorkflowContinuedAsNew(
+            input=self.continue_input, workflow_type=self.continue_type, parent_run_id=run_id
+        )
 
 
 class TerminalProgress(enum.Enum):
@@ -211,7 +228,9 @@ class _Progress:
     value: TerminalProgress
 
 
-async def run_exit_attempt(core: EngineCore, lease: Lease, intent: TerminalIntent, progress: _Progress) -> None:
+async def run_exit_attempt(
+    core: EngineCore, lease: Lease, intent: TerminalIntent, progress: _Progress
+) -> None:
     """One attempt.  ``progress`` is set at the two instants a terminal is known durable."""
     recorder = lease.recorder
     resumed: Event | None = None
@@ -234,8 +253,15 @@ async def run_exit_attempt(core: EngineCore, lease: Lease, intent: TerminalInten
                 return
             body = intent.body(lease.run_id)
             deadline = deadline_timer_id(lease.run_id)
+            segment = run_segment(history, lease.run_id)
             bodies: list[EventBody] = [body]
-            if any(t.timer_id == deadline for t in outstanding_timers(run_segment(history, lease.run_id))):
+            # Activities still running when the run ends are cancelled, in the same batch.
+            for activity_id in unsettled_activities(segment):
+                trail = retry_trail(segment, activity_id)
+                bodies.append(
+                    ActivityCancelled(activity_id=activity_id, attempt=trail[-1].attempt if trail else 1)
+                )
+            if any(t.timer_id == deadline for t in outstanding_timers(segment)):
                 bodies.append(TimerCancelled(timer_id=deadline, cause=TimerCancelCause.WORKFLOW_INTENT))
             events = await recorder.append(
                 bodies, action="record the workflow terminal", run_id=lease.run_id, at=intent.exit_time
@@ -246,8 +272,10 @@ async def run_exit_attempt(core: EngineCore, lease: Lease, intent: TerminalInten
             status = run_status(recorder.history, lease.run_id)
             if status is not None:
                 lease.cached_status = status
-            if len(bodies) > 1:
+            if any(isinstance(b, TimerCancelled) for b in bodies):
                 await core.forget_timer(lease.workflow_id, deadline)
+            if any(isinstance(b, ActivityCancelled) for b in bodies):
+                core.cancel_inflight(lease.workflow_id, lease.run_id)
 
     # Notify as soon as the terminal is decided: bookkeeping failures below
     # must never strand a waiter.
@@ -314,7 +342,9 @@ def arm_completion_retry(
     fields = _log_fields(lease, error=repr(cause), terminal_recorded=progress is TerminalProgress.RECORDED)
     summary = progress.operator_summary()
     if outcome is ArmOutcome.ARMED:
-        logger.warning("workflow completion %s; retrying durably in the background: %s", summary, cause, extra=fields)
+        logger.warning(
+            "workflow completion %s; retrying durably in the background: %s", summary, cause, extra=fields
+        )
     elif outcome is ArmOutcome.ALREADY_ARMED:
         logger.debug(
             "workflow completion %s; a retry for this lease is already in flight and owns the terminal, "

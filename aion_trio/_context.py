@@ -17,7 +17,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable, Generator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 import attrs
@@ -26,7 +26,7 @@ import trio
 from ._definitions import ActivityDefinition
 from ._errors import (
     ActivityFailure,
-    PayloadError,
+    NonDeterminismError,
     UnknownActivityType,
     WorkflowCommandError,
 )
@@ -44,6 +44,7 @@ from ._events import (
     WorkflowStarted,
 )
 from ._payload import Payload
+from ._retry import UNSET, RetryPolicy, check_layer, explicit, resolve_options
 
 if TYPE_CHECKING:
     from ._engine import EngineCore
@@ -272,11 +273,36 @@ class WorkflowContext:
     # -- activities --------------------------------------------------------
 
     def start(
-        self, activity: ActivityDefinition[Any] | str, *args: Any, task_queue: str | None = None
+        self,
+        activity: ActivityDefinition[Any] | str,
+        *args: Any,
+        retry: RetryPolicy | None = UNSET,
+        timeout: timedelta | float | None = UNSET,
+        schedule_to_close: timedelta | float | None = UNSET,
+        heartbeat_timeout: timedelta | float | None = UNSET,
+        task_queue: str | None = UNSET,
+        fallback_queues: Sequence[str] | None = UNSET,
+        advisory: bool = UNSET,
     ) -> ActivityHandle[Any]:
-        """Schedule an activity; returns a handle at once (await it later)."""
+        """Schedule an activity; returns a handle at once (await it later).
+
+        Keyword options override the activity's own, which override the
+        engine's defaults; the resolved options are recorded with the command.
+        """
         self._require_own_task("ctx.start()")
         definition = self._core.activity_definition(activity)
+        call_layer = check_layer(
+            explicit(
+                retry=retry,
+                timeout=timeout,
+                schedule_to_close=schedule_to_close,
+                heartbeat_timeout=heartbeat_timeout,
+                task_queue=task_queue,
+                fallback_queues=fallback_queues,
+                advisory=advisory,
+            ),
+            f"ctx.start({definition.name})",
+        )
         ordinal = self._next_activity
         self._state.sync()
         recorded = self._state.scheduled.get(ordinal)
@@ -284,8 +310,6 @@ class WorkflowContext:
             body = recorded.body
             assert isinstance(body, ActivityScheduled)
             if body.activity_type != definition.name:
-                from ._errors import NonDeterminismError
-
                 raise self._poison(
                     NonDeterminismError(
                         self.workflow_id,
@@ -300,29 +324,29 @@ class WorkflowContext:
             self._consume(recorded)
             return ActivityHandle(self, ordinal, definition.name)
         # ResumeLive: validate the input before anything is recorded.
-        try:
-            payload = self._core.codec.encode(list(args), what=f"input of activity {definition.name!r}")
-        except PayloadError:
-            raise
+        payload = self._core.codec.encode(list(args), what=f"input of activity {definition.name!r}")
+        options = resolve_options(
+            call_layer,
+            definition.options,
+            self._core.config.activity_defaults,
+            default_task_queue=self._core.config.default_task_queue,
+        )
         self._caught_up = True
         self._next_activity += 1
-        queue = task_queue or definition.task_queue or self._core.config.default_task_queue
         self._pending.append(
             _PendingActivity(
                 ordinal=ordinal,
                 definition=definition,
                 input=payload,
-                task_queue=queue,
-                options=Payload.of(definition.options_json()),
+                task_queue=options.task_queue,
+                options=Payload.of(options.to_json()),
             )
         )
         return ActivityHandle(self, ordinal, definition.name)
 
-    async def run(
-        self, activity: ActivityDefinition[Any] | str, *args: Any, task_queue: str | None = None
-    ) -> Any:
-        """Schedule an activity and wait for its result."""
-        return await self.start(activity, *args, task_queue=task_queue)
+    async def run(self, activity: ActivityDefinition[Any] | str, *args: Any, **options: Any) -> Any:
+        """Schedule an activity and wait for its result (options as for :meth:`start`)."""
+        return await self.start(activity, *args, **options)
 
     async def _flush(self) -> None:
         """Record pending commands (one batch) and dispatch what they start."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import enum
 import inspect
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, final, overload
 
 import attrs
+
+from ._retry import UNSET, RetryPolicy, check_layer, explicit
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -20,15 +21,6 @@ class ActivityLoop(enum.Enum):
     TRIO = "trio"  #: ``async def``: a Trio task, truly cancellable
     THREAD = "thread"  #: plain ``def``: ``trio.to_thread.run_sync``
     ASYNCIO = "asyncio"  #: asyncio coroutine function, through trio-asyncio
-
-
-def _seconds(value: timedelta | float | int | None, what: str) -> float | None:
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{what} must be a positive duration, got {value!r}")
-    return seconds
 
 
 def _check_name(name: object, what: str) -> str:
@@ -52,21 +44,17 @@ class WorkflowDefinition(Generic[F]):
 @final
 @attrs.frozen(kw_only=True)
 class ActivityDefinition(Generic[F]):
-    """A registered activity and its default options."""
+    """A registered activity and the options it sets explicitly."""
 
     name: str
     fn: F
     loop: ActivityLoop
-    #: Per-attempt timeout in seconds (``None``: no timeout).
-    timeout: float | None = None
-    task_queue: str | None = None
+    #: Options set on the decorator (a layer of the per call > activity > engine resolution).
+    options: Mapping[str, Any] = attrs.field(factory=dict)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the plain function (handy in unit tests of the activity itself)."""
         return self.fn(*args, **kwargs)
-
-    def options_json(self) -> dict[str, Any]:
-        return {"timeout": self.timeout, "loop": self.loop.value}
 
 
 @overload
@@ -86,7 +74,9 @@ def workflow(fn: F | None = None, /, *, name: str | None = None) -> Any:
     def wrap(f: F) -> WorkflowDefinition[F]:
         if not inspect.iscoroutinefunction(f):
             raise TypeError(f"@workflow needs an async def function, got {f!r}")
-        definition: WorkflowDefinition[F] = WorkflowDefinition(name=_check_name(name or f.__qualname__, "workflow"), fn=f)
+        definition: WorkflowDefinition[F] = WorkflowDefinition(
+            name=_check_name(name or f.__qualname__, "workflow"), fn=f
+        )
         return definition
 
     return wrap(fn) if fn is not None else wrap
@@ -99,8 +89,13 @@ def activity(
     *,
     name: str | None = None,
     loop: str | None = None,
-    timeout: timedelta | float | None = None,
-    task_queue: str | None = None,
+    retry: RetryPolicy | None = UNSET,
+    timeout: timedelta | float | None = UNSET,
+    schedule_to_close: timedelta | float | None = UNSET,
+    heartbeat_timeout: timedelta | float | None = UNSET,
+    task_queue: str | None = UNSET,
+    fallback_queues: Sequence[str] | None = UNSET,
+    advisory: bool = UNSET,
 ) -> Callable[[F], ActivityDefinition[F]]: ...
 
 
@@ -110,20 +105,38 @@ def activity(
     *,
     name: str | None = None,
     loop: str | None = None,
-    timeout: timedelta | float | None = None,
-    task_queue: str | None = None,
+    retry: RetryPolicy | None = UNSET,
+    timeout: timedelta | float | None = UNSET,
+    schedule_to_close: timedelta | float | None = UNSET,
+    heartbeat_timeout: timedelta | float | None = UNSET,
+    task_queue: str | None = UNSET,
+    fallback_queues: Sequence[str] | None = UNSET,
+    advisory: bool = UNSET,
 ) -> Any:
     """Declare ``fn`` an activity.
 
     ``async def`` activities run as Trio tasks; plain ``def`` activities run in
     a worker thread; ``loop="asyncio"`` runs an asyncio coroutine function
-    through trio-asyncio.  ``timeout`` bounds each attempt.  Activities run at
-    least once: make them idempotent.
+    through trio-asyncio.  Options (``retry``, per-attempt ``timeout``,
+    ``schedule_to_close``, ``heartbeat_timeout``, ``task_queue``,
+    ``fallback_queues``, ``advisory``) are defaults that a call to
+    ``ctx.start``/``ctx.run`` may override; the engine's defaults fill the
+    rest.  Without a retry policy an activity is attempted exactly once.
+    Activities run at least once: make them idempotent.
     """
 
-    seconds = _seconds(timeout, "timeout")
-    if task_queue is not None:
-        _check_name(task_queue, "task_queue")
+    layer = check_layer(
+        explicit(
+            retry=retry,
+            timeout=timeout,
+            schedule_to_close=schedule_to_close,
+            heartbeat_timeout=heartbeat_timeout,
+            task_queue=task_queue,
+            fallback_queues=fallback_queues,
+            advisory=advisory,
+        ),
+        "@activity",
+    )
 
     def wrap(f: F) -> ActivityDefinition[F]:
         if loop is None:
@@ -142,8 +155,7 @@ def activity(
             name=_check_name(name or f.__qualname__, "activity"),
             fn=f,
             loop=kind,
-            timeout=seconds,
-            task_queue=task_queue,
+            options=layer,
         )
         return definition
 

@@ -16,11 +16,9 @@ import trio
 
 from ._activities import (
     ActivityDispatcher,
+    ActivityDriver,
     ActivityRequest,
     InProcessDispatcher,
-    RecordOutcome,
-    drive_activity,
-    record_activity_event,
 )
 from ._clock import EngineClock, TrioClock
 from ._completion import (
@@ -78,6 +76,7 @@ from ._projections import (
 )
 from ._recorder import Recorder
 from ._registry import Lease, Registry, Residency
+from ._retry import check_layer
 from ._store import EventStore, Store, VisibilityFilter, VisibilityRow, VisibilityStore
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -103,6 +102,10 @@ class IdReusePolicy(enum.Enum):
     USE_EXISTING = "use_existing"
 
 
+def _defaults_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
+    return check_layer(layer, "EngineConfig.activity_defaults")
+
+
 @final
 @attrs.frozen(kw_only=True)
 class EngineConfig:
@@ -125,6 +128,9 @@ class EngineConfig:
     #: Seconds the visibility update after a recorded terminal may run on,
     #: shielded from the shutdown's cancellation.
     bookkeeping_timeout: float = 5.0
+    #: Engine-wide activity option defaults (``retry``, ``timeout``, ...), the
+    #: lowest layer under per-activity and per-call options.
+    activity_defaults: Mapping[str, Any] = attrs.field(factory=dict, converter=_defaults_layer)
 
     def __attrs_post_init__(self) -> None:
         if self.drain_timeout is not None and (self.drain_timeout < 0):
@@ -202,6 +208,7 @@ class EngineCore:
         self.registry = Registry()
         self.stuck: dict[str, str] = {}
         self._recorders: dict[str, Recorder] = {}
+        self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
         self._loading: dict[str, trio.Event] = {}
 
     # -- definitions -------------------------------------------------------
@@ -445,6 +452,7 @@ class EngineCore:
         await self._append_with_retry(lease, "schedule activities", build)
         state.sync()
         for p in pending:
+            scheduled = state.scheduled.get(p.ordinal)
             self.dispatch(
                 lease.recorder,
                 ActivityRequest(
@@ -456,6 +464,7 @@ class EngineCore:
                     attempt=1,
                     task_queue=p.task_queue,
                     options=p.options,
+                    scheduled_at=scheduled.recorded_at if scheduled is not None else None,
                 ),
             )
 
@@ -470,12 +479,13 @@ class EngineCore:
 
     # -- activities --------------------------------------------------------
 
-    def dispatch(self, recorder: Recorder, request: ActivityRequest) -> None:
+    def dispatch(self, recorder: Recorder, request: ActivityRequest, *, resume: bool = False) -> None:
         try:
             self.epoch.spawn(
                 self._drive_activity,
                 recorder,
                 request,
+                resume,
                 name=f"activity:{request.workflow_id}:{request.activity_id}",
                 workflow_id=request.workflow_id,
                 run_id=request.run_id,
@@ -487,28 +497,36 @@ class EngineCore:
                 extra={"workflow_id": request.workflow_id, "run_id": request.run_id},
             )
 
-    async def _drive_activity(self, recorder: Recorder, request: ActivityRequest) -> None:
+    async def _drive_activity(self, recorder: Recorder, request: ActivityRequest, resume: bool) -> None:
+        key = (request.workflow_id, request.run_id, request.activity_id)
         backoff = (self.config.completion_retry.initial, self.config.completion_retry.ceiling)
-        await drive_activity(recorder, self.dispatcher, request, record_backoff=backoff)
+        driver = ActivityDriver(recorder, self.dispatcher, request, clock=self.clock, record_backoff=backoff)
+        with trio.CancelScope() as scope:
+            self.inflight[key] = scope
+            try:
+                await driver.run(resume=resume)
+            finally:
+                if self.inflight.get(key) is scope:
+                    del self.inflight[key]
+
+    def cancel_inflight(self, workflow_id: str, run_id: str) -> int:
+        """Cancel the running dispatches of a run (its terminal already settled them)."""
+        keys = [k for k in self.inflight if k[0] == workflow_id and k[1] == run_id]
+        for key in keys:
+            self.inflight[key].cancel()
+        return len(keys)
 
     async def redispatch_unsettled(self, recorder: Recorder, run_id: str) -> int:
-        """Recovery: dispatch every scheduled, unsettled activity of the run at its next attempt."""
+        """Recovery: drive every scheduled, unsettled activity of the run from its recorded trail."""
         segment = run_segment(recorder.history, run_id)
         scheduled = scheduled_activities(segment)
+        scheduled_at = {
+            e.body.activity_id: e.recorded_at for e in segment if isinstance(e.body, ActivityScheduled)
+        }
         count = 0
         for activity_id in unsettled_activities(segment):
-            attempt = next_delivery_attempt(segment, activity_id)
-            if attempt is None:
-                continue
-            sched = scheduled[activity_id]
             trail = retry_trail(segment, activity_id)
-            if not trail or trail[-1].attempt < attempt:
-                # The next attempt has not gone on the wire yet: record that it does.
-                outcome = await record_activity_event(
-                    recorder, run_id, activity_id, ActivityStarted(activity_id=activity_id, attempt=attempt)
-                )
-                if outcome is not RecordOutcome.RECORDED:
-                    continue
+            sched = scheduled[activity_id]
             self.dispatch(
                 recorder,
                 ActivityRequest(
@@ -517,10 +535,12 @@ class EngineCore:
                     activity_id=activity_id,
                     activity_type=sched.activity_type,
                     input=sched.input,
-                    attempt=attempt,
+                    attempt=trail[-1].attempt if trail else 1,
                     task_queue=sched.task_queue,
                     options=sched.options,
+                    scheduled_at=scheduled_at[activity_id],
                 ),
+                resume=True,
             )
             count += 1
         return count

@@ -377,15 +377,35 @@ class WorkflowFailure(AionError):
     ``status`` is the terminal status; ``error`` the recorded error (for Failed).
     """
 
-    def __init__(self, workflow_id: str, run_id: str, status: str, error: Any = None, reason: str = "") -> None:
+    def __init__(
+        self, workflow_id: str, run_id: str, status: str, error: Any = None, reason: str = ""
+    ) -> None:
         self.workflow_id = workflow_id
         self.run_id = run_id
         self.status = status
         self.error = error
         self.reason = reason
         detail = f"{error.type}: {error.message}" if error is not None else reason
-        super().__init__(f"workflow {workflow_id!r} run {run_id} {status}" + (f": {detail}" if detail else ""))
+        super().__init__(
+            f"workflow {workflow_id!r} run {run_id} {status}" + (f": {detail}" if detail else "")
+        )
 
 
 class TerminalError(Exception):
     """Raise from activity code for a failure that must not be retried."""
+
+
+class PolicyRefused(Exception):
+    """Raise from an activity (or a dispatcher) when the target refused the call by policy.
+
+    Rate limits, quotas, a queue that does not accept the work: retry-eligible
+    within the budget, and with ``fallback_queues`` the next attempt hops to
+    the next queue.
+    """
+
+
+class WorkerLost(Exception):
+    """Raised by a dispatcher when the worker running an attempt vanished before reporting.
+
+    The same attempt is re-dispatched; no retry budget is consumed.
+    """

@@ -149,9 +149,8 @@ class SearchPredicate:
             raise InvalidQuery(str(exc)) from None
         if not isinstance(self.op, SearchOp):
             raise InvalidQuery(f"unknown search operator {self.op!r}")
-        if self.op in (SearchOp.GREATER, SearchOp.LESS):
-            if isinstance(self.value, (bool, tuple)):
-                raise InvalidQuery(f"{self.op.value} needs a number or a string, got {self.value!r}")
+        if self.op in (SearchOp.GREATER, SearchOp.LESS) and isinstance(self.value, (bool, tuple)):
+            raise InvalidQuery(f"{self.op.value} needs a number or a string, got {self.value!r}")
         if self.op is SearchOp.CONTAINS and not isinstance(self.value, str):
             raise InvalidQuery(f"contains needs a string, got {self.value!r}")
 
@@ -170,7 +169,7 @@ class SearchPredicate:
                 return False
             return have == want
         if self.op in (SearchOp.GREATER, SearchOp.LESS):
-            if isinstance(have, bool) or isinstance(have, tuple):
+            if isinstance(have, (bool, tuple)):
                 return False
             numbers = isinstance(have, (int, float)) and isinstance(want, (int, float))
             strings = isinstance(have, str) and isinstance(want, str)
@@ -234,7 +233,9 @@ class VisibilityFilter:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
                 raise InvalidQuery(f"{name} must be a timezone-aware datetime, got {value!r}")
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0):
+        if self.limit is not None and (
+            isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0
+        ):
             raise InvalidQuery(f"limit must be an int >= 0 or None, got {self.limit!r}")
         if isinstance(self.offset, bool) or not isinstance(self.offset, int) or self.offset < 0:
             raise InvalidQuery(f"offset must be an int >= 0, got {self.offset!r}")
