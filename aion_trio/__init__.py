@@ -19,7 +19,11 @@ from ._activities import (
 )
 from ._clock import EngineClock as EngineClock
 from ._completion import CompletionRetryConfig as CompletionRetryConfig
-from ._context import ActivityHandle as ActivityHandle, WorkflowContext as WorkflowContext
+from ._context import (
+    ActivityHandle as ActivityHandle,
+    TimeoutScope as TimeoutScope,
+    WorkflowContext as WorkflowContext,
+)
 from ._definitions import (
     ActivityDefinition as ActivityDefinition,
     WorkflowDefinition as WorkflowDefinition,
@@ -66,6 +70,7 @@ from ._errors import (
     StorePathError as StorePathError,
     StoreSchemeConflict as StoreSchemeConflict,
     TerminalError as TerminalError,
+    Timeout as Timeout,
     UnknownActivityType as UnknownActivityType,
     UnknownStoreScheme as UnknownStoreScheme,
     UnknownWorkflowType as UnknownWorkflowType,

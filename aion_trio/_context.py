@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
@@ -27,6 +28,7 @@ from ._definitions import ActivityDefinition
 from ._errors import (
     ActivityFailure,
     NonDeterminismError,
+    Timeout,
     UnknownActivityType,
     WorkflowCommandError,
 )
@@ -40,9 +42,13 @@ from ._events import (
     Event,
     FailureCause,
     MarkerRecorded,
+    TimerCancelled,
+    TimerFired,
+    TimerStarted,
     WorkflowReopened,
     WorkflowStarted,
 )
+from ._ids import anonymous_timer, scope_timer_id
 from ._payload import Payload
 from ._retry import UNSET, RetryPolicy, check_layer, explicit, resolve_options
 
@@ -75,6 +81,17 @@ class ContinueAsNew(Exception):
 
 
 @attrs.define(eq=False)
+class _PendingTimer:
+    timer_id: str
+    fire_at: datetime
+
+
+@attrs.define(eq=False)
+class _PendingTimerCancel:
+    timer_id: str
+
+
+@attrs.define(eq=False)
 class _PendingActivity:
     ordinal: int
     definition: ActivityDefinition[Any]
@@ -98,6 +115,8 @@ class RunState:
         self.settled: dict[int, Event] = {}
         self.markers: dict[str, Event] = {}
         self.started_attempt: dict[int, int] = {}
+        self.timers: dict[str, Event] = {}
+        self.timer_resolutions: dict[str, Event] = {}
 
     def sync(self) -> None:
         """Index events appended since the last call."""
@@ -131,6 +150,11 @@ class RunState:
                     self.settled.pop(activity_id, None)
             elif isinstance(body, MarkerRecorded):
                 self.markers.setdefault(body.name, event)
+            elif isinstance(body, TimerStarted):
+                self.timers[body.timer_id] = event
+                self.timer_resolutions.pop(body.timer_id, None)
+            elif isinstance(body, (TimerFired, TimerCancelled)):
+                self.timer_resolutions.setdefault(body.timer_id, event)
 
 
 def _seed(workflow_id: str, run_id: str) -> int:
@@ -198,7 +222,10 @@ class WorkflowContext:
         # A run whose lease began with nothing after its start has nothing to replay.
         self._caught_up = lease.start_head <= self._state.start.seq
         self._next_activity = 0
-        self._pending: list[_PendingActivity] = []
+        self._next_timer = 0
+        self._next_scope = 0
+        self._scopes: list[str] = []
+        self._pending: list[_PendingActivity | _PendingTimer | _PendingTimerCancel] = []
         self._poisoned: BaseException | None = None
         self._rng = random.Random(_seed(lease.workflow_id, lease.run_id))
         self._task: trio.lowlevel.Task | None = None
@@ -363,6 +390,8 @@ class WorkflowContext:
         if isinstance(body, ActivityCompleted):
             return self._core.codec.decode(body.result)
         if isinstance(body, ActivityFailed):
+            if body.error.type == SCOPE_TIMEOUT_TYPE:
+                raise Timeout(body.error.message)
             raise ActivityFailure(handle.activity_id, handle.activity_type, body.error)
         if isinstance(body, ActivityCancelled):
             raise ActivityFailure(
@@ -376,8 +405,17 @@ class WorkflowContext:
             )
         raise AssertionError(f"not an activity resolution: {event!r}")  # pragma: no cover
 
-    async def _wait_until(self, check: Callable[[], T | None]) -> T:
-        """Flush commands, then park until ``check()`` finds a resolution in the snapshot."""
+    async def _wait_until(
+        self,
+        check: Callable[[], T | None],
+        on_expiry: Callable[[str], Awaitable[T]] | None = None,
+    ) -> T:
+        """Flush commands, then park until ``check()`` finds a resolution in the snapshot.
+
+        Inside a timeout scope whose timer fired in this snapshot (and no
+        resolution is present), ``on_expiry`` records the timeout durably and
+        returns what was recorded (or what won the race under the lock).
+        """
         self._require_own_task("awaiting a workflow handle")
         await self._flush()
         await trio.lowlevel.checkpoint()
@@ -386,13 +424,30 @@ class WorkflowContext:
             found = check()
             if found is not None:
                 return found
+            expired = self._expired_scope()
+            if expired is not None:
+                if on_expiry is None:
+                    raise Timeout(expired)
+                return await on_expiry(expired)
             self._caught_up = True
             await self._recorder.wait_changed()
             if self._poisoned is not None:
                 raise self._poisoned
 
+    def _expired_scope(self) -> str | None:
+        for timer_id in self._scopes:
+            resolution = self._state.timer_resolutions.get(timer_id)
+            if resolution is not None and isinstance(resolution.body, TimerFired):
+                return timer_id
+        return None
+
     async def _await_activity(self, handle: ActivityHandle[Any]) -> Any:
-        event = await self._wait_until(lambda: self._activity_resolution(handle.activity_id))
+        async def expire(scope_timer: str) -> Event:
+            return await self._core.record_activity_scope_timeout(
+                self._lease, self._state, handle.activity_id, scope_timer
+            )
+
+        event = await self._wait_until(lambda: self._activity_resolution(handle.activity_id), expire)
         self._consume(event)
         return self._activity_value(handle, event)
 
@@ -436,6 +491,56 @@ class WorkflowContext:
         self._consume(event)
         return handle
 
+    # -- timers --------------------------------------------------------------
+
+    def _start_timer(self, timer_id: str, fire_at: datetime) -> None:
+        recorded = self._state.timers.get(timer_id)
+        if recorded is not None:
+            self._consume(recorded)
+            return
+        self._caught_up = True
+        self._pending.append(_PendingTimer(timer_id=timer_id, fire_at=fire_at))
+
+    async def sleep(self, duration: timedelta | float) -> None:
+        """A durable timer: survives restarts; fires once ``ctx.now() + duration`` is reached."""
+        self._require_own_task("ctx.sleep()")
+        seconds = _duration(duration, "sleep duration", allow_zero=True)
+        await self._sleep_until(self._now + timedelta(seconds=seconds))
+
+    async def sleep_until(self, when: datetime) -> None:
+        """A durable timer firing at ``when`` (timezone-aware)."""
+        self._require_own_task("ctx.sleep_until()")
+        if when.tzinfo is None or when.utcoffset() is None:
+            raise ValueError(f"sleep_until needs a timezone-aware datetime, got {when!r}")
+        await self._sleep_until(when)
+
+    async def _sleep_until(self, when: datetime) -> None:
+        self._state.sync()
+        timer_id = anonymous_timer(self._next_timer)
+        self._next_timer += 1
+        self._start_timer(timer_id, when)
+
+        async def expire(scope_timer: str) -> Event:
+            return await self._core.record_timer_scope_timeout(
+                self._lease, self._state, timer_id, scope_timer
+            )
+
+        event = await self._wait_until(lambda: self._state.timer_resolutions.get(timer_id), expire)
+        self._consume(event)
+        if isinstance(event.body, TimerCancelled):
+            raise Timeout(f"a timeout scope expired while sleeping ({timer_id})")
+
+    def timeout(self, duration: timedelta | float) -> TimeoutScope:
+        """``async with ctx.timeout(d):`` — awaits inside raise :class:`Timeout` once ``d`` passed.
+
+        Durable: the scope is a recorded timer, and the expiry decision is
+        recorded, so replay takes the same branch.  Nested scopes: the
+        earliest deadline wins.  Leaving in time records ``TimerCancelled``.
+        """
+        self._require_own_task("ctx.timeout()")
+        seconds = _duration(duration, "timeout", allow_zero=False)
+        return TimeoutScope(self, seconds)
+
     # -- versioning ----------------------------------------------------------
 
     async def patched(self, patch_id: str) -> bool:
@@ -471,7 +576,12 @@ class WorkflowContext:
 
     def _has_unmatched_commands(self) -> bool:
         self._state.sync()
-        return any(k >= self._next_activity for k in self._state.scheduled)
+        if any(k >= self._next_activity for k in self._state.scheduled):
+            return True
+        issued = {anonymous_timer(n) for n in range(self._next_timer)} | {
+            scope_timer_id(n) for n in range(self._next_scope)
+        }
+        return any(t not in issued and not t.startswith(("deadline:", "named:")) for t in self._state.timers)
 
     def unissued_recorded_command(self) -> tuple[str, int, str] | None:
         """A command recorded in history that this execution never issued, if any."""
@@ -482,6 +592,50 @@ class WorkflowContext:
             assert isinstance(body, ActivityScheduled)
             return ("activity", extra[0], f"activity {body.activity_type!r}")
         return None
+
+
+SCOPE_TIMEOUT_TYPE = "ScopeTimeout"
+
+
+def _duration(value: timedelta | float, what: str, *, allow_zero: bool) -> float:
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be seconds or a timedelta, got {value!r}")
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{what} must be a finite duration {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return seconds
+
+
+@final
+class TimeoutScope:
+    """What ``ctx.timeout(d)`` returns; use with ``async with``."""
+
+    def __init__(self, ctx: WorkflowContext, seconds: float) -> None:
+        self._ctx = ctx
+        self._seconds = seconds
+        self.timer_id = ""
+
+    async def __aenter__(self) -> TimeoutScope:
+        ctx = self._ctx
+        ctx._require_own_task("entering ctx.timeout()")
+        ctx._state.sync()
+        self.timer_id = scope_timer_id(ctx._next_scope)
+        ctx._next_scope += 1
+        ctx._start_timer(self.timer_id, ctx._now + timedelta(seconds=self._seconds))
+        ctx._scopes.append(self.timer_id)
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        ctx = self._ctx
+        ctx._scopes.remove(self.timer_id)
+        ctx._state.sync()
+        if self.timer_id not in ctx._state.timer_resolutions and not any(
+            isinstance(p, _PendingTimerCancel) and p.timer_id == self.timer_id for p in ctx._pending
+        ):
+            # Left in time (or by an exception of its own): retire the scope's timer.
+            ctx._pending.append(_PendingTimerCancel(timer_id=self.timer_id))
+            if exc_type is None:
+                await ctx._flush()
 
 
 def unknown_activity(name: str, known: Sequence[str]) -> UnknownActivityType:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import heapq
 import logging
 import sys
 import traceback
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, final
 
 import attrs
@@ -26,7 +27,16 @@ from ._completion import (
     TerminalIntent,
     handle_run_exit,
 )
-from ._context import ContinueAsNew, RunAborted, RunState, WorkflowContext, _PendingActivity
+from ._context import (
+    SCOPE_TIMEOUT_TYPE,
+    ContinueAsNew,
+    RunAborted,
+    RunState,
+    WorkflowContext,
+    _PendingActivity,
+    _PendingTimer,
+    _PendingTimerCancel,
+)
 from ._definitions import ActivityDefinition, ActivityLoop, WorkflowDefinition, index_definitions
 from ._epoch import EngineEpoch, EpochStatistics
 from ._errors import (
@@ -46,11 +56,18 @@ from ._errors import (
     epoch_closed,
 )
 from ._events import (
+    ActivityError,
+    ActivityFailed,
     ActivityScheduled,
     ActivityStarted,
     ErrorInfo,
     Event,
+    FailureCause,
     MarkerRecorded,
+    TimerCancelCause,
+    TimerCancelled,
+    TimerFired,
+    TimerStarted,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
@@ -67,10 +84,12 @@ from ._projections import (
     failure,
     latest_run_id,
     next_delivery_attempt,
+    outstanding_timers,
     retry_trail,
     run_segment,
     scheduled_activities,
     search_attributes,
+    timer_resolved,
     unsettled_activities,
     workflow_status,
 )
@@ -209,6 +228,9 @@ class EngineCore:
         self.stuck: dict[str, str] = {}
         self._recorders: dict[str, Recorder] = {}
         self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
+        self._timers: list[tuple[datetime, int, str, str, str]] = []
+        self._timer_seq = 0
+        self._timers_changed = trio.Event()
         self._loading: dict[str, trio.Event] = {}
 
     # -- definitions -------------------------------------------------------
@@ -429,44 +451,189 @@ class EngineCore:
                 raise RunAborted() from exc
 
     async def record_commands(
-        self, lease: Lease, state: RunState, pending: Sequence[_PendingActivity]
+        self,
+        lease: Lease,
+        state: RunState,
+        pending: Sequence[_PendingActivity | _PendingTimer | _PendingTimerCancel],
     ) -> None:
+        """Record a run's pending commands as one batch, then start what they start."""
+
         def build(history: Sequence[Event]) -> list[Any]:
             state.sync()
             bodies: list[Any] = []
             for p in pending:
-                if p.ordinal in state.scheduled:
-                    continue
-                bodies.append(
-                    ActivityScheduled(
+                if isinstance(p, _PendingActivity):
+                    if p.ordinal in state.scheduled:
+                        continue
+                    bodies.append(
+                        ActivityScheduled(
+                            activity_id=p.ordinal,
+                            activity_type=p.definition.name,
+                            input=p.input,
+                            task_queue=p.task_queue,
+                            options=p.options,
+                        )
+                    )
+                    bodies.append(ActivityStarted(activity_id=p.ordinal, attempt=1))
+                elif isinstance(p, _PendingTimer):
+                    if p.timer_id not in state.timers:
+                        bodies.append(TimerStarted(timer_id=p.timer_id, fire_at=p.fire_at))
+                elif p.timer_id in state.timers and p.timer_id not in state.timer_resolutions:
+                    bodies.append(TimerCancelled(timer_id=p.timer_id, cause=TimerCancelCause.WORKFLOW_INTENT))
+            return bodies
+
+        await self._append_with_retry(lease, "record workflow commands", build)
+        state.sync()
+        for p in pending:
+            if isinstance(p, _PendingTimer):
+                await self.arm_timer(lease.workflow_id, lease.run_id, p.timer_id, p.fire_at)
+            elif isinstance(p, _PendingTimerCancel):
+                await self.forget_timer(lease.workflow_id, p.timer_id)
+            else:
+                scheduled = state.scheduled.get(p.ordinal)
+                self.dispatch(
+                    lease.recorder,
+                    ActivityRequest(
+                        workflow_id=lease.workflow_id,
+                        run_id=lease.run_id,
                         activity_id=p.ordinal,
                         activity_type=p.definition.name,
                         input=p.input,
+                        attempt=1,
                         task_queue=p.task_queue,
                         options=p.options,
-                    )
+                        scheduled_at=scheduled.recorded_at if scheduled is not None else None,
+                    ),
                 )
-                bodies.append(ActivityStarted(activity_id=p.ordinal, attempt=1))
-            return bodies
 
-        await self._append_with_retry(lease, "schedule activities", build)
-        state.sync()
-        for p in pending:
-            scheduled = state.scheduled.get(p.ordinal)
-            self.dispatch(
-                lease.recorder,
-                ActivityRequest(
-                    workflow_id=lease.workflow_id,
-                    run_id=lease.run_id,
-                    activity_id=p.ordinal,
-                    activity_type=p.definition.name,
-                    input=p.input,
-                    attempt=1,
-                    task_queue=p.task_queue,
-                    options=p.options,
-                    scheduled_at=scheduled.recorded_at if scheduled is not None else None,
-                ),
+    async def _decide_under_lock(self, lease: Lease, what: str, decide: Any) -> Event:
+        """Run ``decide(history) -> (existing_event | None, body_to_append)`` under the lock,
+        retrying transient failures; returns the event that settles the await."""
+        result: list[Event] = []
+
+        def build(history: Sequence[Event]) -> list[Any]:
+            result.clear()
+            existing, body = decide(history)
+            if existing is not None:
+                result.append(existing)
+                return []
+            return [body]
+
+        await self._append_with_retry(lease, what, build)
+        if result:
+            return result[0]
+        return lease.recorder.history[-1]
+
+    async def record_activity_scope_timeout(
+        self, lease: Lease, state: RunState, activity_id: int, scope_timer: str
+    ) -> Event:
+        """A timeout scope expired while awaiting an activity: record the activity's final
+        failure (unless it settled first, under the lock) and stop its running attempt."""
+
+        def decide(history: Sequence[Event]) -> tuple[Event | None, Any]:
+            state.sync()
+            settled = state.settled.get(activity_id)
+            if settled is not None:
+                return settled, None
+            trail = retry_trail(run_segment(history, lease.run_id), activity_id)
+            error = ActivityError(
+                cause=FailureCause.TIMEOUT,
+                type=SCOPE_TIMEOUT_TYPE,
+                message=f"the timeout scope {scope_timer} expired before activity:{activity_id} finished",
             )
+            return None, ActivityFailed(
+                activity_id=activity_id, error=error, attempt=trail[-1].attempt if trail else 1, final=True
+            )
+
+        event = await self._decide_under_lock(lease, f"record the timeout of activity:{activity_id}", decide)
+        state.sync()
+        scope = self.inflight.get((lease.workflow_id, lease.run_id, activity_id))
+        if (
+            scope is not None
+            and isinstance(event.body, ActivityFailed)
+            and event.body.error.type == SCOPE_TIMEOUT_TYPE
+        ):
+            scope.cancel()
+        return event
+
+    async def record_timer_scope_timeout(
+        self, lease: Lease, state: RunState, timer_id: str, scope_timer: str
+    ) -> Event:
+        """A timeout scope expired during a sleep: cancel the sleep's timer (unless it fired first)."""
+
+        def decide(history: Sequence[Event]) -> tuple[Event | None, Any]:
+            state.sync()
+            resolved = state.timer_resolutions.get(timer_id)
+            if resolved is not None:
+                return resolved, None
+            return None, TimerCancelled(timer_id=timer_id, cause=TimerCancelCause.WORKFLOW_INTENT)
+
+        event = await self._decide_under_lock(lease, f"cancel timer {timer_id} on timeout", decide)
+        state.sync()
+        if isinstance(event.body, TimerCancelled):
+            await self.forget_timer(lease.workflow_id, timer_id)
+        return event
+
+    # -- the timer service ----------------------------------------------------
+
+    async def arm_timer(self, workflow_id: str, run_id: str, timer_id: str, fire_at: datetime) -> None:
+        """Make the timer service fire this timer at ``fire_at`` (and note it in the store's index)."""
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (fire_at, self._timer_seq, workflow_id, run_id, timer_id))
+        self._timers_changed.set()
+        try:
+            await self.events.schedule_timer(workflow_id, timer_id, fire_at)
+        except StoreError as exc:
+            logger.warning("timer %s not written to the index (it fires anyway): %s", timer_id, exc)
+
+    async def timer_service(self) -> None:
+        """Fire due timers by appending ``TimerFired`` (history decides; the heap is a schedule)."""
+        while True:
+            self._timers_changed = trio.Event()
+            if not self._timers:
+                await self._timers_changed.wait()
+                continue
+            fire_at = self._timers[0][0]
+            with trio.move_on_at(self.clock.trio_deadline(fire_at)):
+                await self._timers_changed.wait()
+                continue
+            now = self.clock.now()
+            while self._timers and self._timers[0][0] <= now:
+                _, _, workflow_id, run_id, timer_id = heapq.heappop(self._timers)
+                await self.fire_timer(workflow_id, run_id, timer_id)
+
+    async def fire_timer(self, workflow_id: str, run_id: str, timer_id: str) -> bool:
+        """Append ``TimerFired`` unless the timer fired, was cancelled or its run ended."""
+        fields = {"workflow_id": workflow_id, "run_id": run_id, "timer": timer_id}
+        try:
+            recorder = await self.recorder_for(workflow_id)
+            async with recorder.lock:
+                self.epoch.gate(workflow_id, run_id, f"fire timer {timer_id}")
+                history = await recorder.current_history()
+                segment = run_segment(history, run_id)
+                if (
+                    current_lease_terminal(segment) is not None
+                    or timer_resolved(segment, timer_id) is not None
+                ) or not any(t.timer_id == timer_id for t in outstanding_timers(segment)):
+                    fired = False
+                else:
+                    await recorder.append(
+                        [TimerFired(timer_id=timer_id)], action=f"fire timer {timer_id}", run_id=run_id
+                    )
+                    fired = True
+        except EngineEpochClosed:
+            return False
+        except BackendUnavailable as exc:
+            logger.warning("could not fire timer (retrying): %s", exc, extra=fields)
+            retry_at = self.clock.now() + timedelta(seconds=self.config.completion_retry.initial)
+            self._timer_seq += 1
+            heapq.heappush(self._timers, (retry_at, self._timer_seq, workflow_id, run_id, timer_id))
+            return False
+        except StoreError as exc:
+            logger.error("could not fire timer: %s", exc, extra=fields)
+            return False
+        await self.forget_timer(workflow_id, timer_id)
+        return fired
 
     async def record_marker(self, lease: Lease, name: str, value: Payload) -> None:
         def build(history: Sequence[Event]) -> list[Any]:
@@ -693,6 +860,9 @@ class EngineCore:
                 return
             self.spawn_run(lease)
             await self.redispatch_unsettled(recorder, run_id)
+            for timer in outstanding_timers(segment):
+                if not timer.timer_id.startswith("deadline:"):
+                    await self.arm_timer(workflow_id, run_id, timer.timer_id, timer.fire_at)
         elif status is WorkflowStatus.CONTINUED_AS_NEW:
             terminal = current_lease_terminal(segment)
             if terminal is not None and isinstance(terminal.body, WorkflowContinuedAsNew):
@@ -997,6 +1167,7 @@ async def open_engine(
                 )
                 engine = Engine(core)
                 try:
+                    epoch.spawn(core.timer_service, name="timer-service")
                     await core.recover()
                     yield engine
                 except BaseException:

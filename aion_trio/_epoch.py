@@ -146,9 +146,7 @@ class EngineEpoch:
 
     # -- completion retries ------------------------------------------------
 
-    def arm_completion_retry(
-        self, key: RetryKey, body: Callable[[RetrySlot], Awaitable[None]]
-    ) -> ArmOutcome:
+    def arm_completion_retry(self, key: RetryKey, body: Callable[[RetrySlot], Awaitable[None]]) -> ArmOutcome:
         """Spawn ``body(slot)`` unless this lease already holds a retry or the epoch closed."""
         if not self._open:
             return ArmOutcome.EPOCH_CLOSED
@@ -206,4 +204,3 @@ class EngineEpoch:
         if self._retries:  # pragma: no cover - would be a bug
             logger.error("completion retry slots left after the epoch joined: %s", list(self._retries))
             self._retries.clear()
-

@@ -409,3 +409,10 @@ class WorkerLost(Exception):
 
     The same attempt is re-dispatched; no retry budget is consumed.
     """
+
+
+class Timeout(AionError):
+    """A ``ctx.timeout()`` scope expired while workflow code was waiting inside it.
+
+    The expiry is recorded durably, so replay raises it at the same point.
+    """

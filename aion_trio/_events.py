@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import ClassVar, TypeAlias, Union
+from typing import Any, ClassVar, TypeAlias, Union, final
 
 import attrs
 
@@ -61,6 +61,8 @@ SearchValue: TypeAlias = Union[str, int, float, bool, tuple[str, ...]]
 
 
 def _require_aware(instance: object, attribute: attrs.Attribute[datetime], value: datetime) -> None:
+    if not isinstance(value, datetime):
+        raise TypeError(f"{attribute.name} must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{attribute.name} must be timezone-aware, got naive {value!r}")
 
@@ -75,27 +77,84 @@ def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> 
         raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
 
 
-def _non_empty_str(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+def _non_empty_str(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{attribute.name} must be a non-empty str, got {value!r}")
 
 
+def _str(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a str, got {type(value).__name__}")
+
+
+def _optional_str(instance: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a str or None, got {type(value).__name__}")
+
+
+def _bool(instance: object, attribute: attrs.Attribute[bool], value: bool) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be a bool, got {type(value).__name__}")
+
+
+def _payload(instance: object, attribute: attrs.Attribute[Any], value: Payload) -> None:
+    if not isinstance(value, Payload):
+        raise TypeError(
+            f"{attribute.name} must be a Payload (use Payload.of(value)), got {type(value).__name__}"
+        )
+
+
+def _optional_payload(
+    instance: object, attribute: attrs.Attribute[Payload | None], value: Payload | None
+) -> None:
+    if value is not None:
+        _payload(instance, attribute, value)
+
+
+def _workflow_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    validate_workflow_id(value, attribute.name)
+
+
+def _optional_workflow_id(
+    instance: object, attribute: attrs.Attribute[str | None], value: str | None
+) -> None:
+    if value is not None:
+        validate_workflow_id(value, attribute.name)
+
+
+def _activity_ids(
+    instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
+) -> None:
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise ValueError(f"{attribute.name} must hold ints >= 0, got {item!r}")
+
+
+def _optional_non_empty_str(
+    instance: object, attribute: attrs.Attribute[str | None], value: str | None
+) -> None:
+    if value is not None:
+        _non_empty_str(instance, attribute, value)
+
+
 def _run_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
-    validate_run_id(value)
+    validate_run_id(value, attribute.name)
 
 
 def _optional_run_id(instance: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
     if value is not None:
-        validate_run_id(value)
+        validate_run_id(value, attribute.name)
 
 
 def _timer_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
-    validate_timer_id(value)
+    validate_timer_id(value, attribute.name)
 
 
 def _optional_timeout(
     instance: object, attribute: attrs.Attribute[timedelta | None], value: timedelta | None
 ) -> None:
+    if value is not None and not isinstance(value, timedelta):
+        raise TypeError(f"{attribute.name} must be a timedelta or None, got {type(value).__name__}")
     if value is not None and value <= timedelta(0):
         raise ValueError(f"{attribute.name} must be positive, got {value!r}")
 
@@ -124,9 +183,7 @@ def validate_search_attributes(attributes: Mapping[str, object]) -> dict[str, Se
 def validate_search_key(key: object) -> str:
     if not isinstance(key, str) or not key or len(key) > 128:
         raise ValueError(f"search attribute name {key!r} must be a non-empty str of <= 128 chars")
-    if not (key[0].isalpha() or key[0] == "_") or not all(
-        c.isalnum() or c in "_.-" for c in key
-    ):
+    if not (key[0].isalpha() or key[0] == "_") or not all(c.isalnum() or c in "_.-" for c in key):
         raise ValueError(
             f"search attribute name {key!r} must start with a letter or '_' and contain only "
             "letters, digits, '_', '.' and '-'"
@@ -134,8 +191,48 @@ def validate_search_key(key: object) -> str:
     return key
 
 
+@final
+class FrozenSearchAttributes(Mapping[str, SearchValue]):
+    """An immutable, hashable search-attribute mapping (events are frozen all the way down).
+
+    Compares equal to any mapping with the same items, so ``body.search_attributes
+    == {"k": 1}`` reads naturally.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, SearchValue]) -> None:
+        self._items = dict(items)
+
+    def __getitem__(self, key: str) -> SearchValue:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self._items == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
+def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
 def _search_attrs_converter(value: Mapping[str, object]) -> Mapping[str, SearchValue]:
-    return validate_search_attributes(value)
+    if not isinstance(value, Mapping):
+        raise TypeError(f"search attributes must be a mapping, got {type(value).__name__}")
+    return FrozenSearchAttributes(validate_search_attributes(value))
 
 
 # --------------------------------------------------------------------------
@@ -148,20 +245,20 @@ class ErrorInfo:
     """A failure as recorded: exception type name, message, optional details and traceback."""
 
     type: str = attrs.field(validator=_non_empty_str)
-    message: str
-    details: Payload | None = None
-    traceback: str | None = None
+    message: str = attrs.field(validator=_str)
+    details: Payload | None = attrs.field(default=None, validator=_optional_payload)
+    traceback: str | None = attrs.field(default=None, validator=_optional_str)
 
 
 @attrs.frozen(kw_only=True)
 class ActivityError:
     """An activity attempt's failure.  ``cause`` is for people, never for settlement."""
 
-    cause: FailureCause
+    cause: FailureCause = attrs.field(validator=attrs.validators.instance_of(FailureCause))
     type: str = attrs.field(validator=_non_empty_str)
-    message: str
-    details: Payload | None = None
-    traceback: str | None = None
+    message: str = attrs.field(validator=_str)
+    details: Payload | None = attrs.field(default=None, validator=_optional_payload)
+    traceback: str | None = attrs.field(default=None, validator=_optional_str)
 
 
 # --------------------------------------------------------------------------
@@ -180,10 +277,10 @@ class EventBody:
 @attrs.frozen(kw_only=True)
 class WorkflowStarted(EventBody):
     workflow_type: str = attrs.field(validator=_non_empty_str)
-    input: Payload
+    input: Payload = attrs.field(validator=_payload)
     run_id: str = attrs.field(validator=_run_id)
     parent_run_id: str | None = attrs.field(default=None, validator=_optional_run_id)
-    parent_workflow_id: str | None = None
+    parent_workflow_id: str | None = attrs.field(default=None, validator=_optional_workflow_id)
     task_queue: str = attrs.field(default="default", validator=_non_empty_str)
     search_attributes: Mapping[str, SearchValue] = attrs.field(
         factory=dict, converter=_search_attrs_converter
@@ -194,37 +291,39 @@ class WorkflowStarted(EventBody):
 @attrs.frozen(kw_only=True)
 class WorkflowCompleted(EventBody):
     TERMINAL: ClassVar[bool] = True
-    result: Payload
+    result: Payload = attrs.field(validator=_payload)
 
 
 @attrs.frozen(kw_only=True)
 class WorkflowFailed(EventBody):
     TERMINAL: ClassVar[bool] = True
-    error: ErrorInfo
+    error: ErrorInfo = attrs.field(validator=attrs.validators.instance_of(ErrorInfo))
 
 
 @attrs.frozen(kw_only=True)
 class WorkflowCancelRequested(EventBody):
-    reason: str
+    reason: str = attrs.field(validator=_str)
 
 
 @attrs.frozen(kw_only=True)
 class WorkflowCancelled(EventBody):
     TERMINAL: ClassVar[bool] = True
-    reason: str
+    reason: str = attrs.field(validator=_str)
 
 
 @attrs.frozen(kw_only=True)
 class WorkflowTimedOut(EventBody):
     TERMINAL: ClassVar[bool] = True
-    timeout_kind: TimeoutKind = TimeoutKind.DEADLINE
+    timeout_kind: TimeoutKind = attrs.field(
+        default=TimeoutKind.DEADLINE, validator=attrs.validators.instance_of(TimeoutKind)
+    )
 
 
 @attrs.frozen(kw_only=True)
 class WorkflowContinuedAsNew(EventBody):
     TERMINAL: ClassVar[bool] = True
-    input: Payload
-    workflow_type: str | None = None
+    input: Payload = attrs.field(validator=_payload)
+    workflow_type: str | None = attrs.field(default=None, validator=_optional_non_empty_str)
     #: The run that was continued (the run this event ends).
     parent_run_id: str = attrs.field(validator=_run_id)
 
@@ -232,7 +331,9 @@ class WorkflowContinuedAsNew(EventBody):
 @attrs.frozen(kw_only=True)
 class WorkflowReopened(EventBody):
     run_id: str = attrs.field(validator=_run_id)
-    reopened_activity_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    reopened_activity_ids: tuple[int, ...] = attrs.field(
+        default=(), converter=_int_tuple, validator=_activity_ids
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -244,10 +345,10 @@ class SearchAttributesUpserted(EventBody):
 class ActivityScheduled(EventBody):
     activity_id: int = attrs.field(validator=_non_negative)
     activity_type: str = attrs.field(validator=_non_empty_str)
-    input: Payload
+    input: Payload = attrs.field(validator=_payload)
     task_queue: str = attrs.field(default="default", validator=_non_empty_str)
     #: The resolved options (retry policy, timeouts, queues) as a JSON object.
-    options: Payload = attrs.field(factory=lambda: Payload("{}"))
+    options: Payload = attrs.field(factory=lambda: Payload("{}"), validator=_payload)
 
 
 @attrs.frozen(kw_only=True)
@@ -259,17 +360,17 @@ class ActivityStarted(EventBody):
 @attrs.frozen(kw_only=True)
 class ActivityCompleted(EventBody):
     activity_id: int = attrs.field(validator=_non_negative)
-    result: Payload
+    result: Payload = attrs.field(validator=_payload)
     attempt: int = attrs.field(validator=_positive)
 
 
 @attrs.frozen(kw_only=True)
 class ActivityFailed(EventBody):
     activity_id: int = attrs.field(validator=_non_negative)
-    error: ActivityError
+    error: ActivityError = attrs.field(validator=attrs.validators.instance_of(ActivityError))
     attempt: int = attrs.field(validator=_positive)
     #: False: a retry-trail record (another attempt follows).  True: settles the activity.
-    final: bool
+    final: bool = attrs.field(validator=_bool)
 
 
 @attrs.frozen(kw_only=True)
@@ -291,7 +392,7 @@ class ActivityFallbackRouted(EventBody):
 class ActivityAdvisoryExhausted(EventBody):
     activity_id: int = attrs.field(validator=_non_negative)
     activity_type: str = attrs.field(validator=_non_empty_str)
-    reason: str
+    reason: str = attrs.field(validator=_str)
     attempt: int = attrs.field(validator=_positive)
 
 
@@ -309,44 +410,44 @@ class TimerFired(EventBody):
 @attrs.frozen(kw_only=True)
 class TimerCancelled(EventBody):
     timer_id: str = attrs.field(validator=_timer_id)
-    cause: TimerCancelCause
+    cause: TimerCancelCause = attrs.field(validator=attrs.validators.instance_of(TimerCancelCause))
 
 
 @attrs.frozen(kw_only=True)
 class SignalReceived(EventBody):
     name: str = attrs.field(validator=_non_empty_str)
-    payload: Payload
+    payload: Payload = attrs.field(validator=_payload)
 
 
 @attrs.frozen(kw_only=True)
 class ChildWorkflowStarted(EventBody):
-    child_workflow_id: str = attrs.field(validator=_non_empty_str)
+    child_workflow_id: str = attrs.field(validator=_workflow_id)
     workflow_type: str = attrs.field(validator=_non_empty_str)
-    input: Payload
+    input: Payload = attrs.field(validator=_payload)
 
 
 @attrs.frozen(kw_only=True)
 class ChildWorkflowCompleted(EventBody):
-    child_workflow_id: str = attrs.field(validator=_non_empty_str)
-    result: Payload
+    child_workflow_id: str = attrs.field(validator=_workflow_id)
+    result: Payload = attrs.field(validator=_payload)
 
 
 @attrs.frozen(kw_only=True)
 class ChildWorkflowFailed(EventBody):
-    child_workflow_id: str = attrs.field(validator=_non_empty_str)
-    error: ErrorInfo
+    child_workflow_id: str = attrs.field(validator=_workflow_id)
+    error: ErrorInfo = attrs.field(validator=attrs.validators.instance_of(ErrorInfo))
 
 
 @attrs.frozen(kw_only=True)
 class ChildWorkflowCancelled(EventBody):
-    child_workflow_id: str = attrs.field(validator=_non_empty_str)
-    reason: str
+    child_workflow_id: str = attrs.field(validator=_workflow_id)
+    reason: str = attrs.field(validator=_str)
 
 
 @attrs.frozen(kw_only=True)
 class MarkerRecorded(EventBody):
     name: str = attrs.field(validator=_non_empty_str)
-    value: Payload
+    value: Payload = attrs.field(validator=_payload)
 
 
 EVENT_TYPES: Mapping[str, type[EventBody]] = {
@@ -381,9 +482,7 @@ EVENT_TYPES: Mapping[str, type[EventBody]] = {
 }
 """Every event body type by its wire name."""
 
-TERMINAL_TYPES: tuple[type[EventBody], ...] = tuple(
-    cls for cls in EVENT_TYPES.values() if cls.TERMINAL
-)
+TERMINAL_TYPES: tuple[type[EventBody], ...] = tuple(cls for cls in EVENT_TYPES.values() if cls.TERMINAL)
 
 
 def _body_validator(instance: object, attribute: attrs.Attribute[EventBody], value: EventBody) -> None:
@@ -392,7 +491,7 @@ def _body_validator(instance: object, attribute: attrs.Attribute[EventBody], val
 
 
 def _workflow_id_validator(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
-    validate_workflow_id(value)
+    validate_workflow_id(value, attribute.name)
 
 
 @attrs.frozen(kw_only=True)
@@ -432,4 +531,3 @@ def utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError(f"expected a timezone-aware datetime, got naive {value!r}")
     return value.astimezone(timezone.utc)
-

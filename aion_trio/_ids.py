@@ -24,18 +24,19 @@ MAX_WORKFLOW_ID_LENGTH = 512
 RESERVED_TIMER_PREFIXES = ("deadline:", "scope:")
 
 
-def validate_workflow_id(workflow_id: object) -> WorkflowId:
-    """Return ``workflow_id`` if it is usable, else raise ``ValueError`` saying why."""
+def validate_workflow_id(workflow_id: object, what: str = "workflow_id") -> WorkflowId:
+    """Return ``workflow_id`` if it is usable, else raise ``ValueError`` saying why.
+
+    ``what`` names the value in the message (e.g. ``"child_workflow_id"``).
+    """
     if not isinstance(workflow_id, str):
-        raise TypeError(f"workflow_id must be str, got {type(workflow_id).__name__}")
+        raise TypeError(f"{what} must be str, got {type(workflow_id).__name__}")
     if not workflow_id:
-        raise ValueError("workflow_id must not be empty")
+        raise ValueError(f"{what} must not be empty")
     if len(workflow_id) > MAX_WORKFLOW_ID_LENGTH:
-        raise ValueError(
-            f"workflow_id is {len(workflow_id)} characters; the limit is {MAX_WORKFLOW_ID_LENGTH}"
-        )
+        raise ValueError(f"{what} is {len(workflow_id)} characters; the limit is {MAX_WORKFLOW_ID_LENGTH}")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in workflow_id):
-        raise ValueError(f"workflow_id {workflow_id!r} contains control characters")
+        raise ValueError(f"{what} {workflow_id!r} contains control characters")
     return workflow_id
 
 
@@ -47,15 +48,16 @@ def new_run_id() -> RunId:
     return str(uuid.uuid4())
 
 
-def validate_run_id(run_id: object) -> RunId:
+def validate_run_id(run_id: object, what: str = "run_id") -> RunId:
+    """Return ``run_id`` if it is a UUID in canonical (lower-case, hyphenated) form."""
     if not isinstance(run_id, str):
-        raise TypeError(f"run_id must be str, got {type(run_id).__name__}")
+        raise TypeError(f"{what} must be str, got {type(run_id).__name__}")
     try:
         parsed = uuid.UUID(run_id)
     except ValueError:
-        raise ValueError(f"run_id {run_id!r} is not a UUID") from None
+        raise ValueError(f"{what} {run_id!r} is not a UUID") from None
     if str(parsed) != run_id:
-        raise ValueError(f"run_id {run_id!r} is not in canonical UUID form ({parsed})")
+        raise ValueError(f"{what} {run_id!r} is not in canonical UUID form ({parsed})")
     return run_id
 
 
@@ -87,12 +89,18 @@ def is_reserved_timer_id(timer_id: TimerId) -> bool:
     return timer_id.startswith(RESERVED_TIMER_PREFIXES)
 
 
-def validate_timer_id(timer_id: object) -> TimerId:
+def validate_timer_id(timer_id: object, what: str = "timer_id") -> TimerId:
+    """Return ``timer_id`` if it is ``named:X``, ``anonymous:N``, ``deadline:X`` or ``scope:N``."""
     if not isinstance(timer_id, str):
-        raise TypeError(f"timer_id must be str, got {type(timer_id).__name__}")
+        raise TypeError(f"{what} must be str, got {type(timer_id).__name__}")
     kind, sep, rest = timer_id.partition(":")
     if not sep or not rest or kind not in ("named", "anonymous", "deadline", "scope"):
-        raise ValueError(
-            f"timer_id {timer_id!r} must look like named:X, anonymous:N, deadline:RUN or scope:N"
-        )
+        raise ValueError(f"{what} {timer_id!r} must look like named:X, anonymous:N, deadline:RUN or scope:N")
+    if kind in ("anonymous", "scope") and not _is_ordinal(rest):
+        # One spelling per ordinal: "anonymous:01" and "anonymous:1" must not both exist.
+        raise ValueError(f"{what} {timer_id!r}: {kind}:N needs N as a decimal int >= 0 without leading zeros")
     return timer_id
+
+
+def _is_ordinal(text: str) -> bool:
+    return text.isascii() and text.isdigit() and str(int(text)) == text

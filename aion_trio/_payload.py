@@ -62,24 +62,69 @@ def _check_json(value: Any, path: str, what: str, depth: int = 0) -> Any:
     )
 
 
+def _find_unencodable(value: Any, path: str) -> str | None:
+    """The path of the first str (value or key) that UTF-8 cannot encode (a lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _find_unencodable(k, f"{path} (key {k!r})") or _find_unencodable(v, f"{path}[{k!r}]")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _find_unencodable(v, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _dumps(data: Any, what: str) -> tuple[str, int]:
+    """Compact JSON text of checked ``data`` and its UTF-8 size."""
+    text = json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        # Rare: find where, to name it (the fast path above costs nothing extra).
+        path = _find_unencodable(data, "") or ""
+        raise PayloadNotSerializable(
+            what, path, "str contains a lone surrogate and cannot be encoded as UTF-8"
+        ) from None
+    return text, size
+
+
+def _json_text(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"Payload holds JSON text (a str), got {type(value).__name__}; use Payload.of(value)")
+
+
 @final
 @attrs.frozen(repr=False)
 class Payload:
-    """An encoded JSON document (compact UTF-8 text)."""
+    """An encoded JSON document (compact UTF-8 text).
 
-    json: str
+    Build one with :meth:`of` (from a value) or :meth:`from_json_text`; the
+    constructor takes the text as is, and it should be the compact form those
+    produce (that is what the wire form round-trips).
+    """
+
+    json: str = attrs.field(validator=_json_text)
 
     @classmethod
     def of(cls, value: Any) -> Payload:
         """Encode ``value`` with no size limit (for engine-made payloads)."""
         data = _check_json(value, "", "payload")
-        return cls(json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False))
+        return cls(_dumps(data, "payload")[0])
 
     @classmethod
     def from_json_text(cls, text: str) -> Payload:
         """Normalise JSON ``text`` into a payload; raises ``ValueError`` if invalid."""
         value = json.loads(text)
-        return cls(json.dumps(value, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False))
+        return cls(_dumps(value, "JSON text")[0])
 
     @property
     def size(self) -> int:
@@ -112,23 +157,24 @@ class PayloadCodec:
 
     @warn_bytes.validator
     def _check_warn(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"warn_bytes must be an int, got {value!r}")
         if value <= 0:
             raise ValueError(f"warn_bytes must be positive, got {value}")
 
     @max_bytes.validator
     def _check_max(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"max_bytes must be an int, got {value!r}")
         if value <= 0:
             raise ValueError(f"max_bytes must be positive, got {value}")
         if value < self.warn_bytes:
-            raise ValueError(
-                f"max_bytes ({value}) must be at least warn_bytes ({self.warn_bytes})"
-            )
+            raise ValueError(f"max_bytes ({value}) must be at least warn_bytes ({self.warn_bytes})")
 
     def encode(self, value: Any, *, what: str = "payload") -> Payload:
         """Encode ``value``; ``what`` names it in errors (e.g. ``"input of charge"``)."""
         data = _check_json(value, "", what)
-        text = json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
-        size = len(text.encode("utf-8"))
+        text, size = _dumps(data, what)
         if size > self.max_bytes:
             raise PayloadTooLarge(what, size, self.max_bytes)
         if size > self.warn_bytes:

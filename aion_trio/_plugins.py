@@ -104,7 +104,7 @@ class StoreRegistry:
 
 class _Specs:
     @hookspec
-    def aion_trio_register_stores(self, registry: StoreRegistry) -> None:  # type: ignore[empty-body]
+    def aion_trio_register_stores(self, registry: StoreRegistry) -> None:
         """Register store URL schemes with ``registry.add(scheme, opener, description=...)``.
 
         Called once per registry build.  Must not do I/O: open nothing until
@@ -128,14 +128,32 @@ def make_plugin_manager(
     pm = pluggy.PluginManager(PROJECT_NAME)
     pm.add_hookspecs(_Specs)
     for plugin in plugins:
-        pm.register(plugin)
+        _register(pm, plugin, None, f"plugin {_describe(plugin)}")
     if load_entry_points:
         _load_entry_points(pm, group)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginLoadError(f"plugin {exc.plugin!r} is invalid: {exc}") from exc
+        name = pm.get_name(exc.plugin) or _describe(exc.plugin)
+        raise PluginLoadError(
+            f"plugin {name!r} is invalid: {exc} (hook implementations must be named after an "
+            "aion_trio hookspec, e.g. aion_trio_register_stores)"
+        ) from exc
     return pm
+
+
+def _describe(plugin: object) -> str:
+    return getattr(plugin, "__name__", None) or repr(plugin)
+
+
+def _register(pm: pluggy.PluginManager, plugin: object, name: str | None, what: str) -> None:
+    """``pm.register`` with pluggy's validation errors as :class:`PluginLoadError`."""
+    try:
+        pm.register(plugin, name=name)
+    except pluggy.PluginValidationError as exc:
+        raise PluginLoadError(f"{what} is invalid: {exc}") from exc
+    except ValueError as exc:
+        raise PluginLoadError(f"{what} is registered twice: {exc}") from exc
 
 
 def _load_entry_points(pm: pluggy.PluginManager, group: str) -> None:
@@ -154,10 +172,7 @@ def _load_entry_points(pm: pluggy.PluginManager, group: str) -> None:
                 f"store plugin {ep.name!r} (from {origin}, {ep.value}) failed to import: "
                 f"{type(exc).__name__}: {exc}; fix or uninstall it, or set {DISABLE_ENV}={ep.name}"
             ) from exc
-        try:
-            pm.register(plugin, name=ep.name)
-        except ValueError as exc:
-            raise PluginLoadError(f"store plugin {ep.name!r} (from {origin}) is registered twice: {exc}") from exc
+        _register(pm, plugin, ep.name, f"store plugin {ep.name!r} (from {origin}, {ep.value})")
 
 
 def build_registry(pm: pluggy.PluginManager, *, group: str = ENTRY_POINT_GROUP) -> StoreRegistry:
@@ -168,7 +183,15 @@ def build_registry(pm: pluggy.PluginManager, *, group: str = ENTRY_POINT_GROUP) 
         name = pm.get_name(impl.plugin) or repr(impl.plugin)
         with registry._registering_for(name):
             kwargs = {arg: registry for arg in impl.argnames}
-            impl.function(**kwargs)
+            try:
+                impl.function(**kwargs)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginLoadError(
+                    f"store plugin {name!r}: aion_trio_register_stores raised "
+                    f"{type(exc).__name__}: {exc}; fix or uninstall it, or set {DISABLE_ENV}={name}"
+                ) from exc
     return registry
 
 
@@ -191,8 +214,7 @@ def url_scheme(url: str) -> str:
     scheme, sep, _rest = url.partition("://")
     if not sep or not scheme:
         raise InvalidStoreUrl(
-            f"{url!r} is not a store URL; expected scheme://..., e.g. sqlite:///path/to/file.db "
-            "or memory://"
+            f"{url!r} is not a store URL; expected scheme://..., e.g. sqlite:///path/to/file.db or memory://"
         )
     return scheme.lower()
 

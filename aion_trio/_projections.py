@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import TypeGuard
 
 import attrs
 
@@ -20,8 +21,10 @@ from ._events import (
     ActivityStarted,
     ErrorInfo,
     Event,
+    EventBody,
     SearchAttributesUpserted,
     SearchValue,
+    TimerCancelCause,
     TimerCancelled,
     TimerFired,
     TimerStarted,
@@ -125,6 +128,13 @@ def is_active(events: Sequence[Event]) -> bool:
     return is_active_status(workflow_status(events))
 
 
+def _settles(body: EventBody) -> TypeGuard[ActivityCompleted | ActivityCancelled | ActivityFailed]:
+    """Whether ``body`` settles its activity (a non-final failure is only a trail record)."""
+    return isinstance(body, (ActivityCompleted, ActivityCancelled)) or (
+        isinstance(body, ActivityFailed) and body.final
+    )
+
+
 def activity_settled(segment: Sequence[Event], activity_id: int) -> Event | None:
     """The event that settled the activity in this segment, or ``None``.
 
@@ -135,9 +145,7 @@ def activity_settled(segment: Sequence[Event], activity_id: int) -> Event | None
     settled: Event | None = None
     for event in segment:
         body = event.body
-        if isinstance(body, (ActivityCompleted, ActivityCancelled)) and body.activity_id == activity_id:
-            settled = event
-        elif isinstance(body, ActivityFailed) and body.activity_id == activity_id and body.final:
+        if _settles(body) and body.activity_id == activity_id:
             settled = event
         elif isinstance(body, WorkflowReopened) and activity_id in body.reopened_activity_ids:
             settled = None
@@ -145,9 +153,7 @@ def activity_settled(segment: Sequence[Event], activity_id: int) -> Event | None
 
 
 def scheduled_activities(segment: Sequence[Event]) -> dict[int, ActivityScheduled]:
-    return {
-        e.body.activity_id: e.body for e in segment if isinstance(e.body, ActivityScheduled)
-    }
+    return {e.body.activity_id: e.body for e in segment if isinstance(e.body, ActivityScheduled)}
 
 
 def unsettled_activities(segment: Sequence[Event]) -> list[int]:
@@ -238,10 +244,15 @@ def outstanding_timers(segment: Sequence[Event]) -> list[OutstandingTimer]:
             teardown.discard(body.timer_id)
         elif isinstance(body, TimerFired):
             done.add(body.timer_id)
+            teardown.discard(body.timer_id)
         elif isinstance(body, TimerCancelled):
             done.add(body.timer_id)
-            if body.cause.value == "cancel_teardown":
+            # Only a teardown cancel is undone by a reopen; a later fire or an
+            # intentional cancel retires the timer for good.
+            if body.cause is TimerCancelCause.CANCEL_TEARDOWN:
                 teardown.add(body.timer_id)
+            else:
+                teardown.discard(body.timer_id)
         elif isinstance(body, WorkflowReopened):
             done -= teardown
             teardown.clear()
@@ -272,20 +283,30 @@ class FailureSummary:
 def failure(segment: Sequence[Event]) -> FailureSummary | None:
     """The current lease's failure, or ``None`` if the run has not failed.
 
-    ``failed_step`` names the last activity that settled with a final failure
-    (``"activity:N <type>"``) when there is one.
+    ``failed_step`` names the activity whose final failure is the latest one
+    still settling it (``"activity:N <type>"``) when there is one; an activity
+    a reopen un-settled and that later succeeded is not the failed step.
     """
     terminal = current_lease_terminal(segment)
     if terminal is None or not isinstance(terminal.body, WorkflowFailed):
         return None
     error = terminal.body.error
-    scheduled = scheduled_activities(segment)
+    # Same fold as activity_settled, for every activity at once: id -> (position, settling body).
+    settled: dict[int, tuple[int, EventBody]] = {}
+    for position, event in enumerate(segment):
+        body = event.body
+        if _settles(body):
+            settled[body.activity_id] = (position, body)
+        elif isinstance(body, WorkflowReopened):
+            for activity_id in body.reopened_activity_ids:
+                settled.pop(activity_id, None)
+    failed = [(pos, body) for pos, body in settled.values() if isinstance(body, ActivityFailed)]
     step: str | None = None
-    for event in segment:
-        if isinstance(event.body, ActivityFailed) and event.body.final:
-            sched = scheduled.get(event.body.activity_id)
-            kind = f" {sched.activity_type}" if sched else ""
-            step = f"activity:{event.body.activity_id}{kind}"
+    if failed:
+        _, last = max(failed, key=lambda item: item[0])
+        sched = scheduled_activities(segment).get(last.activity_id)
+        kind = f" {sched.activity_type}" if sched else ""
+        step = f"activity:{last.activity_id}{kind}"
     return FailureSummary(failed_step=step, reason=f"{error.type}: {error.message}", error=error)
 
 

@@ -20,12 +20,16 @@ def fixup_module_metadata(module_name: str, namespace: Mapping[str, object]) -> 
         mod = getattr(obj, "__module__", None)
         if isinstance(mod, str) and mod.startswith("aion_trio._"):
             try:
-                obj.__module__ = module_name  # type: ignore[attr-defined]
+                obj.__module__ = module_name
             except (AttributeError, TypeError):  # pragma: no cover - builtins, slots
                 return
             if isinstance(obj, type):
                 for attr_name, attr_value in list(vars(obj).items()):
-                    if callable(attr_value) and getattr(attr_value, "__qualname__", "").startswith(obj.__qualname__ + "."):
+                    if isinstance(attr_value, (classmethod, staticmethod)):
+                        attr_value = attr_value.__func__
+                    if callable(attr_value) and getattr(attr_value, "__qualname__", "").startswith(
+                        obj.__qualname__ + "."
+                    ):
                         fix_one(f"{qualname}.{attr_name}", attr_name, attr_value)
 
     for name, obj in namespace.items():

@@ -6,10 +6,12 @@ Wire form of an event::
      "type": "ActivityCompleted", "data": {...}}
 
 Field encodings inside ``data``: payloads inline as JSON values (an absent
-optional payload is an absent key), datetimes as ISO-8601 in UTC, durations as
-float seconds, enums by value, tuples as lists, nested error records as
-objects.  Unknown types, unknown fields, missing fields and ill-typed values
-are :class:`EventDecodeError`.  The form is pinned by golden files in
+optional payload is an absent key, so a present ``null`` is the payload
+``null``), other absent optionals are ``null``, datetimes as ISO-8601 in UTC,
+durations as float seconds, enums by value, tuples as lists, nested error
+records as objects.  ``NaN`` and infinities are not JSON and are refused both
+ways.  Unknown types, unknown fields, missing fields and ill-typed values are
+:class:`EventDecodeError`.  The form is pinned by golden files in
 ``tests/golden``.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -31,6 +34,22 @@ from ._payload import Payload
 
 _SEPARATORS = (",", ":")
 _MISSING = object()
+
+
+def _refuse_constant(name: str) -> Any:
+    raise EventDecodeError(f"{name} is not valid JSON (only finite numbers are)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise EventDecodeError(f"number {text} is out of range for a float")
+    return value
+
+
+def _loads(text: str | bytes) -> Any:
+    """Strict JSON parsing: ``NaN``/``Infinity`` and overflowing floats are refused."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 def _format_dt(value: datetime) -> str:
@@ -86,7 +105,10 @@ def _codec_for(tp: Any) -> _FieldCodec:
         def dec_opt(value: Any) -> Any:
             return None if value is None else inner_codec.decode(value)
 
-        return _FieldCodec(enc_opt, dec_opt, omit_none=inner is Payload)
+        if inner is Payload:
+            # None is an absent key, so a present null is the JSON payload null.
+            return _FieldCodec(enc_opt, inner_codec.decode, omit_none=True)
+        return _FieldCodec(enc_opt, dec_opt)
     if tp is Payload:
 
         def dec_payload(value: Any) -> Payload:
@@ -106,7 +128,10 @@ def _codec_for(tp: Any) -> _FieldCodec:
         def dec_td(value: Any) -> timedelta:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise EventDecodeError(f"expected a duration in seconds, got {value!r}")
-            return timedelta(seconds=value)
+            try:
+                return timedelta(seconds=value)
+            except (OverflowError, ValueError):
+                raise EventDecodeError(f"duration {value!r} seconds is out of range") from None
 
         return _FieldCodec(lambda td: td.total_seconds(), dec_td)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -229,9 +254,9 @@ def body_data_json(body: EventBody) -> tuple[str, str]:
 
 def body_from_data_json(type_name: object, data_text: str | bytes) -> EventBody:
     try:
-        data = json.loads(data_text)
+        data = _loads(data_text)
     except (ValueError, TypeError) as exc:
-        raise EventDecodeError(f"event data is not valid JSON: {exc}") from None
+        raise EventDecodeError(f"{type_name} data is not valid JSON: {exc}") from None
     return body_from_wire(type_name, data)
 
 
@@ -264,22 +289,24 @@ def event_from_wire(obj: object) -> Event:
         raise EventDecodeError(f"event envelope: workflow_id must be a string, got {workflow_id!r}")
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise EventDecodeError(f"event envelope: seq must be an integer, got {seq!r}")
+    try:
+        recorded_at = _parse_dt(obj["recorded_at"])
+    except EventDecodeError as exc:
+        raise EventDecodeError(f"event envelope: recorded_at: {exc}") from None
     body = body_from_wire(obj["type"], obj["data"])
     try:
-        return Event(
-            workflow_id=workflow_id, seq=seq, recorded_at=_parse_dt(obj["recorded_at"]), body=body
-        )
+        return Event(workflow_id=workflow_id, seq=seq, recorded_at=recorded_at, body=body)
     except (ValueError, TypeError) as exc:
         raise EventDecodeError(f"event envelope: {exc}") from exc
 
 
 def event_to_json(event: Event) -> str:
-    return json.dumps(event_to_wire(event), separators=_SEPARATORS, ensure_ascii=False)
+    return json.dumps(event_to_wire(event), separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
 
 
 def event_from_json(text: str | bytes) -> Event:
     try:
-        obj = json.loads(text)
+        obj = _loads(text)
     except (ValueError, TypeError) as exc:
         raise EventDecodeError(f"event is not valid JSON: {exc}") from None
     return event_from_wire(obj)

@@ -17,6 +17,7 @@ from ._projections import (
     is_active_status as is_active_status,
     latest_run_id as latest_run_id,
     next_delivery_attempt as next_delivery_attempt,
+    outstanding_timers as outstanding_timers,
     retry_trail as retry_trail,
     run_ids as run_ids,
     run_segment as run_segment,
@@ -29,3 +30,7 @@ from ._projections import (
     unsettled_activities as unsettled_activities,
     workflow_status as workflow_status,
 )
+from ._util import fixup_module_metadata as _fixup_module_metadata
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

@@ -57,6 +57,7 @@ from .._store import (
     VisibilityStore as VisibilityStore,
     validate_batch as validate_batch,
 )
+from .._util import fixup_module_metadata as _fixup_module_metadata
 from .._wire import (
     body_data_json as body_data_json,
     body_from_data_json as body_from_data_json,
@@ -65,3 +66,6 @@ from .._wire import (
     format_datetime as format_datetime,
     parse_datetime as parse_datetime,
 )
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

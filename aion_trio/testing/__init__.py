@@ -1,0 +1,46 @@
+"""The store conformance kit and test helpers (DESIGN §4.6).
+
+A store author proves a store correct without reading aion_trio's tests:
+
+* pytest-free, from any Trio code::
+
+      await aion_trio.testing.check_event_store(open_events)
+      await aion_trio.testing.check_visibility_store(open_visibility)
+
+  where each argument is a zero-argument callable returning an async context
+  manager that yields a fresh, isolated store (or an opened ``Store`` bundle).
+
+* with pytest: subclass :class:`EventStoreSuite` / :class:`VisibilityStoreSuite`
+  (one ``test_<scenario>`` per scenario) and enable the plugin with
+  ``pytest_plugins = ["aion_trio.testing.pytest_plugin"]``.
+
+:class:`FlakyStore` and friends wrap a store and inject faults for engine
+tests.  Importing this package does not import pytest.
+"""
+
+from __future__ import annotations
+
+from ._checks import (
+    EVENT_STORE_SCENARIOS as EVENT_STORE_SCENARIOS,
+    VISIBILITY_STORE_SCENARIOS as VISIBILITY_STORE_SCENARIOS,
+    check_event_store as check_event_store,
+    check_visibility_store as check_visibility_store,
+)
+from ._flaky import (
+    FlakyStore as FlakyStore,
+    FlakyStoreBundle as FlakyStoreBundle,
+    FlakyVisibilityStore as FlakyVisibilityStore,
+)
+from ._kit import ConformanceError as ConformanceError
+from ._suite import EventStoreSuite as EventStoreSuite, VisibilityStoreSuite as VisibilityStoreSuite
+
+
+def _fixup_module_metadata() -> None:
+    # Tracebacks and reprs say aion_trio.testing.FlakyStore, not the private module.
+    for name, obj in globals().items():
+        if not name.startswith("_") and getattr(obj, "__module__", "").startswith(__name__ + "._"):
+            obj.__module__ = __name__
+
+
+_fixup_module_metadata()
+del _fixup_module_metadata

@@ -1,0 +1,82 @@
+"""pytest mixin classes: one test method per conformance scenario.
+
+They import nothing from pytest (so ``aion_trio.testing`` imports without it);
+``aion_trio.testing.pytest_plugin`` supplies the fallback fixtures, the marker
+and the Trio runner glue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from . import _event_scenarios as _event_scenarios, _visibility_scenarios as _visibility_scenarios
+from ._kit import EVENT_REGISTRY, VISIBILITY_REGISTRY, OpenStore, Scenario, run_scenario
+
+SCENARIO_ATTRIBUTE = "_aion_trio_scenario"
+FIXTURE_ATTRIBUTE = "_aion_trio_fixture"
+
+
+def _event_test(found: Scenario) -> Callable[..., Awaitable[None]]:
+    # The parameter name is the fixture pytest injects, so it is spelled out.
+    async def test(self: Any, open_event_store: OpenStore) -> None:
+        __tracebackhide__ = True
+        await run_scenario(found, open_event_store)
+
+    setattr(test, FIXTURE_ATTRIBUTE, "open_event_store")
+    return test
+
+
+def _visibility_test(found: Scenario) -> Callable[..., Awaitable[None]]:
+    async def test(self: Any, open_visibility_store: OpenStore) -> None:
+        __tracebackhide__ = True
+        await run_scenario(found, open_visibility_store)
+
+    setattr(test, FIXTURE_ATTRIBUTE, "open_visibility_store")
+    return test
+
+
+def _install(
+    cls: type, registry: dict[str, Scenario], make: Callable[[Scenario], Callable[..., Any]]
+) -> None:
+    for found in registry.values():
+        test = make(found)
+        test.__name__ = f"test_{found.name}"
+        test.__qualname__ = f"{cls.__qualname__}.test_{found.name}"
+        test.__doc__ = found.doc
+        test.__module__ = cls.__module__
+        setattr(test, SCENARIO_ATTRIBUTE, found.name)
+        setattr(cls, test.__name__, test)
+
+
+class EventStoreSuite:
+    """Mixin: every event-store conformance scenario as a ``test_<scenario>`` method.
+
+    Subclass it in a test module named ``Test...``, enable the plugin and
+    provide an ``open_event_store`` fixture returning the factory (a
+    zero-argument callable returning an async context manager that yields a
+    fresh, isolated :class:`~aion_trio.EventStore`, or a ``Store`` bundle)::
+
+        pytest_plugins = ["aion_trio.testing.pytest_plugin"]
+
+        class TestMyEventStore(EventStoreSuite):
+            @pytest.fixture
+            def open_event_store(self, tmp_path):
+                return lambda: open_my_store(tmp_path / f"{uuid.uuid4()}.db")
+
+    The test methods are async: run them with pytest-trio (``trio_mode =
+    true``); without pytest-trio the plugin runs them with ``trio.run``.
+    """
+
+
+class VisibilityStoreSuite:
+    """Mixin: every visibility-store conformance scenario as a ``test_<scenario>`` method.
+
+    Same use as :class:`EventStoreSuite`, with an ``open_visibility_store``
+    fixture whose factory yields a fresh :class:`~aion_trio.VisibilityStore`
+    (or a ``Store`` bundle).
+    """
+
+
+_install(EventStoreSuite, EVENT_REGISTRY, _event_test)
+_install(VisibilityStoreSuite, VISIBILITY_REGISTRY, _visibility_test)
