@@ -8,6 +8,7 @@ and the side table of executions the activities wrote.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -30,7 +31,8 @@ N, K = 200, 5
 def _executions(side: Path) -> list[tuple[str, int, int, float]]:
     if not side.exists():
         return []
-    with sqlite3.connect(side) as conn:
+    # closing(): sqlite3's own context manager commits but never closes (ResourceWarning on 3.13)
+    with contextlib.closing(sqlite3.connect(side)) as conn:
         try:
             return list(conn.execute("SELECT workflow, step, generation, at FROM executions"))
         except sqlite3.OperationalError:

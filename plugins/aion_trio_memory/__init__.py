@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import final
 
 import attrs
@@ -100,7 +100,8 @@ class MemoryEventStore(_Closable):
         await self._enter()
         if fire_at.tzinfo is None:
             raise ValueError("fire_at must be timezone-aware")
-        self._data.timers[(workflow_id, timer_id)] = fire_at
+        # Returned as aware UTC whatever offset the caller used (contract).
+        self._data.timers[(workflow_id, timer_id)] = fire_at.astimezone(timezone.utc)
 
     async def remove_timer(self, workflow_id: str, timer_id: str) -> None:
         await self._enter()
@@ -127,7 +128,13 @@ class MemoryVisibilityStore(_Closable):
 
     async def upsert(self, row: VisibilityRow) -> None:
         await self._enter()
-        self._data.rows[row.workflow_id] = row
+        # Datetimes come back as aware UTC whatever offset the caller used (contract).
+        close = row.close_time
+        self._data.rows[row.workflow_id] = attrs.evolve(
+            row,
+            start_time=row.start_time.astimezone(timezone.utc),
+            close_time=None if close is None else close.astimezone(timezone.utc),
+        )
 
     async def get(self, workflow_id: str) -> VisibilityRow | None:
         await self._enter()

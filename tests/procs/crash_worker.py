@@ -50,7 +50,9 @@ async def main(store_path: str, n: int, k: int) -> None:
         handles = []
         for i in range(n):
             handles.append(
-                await engine.start(chain, i, k, workflow_id=f"wf-{i}", id_reuse=aion.IdReusePolicy.USE_EXISTING)
+                await engine.start(
+                    chain, i, k, workflow_id=f"wf-{i}", id_reuse=aion.IdReusePolicy.USE_EXISTING
+                )
             )
         print("STARTED", flush=True)
         for handle in handles:

@@ -1,0 +1,210 @@
+"""SQLite store append throughput against the raw SQLite commit rate.
+
+Usage::
+
+    python bench/store_append.py [--dir DIR] [--seconds S]
+
+For each durability level (``synchronous=FULL``, then ``NORMAL``), in one run
+and on one file system (``--dir``, default a fresh temporary directory):
+
+(a) ``raw``: single-row commits with apsw and the store's pragmas (WAL, the
+    same ``synchronous`` and ``busy_timeout``), each its own
+    ``BEGIN IMMEDIATE`` ... ``COMMIT``: the physical limit of one-at-a-time
+    durable writes;
+(b) ``store``: ``events.append`` throughput with 1, 16 and 256 concurrent
+    workflows, each appending 3-event batches in a loop (each ``append``
+    awaited before the next, as the recorder does).
+
+Prints one JSON line per result: events/s, appends/s, commits/s and the
+ratios to (a).  The disk's fsync latency drifts while other processes use it,
+so (a) is sampled right before and right after each (b) run and each ratio
+uses the mean of those two samples (``raw_commits_per_s`` in the line); the
+``raw`` line summarises every sample of that level.  Targets (FULL): 256 writers: events/s >= 5x raw commits/s;
+1 writer: appends/s >= 0.7x raw commits/s.  Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+
+import apsw
+import trio
+
+import aion_trio
+from aion_trio import ActivityCompleted, ActivityScheduled, ActivityStarted, Event, Payload
+from aion_trio_sqlite import DEFAULT_BUSY_TIMEOUT, open_sqlite_store
+
+WRITERS = (1, 16, 256)
+BATCH = 3
+TARGETS = {1: ("appends_ratio", 0.7), 256: ("events_ratio", 5.0)}
+
+
+def emit(record: dict[str, object]) -> None:
+    print(json.dumps({"bench": "store_append", **record}), flush=True)
+
+
+def raw_commits_per_s(path: str, synchronous: str, seconds: float) -> float:
+    """Single-row commits per second with the store's pragmas."""
+    conn = apsw.Connection(path)
+    conn.set_busy_timeout(round(DEFAULT_BUSY_TIMEOUT * 1000))
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL" if synchronous == "FULL" else "PRAGMA synchronous = NORMAL")
+    conn.execute(
+        "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER NOT NULL, recorded_at INTEGER NOT NULL,"
+        " type TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (workflow_id, seq)) WITHOUT ROWID"
+    )
+    data = '{"activity_id":0,"result":"receipt-1","attempt":1}'
+    n = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        n += 1
+        conn.execute(
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+            ("raw", n, 1_700_000_000_000_000 + n, "ActivityCompleted", data),
+        )
+        conn.execute("COMMIT")
+        if n % 64 == 0 and time.perf_counter() >= deadline:
+            break
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return n / elapsed
+
+
+def _bodies(i: int) -> tuple[ActivityScheduled, ActivityStarted, ActivityCompleted]:
+    return (
+        ActivityScheduled(
+            activity_id=i, activity_type="charge", input=Payload.of({"order": i, "amount": 12.5})
+        ),
+        ActivityStarted(activity_id=i, attempt=1),
+        ActivityCompleted(activity_id=i, result=Payload.of({"receipt": f"r-{i}"}), attempt=1),
+    )
+
+
+async def store_run(path: str, synchronous: str, writers: int, seconds: float) -> dict[str, float]:
+    url = "sqlite:///" + path + ("?synchronous=NORMAL" if synchronous == "NORMAL" else "")
+    appended = 0
+    bodies = [_bodies(i) for i in range(64)]
+    now = datetime.now(timezone.utc)
+
+    async def workflow(wid: str) -> None:
+        nonlocal appended
+        head = 0
+        step = 0
+        while True:
+            batch = [
+                Event(workflow_id=wid, seq=head + k + 1, recorded_at=now, body=body)
+                for k, body in enumerate(bodies[step % 64])
+            ]
+            await store.events.append(wid, batch, head)
+            head += BATCH
+            step += 1
+            appended += 1
+
+    async with open_sqlite_store(url) as store:
+        before = store.events.statistics()
+        start = trio.current_time()
+        with trio.move_on_after(seconds):
+            async with trio.open_nursery() as nursery:
+                for w in range(writers):
+                    nursery.start_soon(workflow, f"wf-{w}")
+        elapsed = trio.current_time() - start
+        after = store.events.statistics()
+    commits = after.commits - before.commits
+    return {
+        "events_per_s": (after.events - before.events) / elapsed,
+        "appends_per_s": appended / elapsed,
+        "commits_per_s": commits / elapsed,
+        "appends_per_commit": appended / max(commits, 1),
+    }
+
+
+async def raw_slice(
+    directory: str, synchronous: str, seconds: float, tag: str, samples: list[float]
+) -> float:
+    # A fresh file per slice, like the store's fresh file per run.
+    path = os.path.join(directory, f"raw-{synchronous.lower()}-{tag}.db")
+    rate = await trio.to_thread.run_sync(raw_commits_per_s, path, synchronous, seconds)
+    samples.append(rate)
+    return rate
+
+
+async def main_async(directory: str, seconds: float) -> None:
+    emit(
+        {
+            "kind": "environment",
+            "python": platform.python_version(),
+            "apsw": apsw.apsw_version(),
+            "sqlite": apsw.sqlite_lib_version(),
+            "aion_trio": aion_trio.__version__,
+            "cpus": os.cpu_count(),
+            "dir": directory,
+            "seconds": seconds,
+        }
+    )
+    for synchronous in ("FULL", "NORMAL"):
+        level = synchronous.lower()
+        raw_samples: list[float] = []
+
+        # The disk's fsync latency drifts (other processes share it), so every
+        # store measurement is bracketed by raw slices and compared with their mean.
+        results = []
+        for writers in WRITERS:
+            before = await raw_slice(directory, synchronous, seconds / 2, f"{writers}-before", raw_samples)
+            path = os.path.join(directory, f"store-{level}-{writers}.db")
+            result = await store_run(path, synchronous, writers, seconds)
+            after = await raw_slice(directory, synchronous, seconds / 2, f"{writers}-after", raw_samples)
+            results.append((writers, result, (before + after) / 2))
+        emit(
+            {
+                "kind": "raw",
+                "synchronous": synchronous,
+                "commits_per_s": round(sum(raw_samples) / len(raw_samples), 1),
+                "min": round(min(raw_samples), 1),
+                "max": round(max(raw_samples), 1),
+                "slices": len(raw_samples),
+            }
+        )
+        for writers, result, reference in results:
+            record: dict[str, object] = {
+                "kind": "store",
+                "synchronous": synchronous,
+                "writers": writers,
+                "batch": BATCH,
+                **{k: round(v, 1) for k, v in result.items()},
+                "raw_commits_per_s": round(reference, 1),
+                "events_ratio": round(result["events_per_s"] / reference, 2),
+                "appends_ratio": round(result["appends_per_s"] / reference, 2),
+                "commits_ratio": round(result["commits_per_s"] / reference, 2),
+            }
+            if synchronous == "FULL" and writers in TARGETS:
+                key, target = TARGETS[writers]
+                record["target"] = f"{key} >= {target}"
+                record["target_met"] = record[key] >= target  # type: ignore[operator]
+            emit(record)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", help="directory for the database files (default: a fresh temporary one)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="duration of each measurement")
+    args = parser.parse_args(argv)
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
+        directory = tempfile.mkdtemp(prefix="aion-bench-", dir=args.dir)
+    else:
+        directory = tempfile.mkdtemp(prefix="aion-bench-")
+    trio.run(main_async, directory, args.seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

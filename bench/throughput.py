@@ -1,0 +1,428 @@
+"""Workflow throughput and single-workflow latency, aion_trio against DBOS Transact.
+
+Usage::
+
+    python bench/throughput.py [--workflows 1000] [--steps 10] [--concurrency 100]
+                               [--latency-runs 200] [--dir DIR] [--skip-dbos]
+
+Workload: ``--workflows`` runs of one workflow that awaits ``--steps`` trivial
+async activities in sequence (each returns its input + 1), at most
+``--concurrency`` runs in flight (start and result inside one limiter slot).
+
+In one run, on one machine, one after another on fresh database files in a
+fresh directory under ``--dir`` (default: the system temporary directory;
+removed at the end):
+
+1. throughput on aion_trio ``memory://``, SQLite ``synchronous=FULL`` (the
+   durable default) and SQLite ``synchronous=NORMAL``;
+2. the same workload on DBOS Transact (``@DBOS.workflow`` + ``@DBOS.step``
+   async functions, ``asyncio.Semaphore``) with its SQLite system database,
+   once as DBOS ships it (rollback journal, ``synchronous=FULL``) and once with
+   the file switched to WAL beforehand (the journal mode aion_trio uses);
+   each DBOS measurement runs in a subprocess (asyncio, and DBOS is a
+   process-wide singleton), with ``--dbos-python`` (default: this interpreter);
+3. latency of one run alone (p50/p99 over ``--latency-runs`` sequential runs
+   after ``--warmup`` runs) on aion_trio SQLite FULL and on both DBOS setups.
+
+Prints one JSON line per result, with aion/DBOS ratios.  Targets (SQLite FULL):
+steps/s >= 10x DBOS's; p50 latency <= 1/5 of DBOS's.  ``--seconds S`` caps
+each measurement at S seconds (tox's ``bench`` env passes a tiny S as a smoke
+run; the numbers are then meaningless).  Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+THROUGHPUT_TARGET = 10.0  # aion SQLite FULL steps/s over DBOS steps/s
+LATENCY_TARGET = 0.2  # aion SQLite FULL p50 over DBOS p50
+DBOS_JOURNALS = ("delete", "wal")
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps({"bench": "throughput", **record}), flush=True)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def latency_summary(samples: list[float]) -> dict[str, Any]:
+    ordered = sorted(samples)
+    return {
+        "runs": len(ordered),
+        "p50_ms": round(percentile(ordered, 0.50) * 1000, 3),
+        "p99_ms": round(percentile(ordered, 0.99) * 1000, 3),
+        "mean_ms": round(sum(ordered) / len(ordered) * 1000, 3),
+    }
+
+
+def throughput_summary(done: int, steps: int, elapsed: float) -> dict[str, Any]:
+    return {
+        "completed": done,
+        "seconds": round(elapsed, 3),
+        "workflows_per_s": round(done / elapsed, 1),
+        "steps_per_s": round(done * steps / elapsed, 1),
+    }
+
+
+# --------------------------------------------------------------------------
+# aion_trio (imported lazily: the DBOS subprocess never loads it)
+# --------------------------------------------------------------------------
+
+
+def aion_definitions() -> tuple[Any, Any]:
+    """The workflow and its activity: ``chain(steps)`` awaits ``increment`` ``steps`` times."""
+    import aion_trio as aion
+
+    @aion.activity(name="increment")
+    async def increment(x: int) -> int:
+        return x + 1
+
+    @aion.workflow(name="chain")
+    async def chain(ctx: aion.WorkflowContext, steps: int) -> int:
+        value = 0
+        for _ in range(steps):
+            value = await ctx.run(increment, value)
+        return int(value)
+
+    return chain, increment
+
+
+async def aion_throughput(url: str, workflows: int, steps: int, concurrency: int, cap: float | None) -> Any:
+    import trio
+
+    import aion_trio as aion
+
+    chain, increment = aion_definitions()
+    limiter = trio.CapacityLimiter(concurrency)
+    done = 0
+    async with aion.open_engine(url, workflows=[chain], activities=[increment]) as engine:
+
+        async def one(i: int, deadline: float) -> None:
+            nonlocal done
+            async with limiter:
+                if time.perf_counter() >= deadline:
+                    return
+                run = await engine.start(chain, steps, workflow_id=f"wf-{i}")
+                result = await run.result()
+                if result != steps:
+                    raise RuntimeError(f"workflow wf-{i} returned {result!r}, expected {steps}")
+                done += 1
+
+        start = time.perf_counter()
+        deadline = math.inf if cap is None else start + cap
+        async with trio.open_nursery() as nursery:
+            for i in range(workflows):
+                nursery.start_soon(one, i, deadline)
+        elapsed = time.perf_counter() - start
+    return throughput_summary(done, steps, elapsed)
+
+
+async def aion_latency(url: str, runs: int, warmup: int, steps: int, cap: float | None) -> Any:
+    import aion_trio as aion
+
+    chain, increment = aion_definitions()
+    samples: list[float] = []
+    async with aion.open_engine(url, workflows=[chain], activities=[increment]) as engine:
+        deadline = math.inf if cap is None else time.perf_counter() + cap
+        for i in range(warmup + runs):
+            start = time.perf_counter()
+            run = await engine.start(chain, steps, workflow_id=f"lat-{i}")
+            if await run.result() != steps:
+                raise RuntimeError(f"workflow lat-{i} returned a wrong result")
+            if i >= warmup:
+                samples.append(time.perf_counter() - start)
+            if samples and time.perf_counter() >= deadline:
+                break
+    return latency_summary(samples)
+
+
+# --------------------------------------------------------------------------
+# DBOS Transact (runs in a subprocess: ``--dbos-worker MODE``)
+# --------------------------------------------------------------------------
+
+
+def dbos_worker(args: argparse.Namespace) -> int:
+    """Run one DBOS measurement on a fresh SQLite file; print one JSON object."""
+    import asyncio
+    import importlib.metadata
+    import logging
+
+    from dbos import DBOS
+
+    path = os.path.join(args.dir, f"dbos-{args.dbos_worker}-{args.dbos_journal}.db")
+    if args.dbos_journal == "wal":
+        # journal_mode=WAL is stored in the file, so DBOS's own connections inherit it.
+        conn = sqlite3.connect(path)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.close()
+
+    @DBOS.step()
+    async def increment_step(x: int) -> int:
+        return x + 1
+
+    @DBOS.workflow()
+    async def chain_workflow(steps: int) -> int:
+        value = 0
+        for _ in range(steps):
+            value = await increment_step(value)
+        return value
+
+    async def throughput() -> dict[str, Any]:
+        semaphore = asyncio.Semaphore(args.concurrency)
+        done = 0
+        start = time.perf_counter()
+        deadline = math.inf if args.seconds is None else start + args.seconds
+
+        async def one() -> None:
+            nonlocal done
+            async with semaphore:
+                if time.perf_counter() >= deadline:
+                    return
+                handle = await DBOS.start_workflow_async(chain_workflow, args.steps)
+                if await handle.get_result() != args.steps:
+                    raise RuntimeError("DBOS workflow returned a wrong result")
+                done += 1
+
+        await asyncio.gather(*(one() for _ in range(args.workflows)))
+        return throughput_summary(done, args.steps, time.perf_counter() - start)
+
+    async def latency() -> dict[str, Any]:
+        samples: list[float] = []
+        deadline = math.inf if args.seconds is None else time.perf_counter() + args.seconds
+        for i in range(args.warmup + args.latency_runs):
+            start = time.perf_counter()
+            handle = await DBOS.start_workflow_async(chain_workflow, args.steps)
+            if await handle.get_result() != args.steps:
+                raise RuntimeError("DBOS workflow returned a wrong result")
+            if i >= args.warmup:
+                samples.append(time.perf_counter() - start)
+            if samples and time.perf_counter() >= deadline:
+                break
+        return latency_summary(samples)
+
+    DBOS(
+        config={
+            "name": "aion-bench",
+            "system_database_url": f"sqlite:///{path}",
+            "log_level": "WARNING",
+        }
+    )
+    try:
+        DBOS.launch()
+        result = asyncio.run(throughput() if args.dbos_worker == "throughput" else latency())
+    finally:
+        DBOS.destroy()
+    logging.shutdown()
+    conn = sqlite3.connect(path)
+    journal = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    conn.close()
+    result.update(
+        dbos=importlib.metadata.version("dbos"),
+        sqlite=sqlite3.sqlite_version,
+        journal_mode=journal,
+        synchronous="FULL",  # DBOS sets none; FULL is SQLite's default
+    )
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def dbos_available(python: str) -> str | None:
+    """``None`` if ``python`` can import dbos, else the reason."""
+    probe = subprocess.run(
+        [python, "-c", "import dbos"], capture_output=True, text=True, check=False, timeout=120
+    )
+    if probe.returncode == 0:
+        return None
+    lines = probe.stderr.strip().splitlines()
+    return f"{python} cannot import dbos ({lines[-1] if lines else 'exit ' + str(probe.returncode)})"
+
+
+def run_dbos(args: argparse.Namespace, directory: str, mode: str, journal: str) -> dict[str, Any]:
+    command = [
+        args.dbos_python,
+        os.path.abspath(__file__),
+        "--dbos-worker",
+        mode,
+        "--dbos-journal",
+        journal,
+        "--dir",
+        directory,
+        "--workflows",
+        str(args.workflows),
+        "--steps",
+        str(args.steps),
+        "--concurrency",
+        str(args.concurrency),
+        "--latency-runs",
+        str(args.latency_runs),
+        "--warmup",
+        str(args.warmup),
+    ]
+    if args.seconds is not None:
+        command += ["--seconds", str(args.seconds)]
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise RuntimeError(f"DBOS {mode} ({journal}) failed with exit {proc.returncode}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+# --------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------
+
+AION_STORES: tuple[tuple[str, Callable[[str], str]], ...] = (
+    ("memory", lambda d: "memory://"),
+    ("sqlite-full", lambda d: "sqlite:///" + os.path.join(d, "x.db")),
+    ("sqlite-normal", lambda d: "sqlite:///" + os.path.join(d, "y.db") + "?synchronous=NORMAL"),
+)
+
+
+def fresh(directory: str, name: str) -> str:
+    path = os.path.join(directory, name)
+    os.makedirs(path)
+    return path
+
+
+def run_all(args: argparse.Namespace, directory: str) -> None:
+    import apsw
+    import trio
+
+    import aion_trio as aion
+
+    workload = {"workflows": args.workflows, "steps": args.steps, "concurrency": args.concurrency}
+    emit(
+        {
+            "kind": "environment",
+            "python": platform.python_version(),
+            "aion_trio": aion.__version__,
+            "trio": trio.__version__,
+            "sqlite_aion": apsw.sqlite_lib_version(),
+            "cpus": os.cpu_count(),
+            "dir": directory,
+            "seconds_cap": args.seconds,
+            "loadavg_1m": round(os.getloadavg()[0], 2),
+            **workload,
+        }
+    )
+    skip_reason = "--skip-dbos" if args.skip_dbos else dbos_available(args.dbos_python)
+    if skip_reason is not None:
+        emit({"kind": "skipped", "engine": "dbos", "reason": skip_reason})
+
+    # 1. aion_trio throughput, each store on a fresh file.
+    aion_tp: dict[str, dict[str, Any]] = {}
+    for store, url_for in AION_STORES:
+        url = url_for(fresh(directory, f"aion-tp-{store}"))
+        result = trio.run(aion_throughput, url, args.workflows, args.steps, args.concurrency, args.seconds)
+        aion_tp[store] = result
+        emit({"kind": "throughput", "engine": "aion_trio", "store": store, **workload, **result})
+
+    # 2. DBOS throughput, then the ratios.
+    dbos_tp: dict[str, dict[str, Any]] = {}
+    if skip_reason is None:
+        for journal in DBOS_JOURNALS:
+            result = run_dbos(args, fresh(directory, f"dbos-tp-{journal}"), "throughput", journal)
+            dbos_tp[journal] = result
+            emit({"kind": "throughput", "engine": "dbos", "store": f"sqlite-{journal}", **workload, **result})
+        for store in aion_tp:
+            for journal, peer in dbos_tp.items():
+                record: dict[str, Any] = {
+                    "kind": "throughput_ratio",
+                    "aion_store": store,
+                    "dbos_store": f"sqlite-{journal}",
+                    "workflows_ratio": round(aion_tp[store]["workflows_per_s"] / peer["workflows_per_s"], 2),
+                    "steps_ratio": round(aion_tp[store]["steps_per_s"] / peer["steps_per_s"], 2),
+                }
+                if store == "sqlite-full":
+                    record["target"] = f"steps_ratio >= {THROUGHPUT_TARGET:g}"
+                    record["target_met"] = record["steps_ratio"] >= THROUGHPUT_TARGET
+                emit(record)
+
+    # 3. Latency of one run alone.
+    url = AION_STORES[1][1](fresh(directory, "aion-latency"))
+    aion_lat = trio.run(aion_latency, url, args.latency_runs, args.warmup, args.steps, args.seconds)
+    emit({"kind": "latency", "engine": "aion_trio", "store": "sqlite-full", "steps": args.steps, **aion_lat})
+    if skip_reason is None:
+        for journal in DBOS_JOURNALS:
+            peer = run_dbos(args, fresh(directory, f"dbos-lat-{journal}"), "latency", journal)
+            emit(
+                {
+                    "kind": "latency",
+                    "engine": "dbos",
+                    "store": f"sqlite-{journal}",
+                    "steps": args.steps,
+                    **peer,
+                }
+            )
+            ratio = aion_lat["p50_ms"] / peer["p50_ms"]
+            emit(
+                {
+                    "kind": "latency_ratio",
+                    "aion_store": "sqlite-full",
+                    "dbos_store": f"sqlite-{journal}",
+                    "p50_aion_over_dbos": round(ratio, 3),
+                    "p99_aion_over_dbos": round(aion_lat["p99_ms"] / peer["p99_ms"], 3),
+                    "p50_speedup": round(1 / ratio, 2),
+                    "target": f"p50_aion_over_dbos <= {LATENCY_TARGET:g}",
+                    "target_met": ratio <= LATENCY_TARGET,
+                }
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--workflows", type=int, default=1000, help="workflow runs per throughput measurement"
+    )
+    parser.add_argument("--steps", type=int, default=10, help="sequential activity steps per workflow")
+    parser.add_argument("--concurrency", type=int, default=100, help="runs in flight at most")
+    parser.add_argument("--latency-runs", type=int, default=200, help="sequential runs timed for latency")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed runs before the latency runs")
+    parser.add_argument("--dir", help="where the fresh temporary directory goes (default: system temp)")
+    parser.add_argument("--skip-dbos", action="store_true", help="measure aion_trio only")
+    parser.add_argument("--dbos-python", default=sys.executable, help="interpreter for the DBOS subprocesses")
+    parser.add_argument("--seconds", type=float, help="cap each measurement at this many seconds (smoke run)")
+    parser.add_argument("--dbos-worker", choices=("throughput", "latency"), help=argparse.SUPPRESS)
+    parser.add_argument("--dbos-journal", choices=DBOS_JOURNALS, default="delete", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("workflows", "steps", "concurrency", "latency_runs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.dbos_worker is not None:
+        return dbos_worker(args)
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
+    directory = tempfile.mkdtemp(prefix="aion-bench-throughput-", dir=args.dir or None)
+    began = time.perf_counter()
+    try:
+        run_all(args, directory)
+        # Other processes on the machine skew every number: the load shows how much.
+        emit(
+            {
+                "kind": "done",
+                "total_seconds": round(time.perf_counter() - began, 1),
+                "loadavg_1m": round(os.getloadavg()[0], 2),
+            }
+        )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""The store objects the opener yields: SQL, reads, and the opener itself."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any, NoReturn, cast, final
+
+import apsw
+import attrs
+import trio
+
+from aion_trio.plugin import (
+    Event,
+    TimerEntry,
+    VisibilityFilter,
+    VisibilityRow,
+    WorkflowStatus,
+    is_active_status,
+    status_after,
+    validate_batch,
+)
+
+from . import _codec
+from ._schema import open_reader, open_writer
+from ._threads import Readers, ReadOp, Writer, WriterStatistics
+from ._url import SqliteUrl, parse_sqlite_url
+from ._writes import AppendOp, StatementOp
+
+DEFAULT_BUSY_TIMEOUT = 5.0
+"""Seconds a connection waits for another process's lock before ``BackendUnavailable``."""
+DEFAULT_READERS = 2
+
+# --------------------------------------------------------------------------
+# SQL (constant text; every value is bound)
+# --------------------------------------------------------------------------
+
+_ACTIVE = tuple(s.value for s in WorkflowStatus if is_active_status(s))
+_SQL_READ_HISTORY = (
+    "SELECT seq, recorded_at, type, data FROM events WHERE workflow_id = ? AND seq >= ? ORDER BY seq"
+)
+_SQL_LIST_ACTIVE = (
+    "SELECT workflow_id FROM workflows WHERE status IN (" + ", ".join("?" for _ in _ACTIVE) + ")"
+    " ORDER BY workflow_id"
+)
+_SQL_LIST_WORKFLOWS = "SELECT workflow_id FROM workflows ORDER BY workflow_id"
+_SQL_SCHEDULE_TIMER = (
+    "INSERT INTO timers (workflow_id, timer_id, fire_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (workflow_id, timer_id) DO UPDATE SET fire_at = excluded.fire_at"
+)
+_SQL_REMOVE_TIMER = "DELETE FROM timers WHERE workflow_id = ? AND timer_id = ?"
+_SQL_EXPIRED_TIMERS = (
+    "SELECT fire_at, workflow_id, timer_id FROM timers WHERE fire_at <= ?"
+    " ORDER BY fire_at, workflow_id, timer_id"
+)
+_SQL_UPSERT_VISIBILITY = (
+    f"INSERT OR REPLACE INTO visibility ({_codec.VISIBILITY_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SQL_CLEAR_SEARCH = "DELETE FROM search_attrs WHERE workflow_id = ?"
+_SQL_INSERT_SEARCH = (
+    "INSERT INTO search_attrs (workflow_id, key, part, kind, num, txt) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_SQL_GET_VISIBILITY = f"SELECT {_codec.VISIBILITY_COLUMNS} FROM visibility WHERE workflow_id = ?"
+
+
+# --------------------------------------------------------------------------
+# Reads (run by a reader thread)
+# --------------------------------------------------------------------------
+
+
+def _read_history(workflow_id: str, from_seq: int, location: str) -> ReadOp[list[Event]]:
+    def run(conn: apsw.Connection) -> list[Event]:
+        rows = conn.execute(_SQL_READ_HISTORY, (workflow_id, from_seq)).fetchall()
+        return _codec.decode_events(workflow_id, rows, location)
+
+    return ReadOp(run)
+
+
+def _column(sql: str, params: Sequence[Any]) -> ReadOp[list[Any]]:
+    return ReadOp(lambda conn: [r[0] for r in conn.execute(sql, params)])
+
+
+def _expired(as_of_us: int) -> ReadOp[list[TimerEntry]]:
+    def run(conn: apsw.Connection) -> list[TimerEntry]:
+        return [
+            TimerEntry(fire_at=_codec.from_us(at), workflow_id=w, timer_id=t)
+            for at, w, t in conn.execute(_SQL_EXPIRED_TIMERS, (as_of_us,))
+        ]
+
+    return ReadOp(run)
+
+
+def _rows(sql: str, params: Sequence[Any], location: str) -> ReadOp[list[VisibilityRow]]:
+    return ReadOp(lambda conn: [_codec.decode_visibility(r, location) for r in conn.execute(sql, params)])
+
+
+# --------------------------------------------------------------------------
+# The store objects
+# --------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Backend:
+    location: str
+    writer: Writer
+    readers: Readers
+
+    async def stop(self) -> None:
+        await self.writer.stop()
+        await self.readers.stop()
+
+
+class _Facade:
+    _backend: _Backend
+    _closed: bool
+
+    async def _enter(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            raise trio.ClosedResourceError(f"{type(self).__name__} of {self._backend.location} is closed")
+
+    async def aclose(self) -> None:
+        """Close this half of the store (idempotent); later calls raise ``trio.ClosedResourceError``."""
+        self._closed = True
+        await trio.lowlevel.checkpoint()
+
+
+async def _refuse(error: BaseException) -> NoReturn:
+    await trio.lowlevel.cancel_shielded_checkpoint()
+    raise error
+
+
+@final
+@attrs.define(eq=False)
+class SqliteEventStore(_Facade):
+    """Event histories and the timer index in one SQLite file.
+
+    Every method is a checkpoint.  Cancellation: a call cancelled before the
+    writer thread took its request raises ``trio.Cancelled`` and did nothing;
+    once taken, the write completes and the call returns (the cancellation
+    then arrives at the caller's next checkpoint).
+    """
+
+    _backend: _Backend = attrs.field(alias="backend")
+    _closed: bool = attrs.field(default=False, init=False)
+
+    @property
+    def location(self) -> str:
+        return self._backend.location
+
+    def statistics(self) -> WriterStatistics:
+        """Counters of the writer (commits, coalesced writes, ...); shared with the visibility store."""
+        return self._backend.writer.statistics()
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        """Append ``events`` after ``expected_seq``: all or nothing, durable when it returns."""
+        await self._enter()
+        try:
+            validate_batch(workflow_id, events, expected_seq)
+            rows = _codec.event_rows(workflow_id, events)
+        except Exception as exc:
+            await _refuse(exc)
+        status = status_after(None, events)
+        op = AppendOp(workflow_id, expected_seq, rows, None if status is None else status.value)
+        await self._backend.writer.submit(op)
+
+    async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]:
+        await self._enter()
+        return await self._backend.readers.submit(_read_history(workflow_id, from_seq, self.location))
+
+    async def list_active(self) -> list[str]:
+        await self._enter()
+        return await self._backend.readers.submit(_column(_SQL_LIST_ACTIVE, _ACTIVE))
+
+    async def list_workflow_ids(self) -> list[str]:
+        await self._enter()
+        return await self._backend.readers.submit(_column(_SQL_LIST_WORKFLOWS, ()))
+
+    async def schedule_timer(self, workflow_id: str, timer_id: str, fire_at: datetime) -> None:
+        await self._enter()
+        if not isinstance(fire_at, datetime) or fire_at.tzinfo is None or fire_at.utcoffset() is None:
+            await _refuse(ValueError(f"fire_at must be a timezone-aware datetime, got {fire_at!r}"))
+        params = (workflow_id, timer_id, _codec.to_us(fire_at))
+        await self._backend.writer.submit(
+            StatementOp("scheduling a timer", [(_SQL_SCHEDULE_TIMER, params, False)])
+        )
+
+    async def remove_timer(self, workflow_id: str, timer_id: str) -> None:
+        await self._enter()
+        params = (workflow_id, timer_id)
+        await self._backend.writer.submit(
+            StatementOp("removing a timer", [(_SQL_REMOVE_TIMER, params, False)])
+        )
+
+    async def expired_timers(self, as_of: datetime) -> list[TimerEntry]:
+        await self._enter()
+        if not isinstance(as_of, datetime) or as_of.tzinfo is None or as_of.utcoffset() is None:
+            await _refuse(ValueError(f"as_of must be a timezone-aware datetime, got {as_of!r}"))
+        return await self._backend.readers.submit(_expired(_codec.to_us(as_of)))
+
+
+@final
+@attrs.define(eq=False)
+class SqliteVisibilityStore(_Facade):
+    """Visibility rows; search predicates are evaluated in SQL. Same checkpoint and cancellation rules."""
+
+    _backend: _Backend = attrs.field(alias="backend")
+    _closed: bool = attrs.field(default=False, init=False)
+
+    async def upsert(self, row: VisibilityRow) -> None:
+        await self._enter()
+        if not isinstance(cast(object, row), VisibilityRow):
+            await _refuse(TypeError(f"upsert needs a VisibilityRow, got {row!r}"))
+        statements = [
+            (_SQL_CLEAR_SEARCH, (row.workflow_id,), False),
+            (_SQL_UPSERT_VISIBILITY, _codec.visibility_params(row), False),
+            (_SQL_INSERT_SEARCH, _codec.search_rows(row.workflow_id, row.search_attributes), True),
+        ]
+        await self._backend.writer.submit(StatementOp("writing a visibility row", statements))
+
+    async def get(self, workflow_id: str) -> VisibilityRow | None:
+        await self._enter()
+        rows = await self._backend.readers.submit(
+            _rows(_SQL_GET_VISIBILITY, (workflow_id,), self._backend.location)
+        )
+        return rows[0] if rows else None
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        await self._enter()
+        sql, params = _codec.list_query(filter or VisibilityFilter())
+        return await self._backend.readers.submit(_rows(sql, params, self._backend.location))
+
+    async def count(self, filter: VisibilityFilter | None = None) -> int:
+        await self._enter()
+        sql, params = _codec.count_query(filter or VisibilityFilter())
+        values = await self._backend.readers.submit(_column(sql, params))
+        return int(values[0])
+
+
+@final
+@attrs.define(eq=False)
+class SqliteStore:
+    """An opened SQLite store: ``events`` and ``visibility`` over one database file."""
+
+    events: SqliteEventStore
+    visibility: SqliteVisibilityStore
+    url: SqliteUrl
+    _backend: _Backend = attrs.field(alias="backend", repr=False)
+
+    @property
+    def path(self) -> str:
+        return self.url.path
+
+    async def aclose(self) -> None:
+        """Close both halves, finish queued work and close the database (idempotent)."""
+        self.events._closed = True
+        self.visibility._closed = True
+        await self._backend.stop()
+        await trio.lowlevel.checkpoint()
+
+
+def _open_all(url: SqliteUrl, busy_ms: int, readers: int) -> tuple[apsw.Connection, list[apsw.Connection]]:
+    writer = open_writer(url.path, url.synchronous, busy_ms)
+    opened: list[apsw.Connection] = []
+    try:
+        for _ in range(readers):
+            opened.append(open_reader(url.path, url.synchronous, busy_ms, _codec.SQL_FUNCTIONS))
+    except BaseException:
+        for conn in opened:
+            conn.close()
+        writer.close()
+        raise
+    return writer, opened
+
+
+@contextlib.asynccontextmanager
+async def open_sqlite_store(
+    url: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT, readers: int = DEFAULT_READERS
+) -> AsyncIterator[SqliteStore]:
+    """Open the SQLite store named by ``url``; closes it on exit.
+
+    ``busy_timeout``: seconds to wait for another process's lock before a
+    call fails with ``BackendUnavailable``.  ``readers``: read connections.
+    Raises the :class:`~aion_trio.StoreOpenError` family for files that
+    cannot be used (each message says what to do).
+    """
+    parsed = parse_sqlite_url(url)
+    if readers < 1:
+        raise ValueError(f"readers must be >= 1, got {readers!r}")
+    busy_ms = max(0, round(busy_timeout * 1000))
+    # Opening blocks (file I/O, maybe a migration): off the Trio thread.  The
+    # open is not abandoned on cancellation, so its connections never leak.
+    writer_conn, reader_conns = await trio.to_thread.run_sync(_open_all, parsed, busy_ms, readers)
+    token = trio.lowlevel.current_trio_token()
+    backend = _Backend(
+        location=parsed.path,
+        writer=Writer(writer_conn, parsed.path, token),
+        readers=Readers(reader_conns, parsed.path, token),
+    )
+    store = SqliteStore(
+        events=SqliteEventStore(backend=backend),
+        visibility=SqliteVisibilityStore(backend=backend),
+        url=parsed,
+        backend=backend,
+    )
+    try:
+        yield store
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.aclose()

@@ -1,0 +1,307 @@
+"""The worker threads: one writer that group-commits, a few readers.
+
+A Trio task hands a request to a thread and parks in
+:func:`trio.lowlevel.wait_task_rescheduled`; the thread runs it and wakes the
+task through the run's :class:`trio.lowlevel.TrioToken`.  A request still
+waiting in the queue when its task is cancelled is withdrawn (Abort.SUCCEEDED):
+nothing of it ran.  Once a thread has taken it, the abort fails and the task
+waits for the real outcome; Trio then delivers the cancellation at the
+caller's next checkpoint.  That is the append contract: raised ``Cancelled``
+means nothing was written; returned means committed.
+
+Group commit: the writer takes *every* queued write at once and applies them
+in one ``BEGIN IMMEDIATE`` ... ``COMMIT``.  Writes that arrive while a commit
+is in flight form the next group.  A refused write (sequence conflict) writes
+nothing and does not disturb the others; a write whose statements fail for a
+reason of its own is isolated by replaying the group without it; if the
+transaction itself fails, every write in it gets the mapped backend error
+(``BackendUnavailable``: outcome unknown).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar, final
+
+import apsw
+import attrs
+import trio
+
+from aion_trio import AionInternalError
+
+from ._mapping import TRANSACTION_ERRORS, cause, runtime_error
+from ._writes import AppendOp, WriteOp, apply_group
+
+T = TypeVar("T")
+
+
+class ReadOp(Generic[T]):
+    """A read: ``function(conn)`` runs in a reader thread."""
+
+    __slots__ = ("error", "function", "task", "value")
+
+    def __init__(self, function: Callable[[apsw.Connection], T]) -> None:
+        self.function = function
+        self.task: Any = None
+        self.value: T | None = None
+        self.error: BaseException | None = None
+
+
+@final
+@attrs.frozen(kw_only=True)
+class WriterStatistics:
+    """Counters of a store's writer thread (a snapshot)."""
+
+    commits: int
+    """Transactions committed."""
+    writes: int
+    """Writes committed (appends, timer and visibility writes)."""
+    appends: int
+    """Append batches committed."""
+    events: int
+    """Events committed."""
+    refused: int
+    """Writes refused without writing anything (sequence conflicts, values SQLite rejects)."""
+    failed_transactions: int
+    """Transactions that failed as a whole (each of their writers got the backend error)."""
+    largest_group: int
+    """Most writes ever coalesced into one transaction."""
+
+
+class _Service:
+    """A queue of requests served by threads, with cancellable waiting."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: collections.OrderedDict[Any, None] = collections.OrderedDict()
+        self._stopping = False
+        self._token = token
+        self._running = 0
+        self._threads: list[threading.Thread] = []
+        self._stopped = trio.Event()
+
+    async def _submit(self, request: Any) -> None:
+        request.task = trio.lowlevel.current_task()
+        if self._stopping:
+            raise trio.ClosedResourceError("the store is closed")
+        self._enqueue(request)
+
+        def abort(raise_cancel: object) -> trio.lowlevel.Abort:
+            # Still queued: withdrawn, nothing of it ran.  Taken: wait for it.
+            if self._withdraw(request):
+                return trio.lowlevel.Abort.SUCCEEDED
+            return trio.lowlevel.Abort.FAILED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        if request.error is not None:
+            raise request.error
+
+    def _enqueue(self, request: Any) -> None:
+        with self._lock:
+            self._pending[request] = None
+            self._wake.notify()
+
+    def _withdraw(self, request: Any) -> bool:
+        with self._lock:
+            return self._pending.pop(request, False) is None
+
+    def _start(self, name: str, target: Callable[[], None]) -> None:
+        self._running += 1
+        thread = threading.Thread(target=self._thread_main, args=(target,), name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _thread_main(self, target: Callable[[], None]) -> None:
+        try:
+            target()
+        finally:
+            with self._lock:
+                self._running -= 1
+                last = self._running == 0
+            if last:
+                self._call_soon(self._stopped.set)
+
+    def _call_soon(self, function: Callable[..., object], *args: object) -> None:
+        try:
+            self._token.run_sync_soon(function, *args)
+        except trio.RunFinishedError:  # pragma: no cover - the run ended under us; nobody waits
+            pass
+
+    @staticmethod
+    def _deliver(requests: Sequence[Any]) -> None:
+        # Runs in the Trio thread.
+        for request in requests:
+            trio.lowlevel.reschedule(request.task)
+
+    async def stop(self) -> None:
+        """Finish every queued request, then end the threads (shielded from cancellation)."""
+        with self._lock:
+            self._stopping = True
+            self._wake.notify_all()
+        with trio.CancelScope(shield=True):
+            if self._running:
+                await self._stopped.wait()
+        # Each thread closed its connection before signalling; all that is left
+        # is returning from its function, so these joins do not wait.
+        for thread in self._threads:
+            thread.join()
+
+
+@final
+class Writer(_Service):
+    """The single writing connection and its group-commit thread."""
+
+    def __init__(self, conn: apsw.Connection, location: str, token: trio.lowlevel.TrioToken) -> None:
+        super().__init__(token)
+        self._conn = conn
+        self._location = location
+        self._commits = 0
+        self._writes = 0
+        self._appends = 0
+        self._events = 0
+        self._refused = 0
+        self._failed = 0
+        self._largest = 0
+        self._start(f"aion_trio sqlite writer ({location})", self._run)
+
+    async def submit(self, op: WriteOp) -> None:
+        """Queue ``op`` and wait until it is committed (or refused, or failed)."""
+        await self._submit(op)
+
+    def statistics(self) -> WriterStatistics:
+        return WriterStatistics(
+            commits=self._commits,
+            writes=self._writes,
+            appends=self._appends,
+            events=self._events,
+            refused=self._refused,
+            failed_transactions=self._failed,
+            largest_group=self._largest,
+        )
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._pending and not self._stopping:
+                        self._wake.wait()
+                    if not self._pending:
+                        return
+                    group: list[WriteOp] = list(self._pending)
+                    self._pending.clear()
+                try:
+                    self._commit(group)
+                except BaseException as exc:  # pragma: no cover - a bug in this package
+                    for op in group:
+                        op.error = cause(
+                            AionInternalError(
+                                f"{self._location}: writer thread failed: {exc!r}; please report it"
+                            ),
+                            exc,
+                        )
+                self._call_soon(self._deliver, group)
+        finally:
+            self._conn.close()
+
+    def _transaction(self, ops: Sequence[WriteOp], fast: bool) -> WriteOp | None:
+        """Run ``ops`` in one transaction; return the write to drop if one failed on its own."""
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if fast:
+                apply_group(conn, ops)
+            else:
+                for op in ops:
+                    try:
+                        op.apply(conn)
+                    except TRANSACTION_ERRORS:
+                        raise
+                    except Exception as exc:
+                        op.error = op.local_error(exc, self._location)
+                        conn.execute("ROLLBACK")
+                        return op
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return None
+
+    def _commit(self, group: list[WriteOp]) -> None:
+        self._largest = max(self._largest, len(group))
+        todo: Sequence[WriteOp] = group
+        fast = True
+        while todo:
+            try:
+                dropped = self._transaction(todo, fast)
+            except TRANSACTION_ERRORS as exc:
+                self._fail(todo, exc)
+                return
+            except Exception:
+                if not fast:
+                    raise
+                # A value SQLite refused somewhere in the group: find whose, one write at a time.
+                fast = False
+                continue
+            if dropped is None:
+                self._count(todo)
+                return
+            self._refused += 1
+            todo = [op for op in todo if op is not dropped]
+
+    def _fail(self, ops: Sequence[WriteOp], exc: apsw.Error) -> None:
+        self._failed += 1
+        for op in ops:
+            op.error = runtime_error(exc, self._location, op.doing)
+
+    def _count(self, done: Sequence[WriteOp]) -> None:
+        self._commits += 1
+        for op in done:
+            if op.error is not None:
+                self._refused += 1
+                continue
+            self._writes += 1
+            if isinstance(op, AppendOp):
+                self._appends += 1
+                self._events += len(op.rows)
+
+
+@final
+class Readers(_Service):
+    """A few read connections, each served by its own thread."""
+
+    def __init__(
+        self, conns: Sequence[apsw.Connection], location: str, token: trio.lowlevel.TrioToken
+    ) -> None:
+        super().__init__(token)
+        self._location = location
+        for i, conn in enumerate(conns):
+            self._start(f"aion_trio sqlite reader {i} ({location})", functools.partial(self._run, conn))
+
+    async def submit(self, request: ReadOp[T]) -> T:
+        """Queue ``request`` and wait for its result."""
+        await self._submit(request)
+        return request.value  # type: ignore[return-value]
+
+    def _run(self, conn: apsw.Connection) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._pending and not self._stopping:
+                        self._wake.wait()
+                    if not self._pending:
+                        return
+                    request: ReadOp[Any] = self._pending.popitem(last=False)[0]
+                try:
+                    request.value = request.function(conn)
+                except apsw.Error as exc:
+                    request.error = runtime_error(exc, self._location, "reading")
+                except Exception as exc:
+                    request.error = exc
+                self._call_soon(self._deliver, (request,))
+        finally:
+            conn.close()

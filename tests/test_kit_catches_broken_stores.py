@@ -1,0 +1,590 @@
+"""The conformance kit catches broken stores, each with the scenario meant to catch it.
+
+Every broken store below wraps the memory store and breaks one rule of the
+contract.  Each case runs only the scenario that pins that rule and asserts
+the ConformanceError names it; the control shows the unbroken memory store
+passes the very same scenario, so no case passes for an unrelated reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+import aion_trio
+from aion_trio import (
+    Event,
+    InvalidBatch,
+    SearchOp,
+    SearchPredicate,
+    SequenceConflict,
+    VisibilityFilter,
+    VisibilityRow,
+    WorkflowReopened,
+    WorkflowStarted,
+    WorkflowStatus,
+)
+from aion_trio.plugin import TimerEntry
+from aion_trio.testing import (
+    EVENT_STORE_SCENARIOS,
+    VISIBILITY_STORE_SCENARIOS,
+    ConformanceError,
+    check_event_store,
+    check_visibility_store,
+)
+
+# --------------------------------------------------------------------------
+# Delegating wrappers: the unbroken baseline each broken store edits
+# --------------------------------------------------------------------------
+
+
+class EventsProxy:
+    """Passes every call to a real memory event store."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        await self.inner.append(workflow_id, events, expected_seq)
+
+    async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]:
+        return await self.inner.read_history(workflow_id, from_seq)
+
+    async def list_active(self) -> list[str]:
+        return await self.inner.list_active()
+
+    async def list_workflow_ids(self) -> list[str]:
+        return await self.inner.list_workflow_ids()
+
+    async def schedule_timer(self, workflow_id: str, timer_id: str, fire_at: datetime) -> None:
+        await self.inner.schedule_timer(workflow_id, timer_id, fire_at)
+
+    async def remove_timer(self, workflow_id: str, timer_id: str) -> None:
+        await self.inner.remove_timer(workflow_id, timer_id)
+
+    async def expired_timers(self, as_of: datetime) -> list[TimerEntry]:
+        return await self.inner.expired_timers(as_of)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class VisibilityProxy:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def upsert(self, row: VisibilityRow) -> None:
+        await self.inner.upsert(row)
+
+    async def get(self, workflow_id: str) -> VisibilityRow | None:
+        return await self.inner.get(workflow_id)
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        return await self.inner.list(filter)
+
+    async def count(self, filter: VisibilityFilter | None = None) -> int:
+        return await self.inner.count(filter)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def factory_of(wrapper: Callable[[Any], Any], part: str) -> Callable[[], Any]:
+    @contextlib.asynccontextmanager
+    async def open_wrapped() -> AsyncIterator[Any]:
+        async with aion_trio.open_store("memory://") as store:
+            yield wrapper(getattr(store, part))
+
+    return open_wrapped
+
+
+def renumbered(events: Sequence[Event], first_seq: int) -> list[Event]:
+    return [attrs.evolve(e, seq=first_seq + i) for i, e in enumerate(events)]
+
+
+# --------------------------------------------------------------------------
+# Broken event stores
+# --------------------------------------------------------------------------
+
+
+class IgnoresExpectedSeq(EventsProxy):
+    """Appends at the current head whatever expected_seq says."""
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        head = len(await self.inner.read_history(workflow_id))
+        await self.inner.append(workflow_id, renumbered(events, head + 1), head)
+
+
+class AcceptsGaps(EventsProxy):
+    """Quietly renumbers a gapped or duplicated batch instead of refusing it."""
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        try:
+            await self.inner.append(workflow_id, events, expected_seq)
+        except InvalidBatch:
+            if not events:
+                raise
+            await self.inner.append(workflow_id, renumbered(events, expected_seq + 1), expected_seq)
+
+
+class UnorderedHistory(EventsProxy):
+    """Returns history in the order a hash table might: not by seq."""
+
+    async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]:
+        events = await self.inner.read_history(workflow_id, from_seq)
+        return sorted(events, key=lambda e: (e.seq % 2, e.seq))
+
+
+class NotACheckpoint(EventsProxy):
+    """Answers list_workflow_ids from a cache, without yielding to Trio."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.ids: set[str] = set()
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        await self.inner.append(workflow_id, events, expected_seq)
+        self.ids.add(workflow_id)
+
+    async def list_workflow_ids(self) -> list[str]:
+        return sorted(self.ids)
+
+
+class PartialWriteOnConflict(EventsProxy):
+    """On a stale expected_seq, still writes the part of the batch past the head."""
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        try:
+            await self.inner.append(workflow_id, events, expected_seq)
+        except SequenceConflict as exc:
+            tail = [e for e in events if e.seq > exc.found]
+            if tail and tail[0].seq == exc.found + 1:
+                await self.inner.append(workflow_id, tail, exc.found)
+            raise
+
+
+class ListActiveIgnoresReopen(EventsProxy):
+    """Computes list_active from lifecycle events but forgets WorkflowReopened."""
+
+    async def list_active(self) -> list[str]:
+        active = []
+        for workflow_id in await self.inner.list_workflow_ids():
+            status = None
+            for event in await self.inner.read_history(workflow_id):
+                if isinstance(event.body, WorkflowStarted):
+                    status = WorkflowStatus.RUNNING
+                elif isinstance(event.body, WorkflowReopened):
+                    continue
+                elif event.is_terminal:
+                    status = aion_trio.projections.status_after(None, [event])
+            if aion_trio.projections.is_active_status(status):
+                active.append(workflow_id)
+        return active
+
+
+class TimerBoundaryExclusive(EventsProxy):
+    """expired_timers(as_of) uses fire_at < as_of."""
+
+    async def expired_timers(self, as_of: datetime) -> list[TimerEntry]:
+        return [t for t in await self.inner.expired_timers(as_of) if t.fire_at < as_of]
+
+
+class TimerInsertNotUpsert(EventsProxy):
+    """Rescheduling a timer adds a second entry instead of moving the first."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.extra: list[TimerEntry] = []
+
+    async def schedule_timer(self, workflow_id: str, timer_id: str, fire_at: datetime) -> None:
+        for entry in await self.inner.expired_timers(datetime.max.replace(tzinfo=fire_at.tzinfo)):
+            if (entry.workflow_id, entry.timer_id) == (workflow_id, timer_id):
+                self.extra.append(entry)
+        await self.inner.schedule_timer(workflow_id, timer_id, fire_at)
+
+    async def expired_timers(self, as_of: datetime) -> list[TimerEntry]:
+        found = await self.inner.expired_timers(as_of)
+        return sorted([*found, *(e for e in self.extra if e.fire_at <= as_of)])
+
+
+class RemoveTimerRemovesWorkflowTimers(EventsProxy):
+    """remove_timer deletes every timer of the workflow, not only the named one."""
+
+    async def remove_timer(self, workflow_id: str, timer_id: str) -> None:
+        for entry in await self.inner.expired_timers(datetime.max.replace(tzinfo=timezone.utc)):
+            if entry.workflow_id == workflow_id:
+                await self.inner.remove_timer(workflow_id, entry.timer_id)
+        await self.inner.remove_timer(workflow_id, timer_id)
+
+
+class TimersUnordered(EventsProxy):
+    """expired_timers ordered by timer id first."""
+
+    async def expired_timers(self, as_of: datetime) -> list[TimerEntry]:
+        found = await self.inner.expired_timers(as_of)
+        return sorted(found, key=lambda e: (e.timer_id, e.workflow_id, e.fire_at))
+
+
+class LosesTimezone(EventsProxy):
+    """Hands recorded_at back as naive UTC, as a careless TEXT column would."""
+
+    async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]:
+        events = await self.inner.read_history(workflow_id, from_seq)
+        return [_naive(e) for e in events]
+
+
+def _naive(event: Event) -> Event:
+    clone = attrs.evolve(event)
+    object.__setattr__(clone, "recorded_at", event.recorded_at.replace(tzinfo=None))
+    return clone
+
+
+class EmptyHistoryPastHeadIsError(EventsProxy):
+    """from_seq past the head is treated as an error."""
+
+    async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]:
+        events = await self.inner.read_history(workflow_id, 1)
+        if events and from_seq > len(events):
+            raise aion_trio.NotFound(f"{workflow_id} has no seq {from_seq}")
+        return events[from_seq - 1 :]
+
+
+class AheadIsAccepted(EventsProxy):
+    """Accepts an expected_seq ahead of the head, writing at the head."""
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        head = len(await self.inner.read_history(workflow_id))
+        if expected_seq > head:
+            await self.inner.append(workflow_id, renumbered(events, head + 1), head)
+        else:
+            await self.inner.append(workflow_id, events, expected_seq)
+
+
+class CheckThenWriteRace(EventsProxy):
+    """Checks the head once, yields, then writes at whatever head it finds: racers all "win"."""
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        head = len(await self.inner.read_history(workflow_id))
+        if head != expected_seq:
+            raise SequenceConflict(workflow_id, expected_seq, head)
+        while True:
+            now = len(await self.inner.read_history(workflow_id))
+            try:
+                await self.inner.append(workflow_id, renumbered(events, now + 1), now)
+            except SequenceConflict:
+                continue
+            return
+
+
+class SharedStateAcrossWorkflows(EventsProxy):
+    """Keys histories by the first character of the workflow id."""
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        await self.inner.append(
+            workflow_id[:6], [attrs.evolve(e, workflow_id=workflow_id[:6]) for e in events], expected_seq
+        )
+
+    async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]:
+        events = await self.inner.read_history(workflow_id[:6], from_seq)
+        return [attrs.evolve(e, workflow_id=workflow_id) for e in events]
+
+    async def list_workflow_ids(self) -> list[str]:
+        return await self.inner.list_workflow_ids()
+
+
+class TruncatesLongHistories(EventsProxy):
+    """read_history returns at most 1,000 events (a forgotten LIMIT)."""
+
+    async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]:
+        return (await self.inner.read_history(workflow_id, from_seq))[:1000]
+
+
+class UnsortedWorkflowIds(EventsProxy):
+    async def list_workflow_ids(self) -> list[str]:
+        return list(reversed(await self.inner.list_workflow_ids()))
+
+
+class SilentAfterClose(EventsProxy):
+    """After aclose, reads answer with empty results instead of raising."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.inner.aclose()
+
+    async def list_active(self) -> list[str]:
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self.inner.list_active()
+
+
+class WritesThenHonoursCancel(EventsProxy):
+    """Writes the batch, then checkpoints: a cancel there raises Cancelled after the write."""
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        await self.inner.append(workflow_id, events, expected_seq)
+        await trio.lowlevel.checkpoint()
+
+
+# --------------------------------------------------------------------------
+# Broken visibility stores
+# --------------------------------------------------------------------------
+
+
+class OrderingByIdOnly(VisibilityProxy):
+    """Orders by workflow_id, ignoring start_time."""
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        f = filter or VisibilityFilter()
+        rows = await self.inner.list(attrs.evolve(f, limit=None, offset=0))
+        rows.sort(key=lambda r: r.workflow_id, reverse=f.newest_first)
+        end = None if f.limit is None else f.offset + f.limit
+        return rows[f.offset : end]
+
+
+class CountHonoursLimit(VisibilityProxy):
+    async def count(self, filter: VisibilityFilter | None = None) -> int:
+        return len(await self.inner.list(filter))
+
+
+class RowsNotReplaced(VisibilityProxy):
+    """Merges search attributes on upsert instead of replacing the row."""
+
+    async def upsert(self, row: VisibilityRow) -> None:
+        old = await self.inner.get(row.workflow_id)
+        if old is not None:
+            row = attrs.evolve(row, search_attributes={**old.search_attributes, **row.search_attributes})
+        await self.inner.upsert(row)
+
+
+class BoolBecomesInt(VisibilityProxy):
+    """Stores booleans as 0/1 integers (a common SQL shortcut)."""
+
+    async def upsert(self, row: VisibilityRow) -> None:
+        attrs_ = {k: int(v) if isinstance(v, bool) else v for k, v in row.search_attributes.items()}
+        await self.inner.upsert(attrs.evolve(row, search_attributes=attrs_))
+
+
+class GetFallsBackToNeighbour(VisibilityProxy):
+    """get matches case-insensitively."""
+
+    async def get(self, workflow_id: str) -> VisibilityRow | None:
+        for row in await self.inner.list(None):
+            if row.workflow_id.lower() == workflow_id.lower():
+                return row
+        return None
+
+
+class TypeFilterIsPrefix(VisibilityProxy):
+    """Filters workflow_type with LIKE 'x%' instead of equality."""
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        f = filter or VisibilityFilter()
+        if f.workflow_type is None:
+            return await self.inner.list(f)
+        rows = await self.inner.list(attrs.evolve(f, workflow_type=None, limit=None, offset=0))
+        rows = [r for r in rows if r.workflow_type.startswith(f.workflow_type)]
+        end = None if f.limit is None else f.offset + f.limit
+        return rows[f.offset : end]
+
+
+class ExclusiveTimeBounds(VisibilityProxy):
+    """started_after is exclusive."""
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        f = filter or VisibilityFilter()
+        rows = await self.inner.list(f)
+        return [r for r in rows if f.started_after is None or r.start_time > f.started_after]
+
+
+class CaseInsensitiveContains(VisibilityProxy):
+    """CONTAINS implemented like SQLite's LIKE: ASCII case-insensitive."""
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        f = filter or VisibilityFilter()
+        candidates = attrs.evolve(f, search=(), limit=None, offset=0).apply(await self.inner.list(None))
+        kept = [r for r in candidates if all(_loose(p, r.search_attributes) for p in f.search)]
+        return kept[f.offset :][: f.limit]
+
+
+def _loose(p: SearchPredicate, attributes: Any) -> bool:
+    if p.op is not SearchOp.CONTAINS or p.key not in attributes:
+        return p.matches(attributes)
+    have = attributes[p.key]
+    want = str(p.value).lower()
+    if isinstance(have, tuple):
+        return want in (v.lower() for v in have)
+    return isinstance(have, str) and want in have.lower()
+
+
+class LikeWildcards(VisibilityProxy):
+    """Filters task_queue with an unescaped LIKE: '%' and '_' match anything."""
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        f = filter or VisibilityFilter()
+        if f.task_queue not in ("%", "_"):
+            return await self.inner.list(f)
+        return await self.inner.list(attrs.evolve(f, task_queue=None))
+
+
+class PagingUnstable(VisibilityProxy):
+    """Applies offset before ordering."""
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        f = filter or VisibilityFilter()
+        if f.limit is None and f.offset == 0:
+            return await self.inner.list(f)
+        rows = await self.inner.list(attrs.evolve(f, limit=None, offset=0, newest_first=False))
+        end = None if f.limit is None else f.offset + f.limit
+        page = rows[f.offset : end]
+        return sorted(page, key=lambda r: r.start_time, reverse=f.newest_first)
+
+
+class IntFloatNotEqual(VisibilityProxy):
+    """EQUALS compares kinds strictly, so 1 does not match 1.0."""
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        f = filter or VisibilityFilter()
+        rows = await self.inner.list(attrs.evolve(f, limit=None, offset=0))
+
+        def strict(r: VisibilityRow) -> bool:
+            for p in f.search:
+                kinds_differ = p.key in r.search_attributes and type(r.search_attributes[p.key]) is not type(
+                    p.value
+                )
+                if p.op is SearchOp.EQUALS and kinds_differ:
+                    return False
+            return True
+
+        kept = [r for r in rows if strict(r)]
+        end = None if f.limit is None else f.offset + f.limit
+        return kept[f.offset : end]
+
+    async def count(self, filter: VisibilityFilter | None = None) -> int:
+        return len(await self.list(attrs.evolve(filter or VisibilityFilter(), limit=None, offset=0)))
+
+
+class VisibilityNotACheckpoint(VisibilityProxy):
+    """get answers from a dict without yielding."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.rows: dict[str, VisibilityRow] = {}
+
+    async def upsert(self, row: VisibilityRow) -> None:
+        await self.inner.upsert(row)
+        self.rows[row.workflow_id] = row
+
+    async def get(self, workflow_id: str) -> VisibilityRow | None:
+        return self.rows.get(workflow_id)
+
+
+class VisibilityAcloseNotIdempotent(VisibilityProxy):
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.closed = False
+
+    async def aclose(self) -> None:
+        if self.closed:
+            raise trio.ClosedResourceError("already closed")
+        self.closed = True
+        await self.inner.aclose()
+
+
+EVENT_CASES = [
+    pytest.param(IgnoresExpectedSeq, "stale_expected_seq_writes_nothing", id="ignores-expected-seq"),
+    pytest.param(AcceptsGaps, "invalid_batches_refused", id="accepts-a-gap"),
+    pytest.param(UnorderedHistory, "read_history_ranges", id="unordered-history"),
+    pytest.param(NotACheckpoint, "every_method_is_a_checkpoint", id="not-a-checkpoint"),
+    pytest.param(PartialWriteOnConflict, "stale_expected_seq_writes_nothing", id="partial-write-on-conflict"),
+    pytest.param(ListActiveIgnoresReopen, "list_active_follows_projection", id="list-active-ignores-reopen"),
+    pytest.param(TimerBoundaryExclusive, "timer_due_boundary_inclusive", id="timer-boundary-exclusive"),
+    pytest.param(TimerInsertNotUpsert, "timer_reschedule_upserts", id="timer-insert-not-upsert"),
+    pytest.param(RemoveTimerRemovesWorkflowTimers, "timer_remove", id="remove-timer-too-broad"),
+    pytest.param(TimersUnordered, "timer_ordering_and_utc", id="timers-unordered"),
+    pytest.param(LosesTimezone, "round_trip_every_event_type", id="loses-timezone"),
+    pytest.param(EmptyHistoryPastHeadIsError, "read_history_ranges", id="past-head-is-error"),
+    pytest.param(AheadIsAccepted, "ahead_of_head_expected_seq_refused", id="ahead-accepted"),
+    pytest.param(CheckThenWriteRace, "concurrent_appends_one_winner", id="check-then-write-race"),
+    pytest.param(
+        SharedStateAcrossWorkflows, "concurrent_appends_to_many_workflows", id="workflows-share-state"
+    ),
+    pytest.param(TruncatesLongHistories, "large_history", id="truncates-long-histories"),
+    pytest.param(UnsortedWorkflowIds, "list_workflow_ids_sorted", id="unsorted-workflow-ids"),
+    pytest.param(SilentAfterClose, "use_after_close", id="silent-after-close"),
+    pytest.param(WritesThenHonoursCancel, "cancelled_append_is_all_or_nothing", id="writes-then-cancelled"),
+]
+
+VISIBILITY_CASES = [
+    pytest.param(OrderingByIdOnly, "visibility_ordering", id="ordering-by-id-only"),
+    pytest.param(CountHonoursLimit, "visibility_count_ignores_paging", id="count-honours-limit"),
+    pytest.param(RowsNotReplaced, "visibility_upsert_replaces", id="rows-merged-not-replaced"),
+    pytest.param(BoolBecomesInt, "visibility_upsert_get_round_trip", id="bool-becomes-int"),
+    pytest.param(GetFallsBackToNeighbour, "visibility_get_unknown_is_none", id="get-case-insensitive"),
+    pytest.param(TypeFilterIsPrefix, "visibility_filters_by_field", id="type-filter-is-prefix"),
+    pytest.param(ExclusiveTimeBounds, "visibility_time_ranges_inclusive", id="exclusive-time-bounds"),
+    pytest.param(CaseInsensitiveContains, "visibility_search_predicates", id="contains-case-insensitive"),
+    pytest.param(IntFloatNotEqual, "visibility_search_predicates", id="int-float-not-equal"),
+    pytest.param(LikeWildcards, "visibility_values_bound_safely", id="like-wildcards"),
+    pytest.param(PagingUnstable, "visibility_paging", id="paging-unstable"),
+    pytest.param(
+        CaseInsensitiveContains, "visibility_randomized_against_oracle", id="randomized-catches-contains"
+    ),
+    pytest.param(
+        VisibilityNotACheckpoint, "visibility_every_method_is_a_checkpoint", id="visibility-not-a-checkpoint"
+    ),
+    pytest.param(VisibilityAcloseNotIdempotent, "visibility_use_after_close", id="aclose-not-idempotent"),
+]
+
+
+@pytest.mark.parametrize(("broken", "scenario"), EVENT_CASES)
+async def test_broken_event_store_is_caught_by_its_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
+    with pytest.raises(ConformanceError) as info:
+        await check_event_store(factory_of(broken, "events"), scenarios=[scenario])
+    assert info.value.scenario == scenario
+    assert scenario in str(info.value)
+    # Control: the same scenario passes on the unbroken memory store.
+    await check_event_store(factory_of(EventsProxy, "events"), scenarios=[scenario])
+
+
+@pytest.mark.parametrize(("broken", "scenario"), VISIBILITY_CASES)
+async def test_broken_visibility_store_is_caught_by_its_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
+    with pytest.raises(ConformanceError) as info:
+        await check_visibility_store(factory_of(broken, "visibility"), scenarios=[scenario])
+    assert info.value.scenario == scenario
+    await check_visibility_store(factory_of(VisibilityProxy, "visibility"), scenarios=[scenario])
+
+
+def test_every_scenario_has_a_broken_store_it_catches() -> None:
+    # A scenario no broken store fails could be vacuous.
+    caught_event = {p.values[1] for p in EVENT_CASES}
+    caught_visibility = {p.values[1] for p in VISIBILITY_CASES}
+    assert set(EVENT_STORE_SCENARIOS) - caught_event == set()
+    assert set(VISIBILITY_STORE_SCENARIOS) - caught_visibility == set()
+
+
+async def test_unbroken_memory_store_passes_the_whole_kit() -> None:
+    await check_event_store(factory_of(EventsProxy, "events"))
+    await check_visibility_store(factory_of(VisibilityProxy, "visibility"))
+
+
+async def test_broken_store_fails_the_whole_kit_too() -> None:
+    # The full run (not only the targeted scenario) reports a failure.
+    with pytest.raises(ConformanceError):
+        await check_event_store(factory_of(TimerBoundaryExclusive, "events"))
+    with pytest.raises(ConformanceError):
+        await check_visibility_store(factory_of(CountHonoursLimit, "visibility"))
