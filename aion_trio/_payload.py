@@ -97,9 +97,19 @@ def _dumps(data: Any, what: str) -> tuple[str, int]:
     return text, size
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def _json_text(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if not isinstance(value, str):
         raise TypeError(f"Payload holds JSON text (a str), got {type(value).__name__}; use Payload.of(value)")
+    try:
+        json.loads(value, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ValueError(
+            f"Payload text is not valid JSON ({exc}); build payloads with Payload.of(value)"
+        ) from None
 
 
 @final
@@ -118,13 +128,20 @@ class Payload:
     def of(cls, value: Any) -> Payload:
         """Encode ``value`` with no size limit (for engine-made payloads)."""
         data = _check_json(value, "", "payload")
-        return cls(_dumps(data, "payload")[0])
+        return cls.trusted(_dumps(data, "payload")[0])
 
     @classmethod
     def from_json_text(cls, text: str) -> Payload:
         """Normalise JSON ``text`` into a payload; raises ``ValueError`` if invalid."""
-        value = json.loads(text)
-        return cls(_dumps(value, "JSON text")[0])
+        value = json.loads(text, parse_constant=_reject_constant)
+        return cls.trusted(_dumps(value, "JSON text")[0])
+
+    @classmethod
+    def trusted(cls, text: str) -> Payload:
+        """Wrap text this package just produced with ``json.dumps`` (skips re-validation)."""
+        payload = object.__new__(cls)
+        object.__setattr__(payload, "json", text)
+        return payload
 
     @property
     def size(self) -> int:

@@ -20,8 +20,10 @@ from __future__ import annotations
 import enum
 import json
 import math
+import threading
 import types
 import typing
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Union
@@ -92,6 +94,30 @@ def _identity(value: Any) -> Any:
     return value
 
 
+class _RawSink(threading.local):
+    items: list[str] | None = None
+
+
+_raw_sink = _RawSink()
+_RAW_NONCE = uuid.uuid4().hex
+
+
+def _raw_token(index: int) -> str:
+    return f"\x00{_RAW_NONCE}:{index}\x00"
+
+
+def _raw_token_text(index: int) -> str:
+    return json.dumps(_raw_token(index), ensure_ascii=False)
+
+
+def _encode_payload(payload: Payload) -> Any:
+    items = _raw_sink.items
+    if items is None:
+        return json.loads(payload.json)
+    items.append(payload.json)
+    return _raw_token(len(items) - 1)
+
+
 def _codec_for(tp: Any) -> _FieldCodec:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -112,9 +138,11 @@ def _codec_for(tp: Any) -> _FieldCodec:
     if tp is Payload:
 
         def dec_payload(value: Any) -> Payload:
-            return Payload(json.dumps(value, separators=_SEPARATORS, ensure_ascii=False))
+            return Payload.trusted(
+                json.dumps(value, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+            )
 
-        return _FieldCodec(lambda p: json.loads(p.json), dec_payload)
+        return _FieldCodec(_encode_payload, dec_payload)
     if tp is str:
         return _FieldCodec(_identity, _expect(str, "a string"))
     if tp is bool:
@@ -247,9 +275,24 @@ def body_from_wire(type_name: object, data: object) -> EventBody:
 
 
 def body_data_json(body: EventBody) -> tuple[str, str]:
-    """Return ``(type_name, data_as_compact_json_text)``: the form stores keep in a column."""
-    name, data = body_to_wire(body)
-    return name, json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+    """Return ``(type_name, data_as_compact_json_text)``: the form stores keep in a column.
+
+    Payloads are already JSON text, so they are spliced in as they are rather
+    than parsed and re-serialised (the hot path of every append).
+    """
+    name = type(body).__name__
+    if EVENT_TYPES.get(name) is not type(body):
+        raise TypeError(f"{type(body).__qualname__} is not an event body type")
+    raws: list[str] = []
+    _raw_sink.items = raws
+    try:
+        data = _encode_attrs(body)
+    finally:
+        _raw_sink.items = None
+    text = json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+    for index, raw in enumerate(raws):
+        text = text.replace(_raw_token_text(index), raw, 1)
+    return name, text
 
 
 def body_from_data_json(type_name: object, data_text: str | bytes) -> EventBody:

@@ -628,7 +628,12 @@ def test_a_crash_mid_backoff_resumes_at_the_next_attempt_without_skipping_or_rep
     first = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        # Wait until the non-final failure of attempt 1 is durable: the loop is now in its 1-hour backoff.
+        # The activity's first attempt has run (so the worker finished creating the store)...
+        while not side.exists():
+            assert first.poll() is None, "the worker exited before its first attempt"
+            assert time.monotonic() < deadline, "attempt 1 never ran"
+            time.sleep(0.02)
+        # ...then wait until its non-final failure is durable: the loop is now in its 1-hour backoff.
         while not any(
             isinstance(e.body, aion.ActivityFailed) and not e.body.final for e in trio.run(_history, store)
         ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -51,7 +52,7 @@ def test_the_order_example_resumes_after_sigkill(tmp_path: Path) -> None:
             assert time.monotonic() < deadline
             if db.exists():
                 try:
-                    with sqlite3.connect(db) as conn:
+                    with contextlib.closing(sqlite3.connect(db)) as conn:
                         timers = conn.execute(
                             "SELECT count(*) FROM events WHERE type = 'TimerStarted'"
                         ).fetchone()[0]
@@ -68,7 +69,7 @@ def test_the_order_example_resumes_after_sigkill(tmp_path: Path) -> None:
     assert "resuming" in rerun.stdout, rerun.stdout
     declined = sum(1 for i in range(100) if 100 + (i * 37) % 1000 > 900)
     assert f"declined {declined}, shipped {100 - declined}" in rerun.stdout
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
         shipped = conn.execute(
             "SELECT count(*) FROM events WHERE type = 'ActivityCompleted' AND data LIKE '%shipment-%'"
         ).fetchone()[0]
