@@ -1128,6 +1128,7 @@ async def open_engine(
     activities: Iterable[ActivityDefinition[Any]] = (),
     config: EngineConfig | None = None,
     dispatcher: ActivityDispatcher | None = None,
+    drain_timeout: float | None = None,
 ) -> AsyncIterator[Engine]:
     """Open an engine over ``store`` (a URL such as ``sqlite:///orders.db`` or an opened store).
 
@@ -1136,9 +1137,14 @@ async def open_engine(
     joins them all.  On normal exit the shutdown is graceful (stop admitting,
     optional drain, close the latch, cancel, join, close the store); on an
     exception the latch closes first.  A store given as an object is not
-    closed (its opener owns it).
+    closed (its opener owns it).  ``drain_timeout`` overrides the config's:
+    seconds in-flight activity attempts may run on to record their outcome;
+    what still runs then is parked (nothing recorded) and re-dispatched by the
+    next engine on the store.
     """
     config = config or EngineConfig()
+    if drain_timeout is not None:
+        config = attrs.evolve(config, drain_timeout=drain_timeout)
     workflow_map, activity_map = index_definitions(workflows, activities)
     clock = config.clock
     async with contextlib.AsyncExitStack() as stack:

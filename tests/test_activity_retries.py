@@ -687,3 +687,45 @@ async def test_an_activity_still_running_when_its_run_ends_is_cancelled_and_reco
     cancelled = [i for i, e in enumerate(history) if isinstance(e.body, aion.ActivityCancelled)]
     assert cancelled == [terminal_index + 1], "recorded in the terminal's batch"
     assert history[cancelled[0]].body.activity_id == 0
+
+
+async def test_worker_loss_respects_settlement_elsewhere(autojump_clock: trio.testing.MockClock) -> None:
+    """A worker-loss re-dispatch records nothing, so it checks settlement itself: once the
+    activity was settled by another path, the loop stops instead of re-dispatching."""
+    engines: list[aion.Engine] = []
+
+    class SettlesThenLoses(Scripted):
+        async def dispatch(self, request: aion.ActivityRequest) -> aion.ActivityOutcome:
+            self.seen.append(request)
+            recorder = engines[0]._core.loaded_recorder(request.workflow_id)
+            assert recorder is not None
+            # Another path (say, a timeout scope) settles the activity meanwhile.
+            error = aion.ActivityError(
+                cause=aion.FailureCause.TIMEOUT, type="ScopeTimeout", message="settled elsewhere"
+            )
+            outcome = await record_activity_event(
+                recorder,
+                request.run_id,
+                request.activity_id,
+                aion.ActivityFailed(
+                    activity_id=request.activity_id, error=error, attempt=request.attempt, final=True
+                ),
+            )
+            assert outcome is RecordOutcome.RECORDED
+            return aion.ActivityOutcome(
+                error=aion.ActivityError(
+                    cause=aion.FailureCause.RETRYABLE, type="WorkerLost", message="gone"
+                ),
+                kind=OutcomeKind.WORKER_LOST,
+            )
+
+    dispatcher = SettlesThenLoses([])
+    async with aion.open_engine(
+        url(), workflows=[one_charge], activities=[charge], dispatcher=dispatcher
+    ) as engine:
+        engines.append(engine)
+        await engine.start(one_charge, {"retry": 3}, workflow_id="w")
+        await trio.sleep(3600)
+        history = await engine.history("w")
+    assert len(dispatcher.seen) == 1, "no re-dispatch after the activity settled elsewhere"
+    assert trail(history) == [("started", 1, None), ("failed", 1, True)]
