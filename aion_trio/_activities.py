@@ -242,37 +242,21 @@ class InProcessDispatcher:
         info_token = _current_info.set(info)
         beat_token = _current_heartbeat.set(tracker)
         scope = trio.CancelScope()
-        watch = trio.CancelScope()
         outcome: ActivityOutcome | None = None
+        value: Any = None
         try:
-            async with trio.open_nursery() as nursery:
-                if options.heartbeat_timeout is not None:
+            if options.heartbeat_timeout is None:
+                with scope:
+                    value, outcome = await self._guarded_call(definition, args, options)
+            else:
+                watch = trio.CancelScope()
+                async with trio.open_nursery() as nursery:
                     nursery.start_soon(_watch_heartbeat, tracker, scope, watch)
-                try:
-                    with scope:
-                        try:
-                            value = await self._call(definition, args)
-                        except TerminalError as exc:
-                            outcome = ActivityOutcome(error=error_from_exception(exc, FailureCause.TERMINAL))
-                        except PolicyRefused as exc:
-                            outcome = ActivityOutcome(
-                                error=error_from_exception(exc, FailureCause.POLICY_REFUSED)
-                            )
-                        except WorkerLost as exc:
-                            outcome = ActivityOutcome(
-                                error=error_from_exception(exc, FailureCause.RETRYABLE),
-                                kind=OutcomeKind.WORKER_LOST,
-                            )
-                        except Exception as exc:
-                            retry = options.retry
-                            cause = (
-                                FailureCause.TERMINAL
-                                if retry is not None and retry.is_non_retryable(exc)
-                                else FailureCause.RETRYABLE
-                            )
-                            outcome = ActivityOutcome(error=error_from_exception(exc, cause))
-                finally:
-                    watch.cancel()
+                    try:
+                        with scope:
+                            value, outcome = await self._guarded_call(definition, args, options)
+                    finally:
+                        watch.cancel()
         finally:
             _current_heartbeat.reset(beat_token)
             _current_info.reset(info_token)
@@ -291,6 +275,29 @@ class InProcessDispatcher:
         except PayloadError as exc:
             return ActivityOutcome(error=error_from_exception(exc, FailureCause.TERMINAL))
         return ActivityOutcome(result=payload)
+
+    async def _guarded_call(
+        self, definition: ActivityDefinition[Any], args: list[Any], options: ActivityOptions
+    ) -> tuple[Any, ActivityOutcome | None]:
+        """Run the activity; an exception becomes a classified outcome."""
+        try:
+            return await self._call(definition, args), None
+        except TerminalError as exc:
+            return None, ActivityOutcome(error=error_from_exception(exc, FailureCause.TERMINAL))
+        except PolicyRefused as exc:
+            return None, ActivityOutcome(error=error_from_exception(exc, FailureCause.POLICY_REFUSED))
+        except WorkerLost as exc:
+            return None, ActivityOutcome(
+                error=error_from_exception(exc, FailureCause.RETRYABLE), kind=OutcomeKind.WORKER_LOST
+            )
+        except Exception as exc:
+            retry = options.retry
+            cause = (
+                FailureCause.TERMINAL
+                if retry is not None and retry.is_non_retryable(exc)
+                else FailureCause.RETRYABLE
+            )
+            return None, ActivityOutcome(error=error_from_exception(exc, cause))
 
     async def _call(self, definition: ActivityDefinition[Any], args: list[Any]) -> Any:
         if definition.loop is ActivityLoop.TRIO:
@@ -531,9 +538,13 @@ class ActivityDriver:
 
     async def _run(self, resume: bool) -> RecordOutcome | None:
         policy = self.options.retry
-        async with self.recorder.lock:
-            history = await self.recorder.current_history()
-            segment = run_segment(history, self.request.run_id)
+        if resume:
+            # Continue the recorded trail (attempt numbers, fallback hops).
+            async with self.recorder.lock:
+                history = await self.recorder.current_history()
+                segment = run_segment(history, self.request.run_id)
+        else:
+            segment = []  # a fresh dispatch: nothing recorded beyond its first start
         state = _loop_state(segment, self.request, self.options)
         self._last_attempt = state.attempt
         pending_error: ActivityError | None = None

@@ -1000,8 +1000,15 @@ class Engine:
         recorder = await self._existing_recorder(workflow_id)
         current = run_id or latest_run_id(recorder.history)
         assert current is not None
+        checked = 0
         while True:
             history = recorder.history
+            if checked and not any(_ends_or_starts(e) for e in history[checked:]):
+                # Nothing that could end (or continue) the run was appended: keep waiting.
+                checked = len(history)
+                await recorder.wait_changed()
+                continue
+            checked = len(history)
             segment = run_segment(history, current)
             if not segment:
                 raise WorkflowNotFound(workflow_id, current)
@@ -1099,6 +1106,11 @@ class Engine:
 
     async def count(self, filter: VisibilityFilter | None = None, **criteria: Any) -> int:
         return await self._core.visibility.count(_filter(filter, criteria))
+
+
+def _ends_or_starts(event: Event) -> bool:
+    body = event.body
+    return body.TERMINAL or isinstance(body, (WorkflowStarted, WorkflowReopened))
 
 
 def _filter(filter: VisibilityFilter | None, criteria: Mapping[str, Any]) -> VisibilityFilter:

@@ -203,7 +203,7 @@ class PayloadCodec:
                 self.max_bytes,
                 extra={"payload_bytes": size},
             )
-        return Payload(text)
+        return Payload.trusted(text)
 
     def decode(self, payload: Payload) -> Any:
         return payload.value()
