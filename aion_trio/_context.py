@@ -42,6 +42,7 @@ from ._events import (
     Event,
     FailureCause,
     MarkerRecorded,
+    SignalReceived,
     TimerCancelled,
     TimerFired,
     TimerStarted,
@@ -117,6 +118,7 @@ class RunState:
         self.started_attempt: dict[int, int] = {}
         self.timers: dict[str, Event] = {}
         self.timer_resolutions: dict[str, Event] = {}
+        self.signals: dict[str, list[Event]] = {}
 
     def sync(self) -> None:
         """Index events appended since the last call."""
@@ -153,6 +155,8 @@ class RunState:
             elif isinstance(body, TimerStarted):
                 self.timers[body.timer_id] = event
                 self.timer_resolutions.pop(body.timer_id, None)
+            elif isinstance(body, SignalReceived):
+                self.signals.setdefault(body.name, []).append(event)
             elif isinstance(body, (TimerFired, TimerCancelled)):
                 self.timer_resolutions.setdefault(body.timer_id, event)
 
@@ -225,6 +229,7 @@ class WorkflowContext:
         self._next_timer = 0
         self._next_scope = 0
         self._scopes: list[str] = []
+        self._signals_taken: dict[str, int] = {}
         self._pending: list[_PendingActivity | _PendingTimer | _PendingTimerCancel] = []
         self._poisoned: BaseException | None = None
         self._rng = random.Random(_seed(lease.workflow_id, lease.run_id))
@@ -529,6 +534,46 @@ class WorkflowContext:
         self._consume(event)
         if isinstance(event.body, TimerCancelled):
             raise Timeout(f"a timeout scope expired while sleeping ({timer_id})")
+
+    # A durable, recorded timeout (DESIGN §2's API): trio.fail_after would not survive replay.
+    async def wait_signal(self, name: str, *, timeout: timedelta | float | None = None) -> Any:  # noqa: ASYNC109
+        """Wait for the next signal called ``name`` and return its payload.
+
+        Signals of one name are consumed in the order they were recorded.
+        With ``timeout`` (or inside ``ctx.timeout``), whichever was recorded
+        first wins — the signal or the expiry — so replay decides the same
+        way; an expiry raises :class:`Timeout`.
+        """
+        self._require_own_task("ctx.wait_signal()")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"signal name must be a non-empty str, got {name!r}")
+        self._state.sync()
+        index = self._signals_taken.get(name, 0)
+        timer_id: str | None = None
+        if timeout is not None:
+            seconds = _duration(timeout, "signal timeout", allow_zero=True)
+            timer_id = anonymous_timer(self._next_timer)
+            self._next_timer += 1
+            self._start_timer(timer_id, self._now + timedelta(seconds=seconds))
+
+        def check() -> Event | None:
+            received = self._state.signals.get(name, [])
+            candidates = [received[index]] if index < len(received) else []
+            for scope in [*self._scopes, *([timer_id] if timer_id else [])]:
+                fired = self._state.timer_resolutions.get(scope)
+                if fired is not None and isinstance(fired.body, TimerFired):
+                    candidates.append(fired)
+            return min(candidates, key=lambda e: e.seq) if candidates else None
+
+        event = await self._wait_until(check)
+        self._consume(event)
+        if timer_id is not None and timer_id not in self._state.timer_resolutions:
+            self._pending.append(_PendingTimerCancel(timer_id=timer_id))
+        if isinstance(event.body, TimerFired):
+            raise Timeout(f"no {name!r} signal arrived in time")
+        assert isinstance(event.body, SignalReceived)
+        self._signals_taken[name] = index + 1
+        return self._core.codec.decode(event.body.payload)
 
     def timeout(self, duration: timedelta | float) -> TimeoutScope:
         """``async with ctx.timeout(d):`` — awaits inside raise :class:`Timeout` once ``d`` passed.

@@ -45,6 +45,7 @@ from ._errors import (
     EngineEpochClosed,
     NonDeterminismError,
     NotOwner,
+    NotRunning,
     PayloadError,
     SequenceConflict,
     StoreError,
@@ -64,6 +65,7 @@ from ._events import (
     Event,
     FailureCause,
     MarkerRecorded,
+    SignalReceived,
     TimerCancelCause,
     TimerCancelled,
     TimerFired,
@@ -1042,6 +1044,30 @@ class Engine:
                         reason=getattr(body, "reason", ""),
                     )
             await recorder.wait_changed()
+
+    async def signal(self, workflow_id: str, name: str, payload: Any = None) -> None:
+        """Record a signal for the workflow's running run and wake it.
+
+        Refused with a typed error, recording nothing, if the workflow does not
+        exist (:class:`WorkflowNotFound`) or is not running (:class:`NotRunning`);
+        an unserialisable or oversized payload is refused before anything is recorded.
+        """
+        core = self._core
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"signal name must be a non-empty str, got {name!r}")
+        encoded = core.codec.encode(payload, what=f"payload of signal {name!r}")
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "record a signal")
+        recorder = await self._existing_recorder(workflow_id)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            status = workflow_status(history)
+            run_id = latest_run_id(history)
+            if status is not WorkflowStatus.RUNNING or run_id is None:
+                raise NotRunning(workflow_id, status.value if status else "unknown", f"signal {name!r} to")
+            await recorder.append(
+                [SignalReceived(name=name, payload=encoded)], action=f"record signal {name!r}", run_id=run_id
+            )
 
     async def history(self, workflow_id: str) -> list[Event]:
         """The workflow's full event history, read from the store."""
