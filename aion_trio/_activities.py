@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import functools
+import json
 import logging
 import traceback
 from collections.abc import Mapping, Sequence
@@ -47,7 +49,7 @@ from ._events import (
 )
 from ._payload import Payload, PayloadCodec
 from ._projections import activity_settled, current_lease_terminal, retry_trail, run_segment
-from ._retry import ActivityOptions
+from ._retry import ActivityOptions, TransientBackoff
 
 if TYPE_CHECKING:
     from ._recorder import Recorder
@@ -99,8 +101,7 @@ class ActivityRequest:
     scheduled_at: datetime | None = None
 
     def resolved_options(self) -> ActivityOptions:
-        data = self.options.value()
-        return ActivityOptions.from_json(data if isinstance(data, dict) else {}, task_queue=self.task_queue)
+        return _decoded_options(self.options.json, self.task_queue)
 
 
 class OutcomeKind(enum.Enum):
@@ -149,6 +150,13 @@ def error_from_exception(exc: BaseException, cause: FailureCause) -> ActivityErr
         message=str(exc),
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _decoded_options(options_json: str, task_queue: str) -> ActivityOptions:
+    """Recorded options are decoded once per distinct text, not on every attempt."""
+    data = json.loads(options_json)
+    return ActivityOptions.from_json(data if isinstance(data, dict) else {}, task_queue=task_queue)
 
 
 @final
@@ -347,17 +355,6 @@ async def record_activity_event(
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
         return RecordOutcome.RECORDED
-
-
-def outcome_body(request: ActivityRequest, outcome: ActivityOutcome) -> EventBody:
-    if outcome.error is None:
-        assert outcome.result is not None
-        return ActivityCompleted(
-            activity_id=request.activity_id, result=outcome.result, attempt=request.attempt
-        )
-    return ActivityFailed(
-        activity_id=request.activity_id, error=outcome.error, attempt=request.attempt, final=True
-    )
 
 
 class RecordFailed(Exception):
@@ -707,24 +704,13 @@ async def _record_outcome(
     record_backoff: tuple[float, float],
     log_extra: dict[str, Any],
 ) -> RecordOutcome:
-    delay, ceiling = record_backoff
-    attempts = 0
+    backoff = TransientBackoff(*record_backoff, logger, log_extra)
+    what = f"record the outcome of activity:{request.activity_id} {request.activity_type} (attempt {request.attempt})"
     while True:
-        attempts += 1
         try:
             result = await record_activity_event(recorder, request.run_id, request.activity_id, body)
         except BackendUnavailable as exc:
-            if attempts & (attempts - 1) == 0:
-                logger.warning(
-                    "could not record the outcome of activity:%d %s (attempt %d); retrying: %s",
-                    request.activity_id,
-                    request.activity_type,
-                    request.attempt,
-                    exc,
-                    extra={**log_extra, "record_attempts": attempts},
-                )
-            await trio.sleep(delay)
-            delay = min(delay * 2, ceiling)
+            await backoff.failed(what, exc)
             continue
         if result is RecordOutcome.EPOCH_CLOSED:
             logger.info(

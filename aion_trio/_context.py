@@ -29,7 +29,6 @@ from ._errors import (
     ActivityFailure,
     NonDeterminismError,
     Timeout,
-    UnknownActivityType,
     WorkflowCommandError,
 )
 from ._events import (
@@ -681,7 +680,3 @@ class TimeoutScope:
             ctx._pending.append(_PendingTimerCancel(timer_id=self.timer_id))
             if exc_type is None:
                 await ctx._flush()
-
-
-def unknown_activity(name: str, known: Sequence[str]) -> UnknownActivityType:
-    return UnknownActivityType(name, sorted(known))

@@ -97,7 +97,7 @@ from ._projections import (
 )
 from ._recorder import Recorder
 from ._registry import Lease, Registry, Residency
-from ._retry import check_layer
+from ._retry import TransientBackoff, check_layer
 from ._store import EventStore, Store, VisibilityFilter, VisibilityRow, VisibilityStore
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -421,11 +421,10 @@ class EngineCore:
         """Append what ``build(history)`` returns (re-evaluated per attempt), retrying transient
         failures.  Unrecoverable failures unwind the run without a terminal."""
         recorder = lease.recorder
-        delay = self.config.completion_retry.initial
-        attempts = 0
         fields = {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id}
+        ladder = self.config.completion_retry
+        backoff = TransientBackoff(ladder.initial, ladder.ceiling, logger, fields)
         while True:
-            attempts += 1
             if not self.epoch.admitting:
                 logger.info("run parked: the engine is shutting down (%s not recorded)", what, extra=fields)
                 raise RunAborted()
@@ -437,12 +436,7 @@ class EngineCore:
                         await recorder.append(bodies, action=what, run_id=lease.run_id)
                 return
             except BackendUnavailable as exc:
-                if attempts & (attempts - 1) == 0:
-                    logger.warning(
-                        "could not %s (attempt %d); retrying: %s", what, attempts, exc, extra=fields
-                    )
-                await trio.sleep(delay)
-                delay = min(delay * 2, self.config.completion_retry.ceiling)
+                await backoff.failed(what, exc)
             except EngineEpochClosed:
                 raise RunAborted() from None
             except (SequenceConflict, NotOwner) as exc:

@@ -198,9 +198,3 @@ class EngineEpoch:
             in_flight_attempts=self._in_flight,
             background_tasks=self._tasks,
         )
-
-    def _forget_retries_after_join(self) -> None:
-        """After the nursery joined, every retry task has released its slot."""
-        if self._retries:  # pragma: no cover - would be a bug
-            logger.error("completion retry slots left after the epoch joined: %s", list(self._retries))
-            self._retries.clear()

@@ -107,8 +107,5 @@ class Registry:
     def leases(self) -> list[Lease]:
         return list(self._leases.values())
 
-    def for_workflow(self, workflow_id: str) -> list[Lease]:
-        return [lease for (w, _), lease in self._leases.items() if w == workflow_id]
-
     def __len__(self) -> int:
         return len(self._leases)

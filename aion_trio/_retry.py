@@ -9,12 +9,14 @@ never the code's current defaults.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any, Union, final
 
 import attrs
+import trio
 
 
 def _seconds(value: timedelta | float | int, what: str, *, allow_zero: bool = True) -> float:
@@ -240,6 +242,33 @@ class ActivityOptions:
             fallback_queues=tuple(data.get("fallback_queues") or ()),
             advisory=bool(data.get("advisory", False)),
         )
+
+
+class TransientBackoff:
+    """Sleeps between retries of a write that failed transiently: ``initial``,
+    doubling up to ``ceiling``.  ``failed()`` logs a warning on the first
+    failure and whenever the count reaches the next power of two, then sleeps.
+    """
+
+    def __init__(self, initial: float, ceiling: float, log: logging.Logger, extra: Mapping[str, Any]) -> None:
+        self.delay = initial
+        self.ceiling = ceiling
+        self.attempts = 0
+        self._log = log
+        self._extra = dict(extra)
+
+    async def failed(self, what: str, exc: BaseException) -> None:
+        self.attempts += 1
+        if self.attempts & (self.attempts - 1) == 0:
+            self._log.warning(
+                "could not %s (failure %d); retrying: %s",
+                what,
+                self.attempts,
+                exc,
+                extra={**self._extra, "record_attempts": self.attempts},
+            )
+        await trio.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.ceiling)
 
 
 UNSET: Any = attrs.make_class("Unset", [], repr=False)()
