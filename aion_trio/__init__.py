@@ -7,7 +7,7 @@ Implementation lives in private modules; this is the curated public surface
 
 from __future__ import annotations
 
-from . import projections as projections
+from . import events as events, projections as projections
 from ._activities import (
     ActivityDispatcher as ActivityDispatcher,
     ActivityInfo as ActivityInfo,
@@ -45,6 +45,7 @@ from ._errors import (
     AionError as AionError,
     AionInternalError as AionInternalError,
     BackendUnavailable as BackendUnavailable,
+    CannotReopen as CannotReopen,
     DatabaseCorrupt as DatabaseCorrupt,
     DatabaseTooNew as DatabaseTooNew,
     EngineEpochClosed as EngineEpochClosed,
@@ -76,6 +77,7 @@ from ._errors import (
     UnknownWorkflowType as UnknownWorkflowType,
     WorkerLost as WorkerLost,
     WorkflowAlreadyStarted as WorkflowAlreadyStarted,
+    WorkflowCancelled as WorkflowCancelled,
     WorkflowCommandError as WorkflowCommandError,
     WorkflowFailure as WorkflowFailure,
     WorkflowNotFound as WorkflowNotFound,
@@ -105,7 +107,6 @@ from ._events import (
     TimerCancelled as TimerCancelled,
     TimerFired as TimerFired,
     TimerStarted as TimerStarted,
-    WorkflowCancelled as WorkflowCancelled,
     WorkflowCancelRequested as WorkflowCancelRequested,
     WorkflowCompleted as WorkflowCompleted,
     WorkflowContinuedAsNew as WorkflowContinuedAsNew,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, final
 
@@ -27,6 +28,7 @@ from ._events import (
     EventBody,
     TimerCancelCause,
     TimerCancelled,
+    WorkflowCancelled,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
@@ -82,6 +84,7 @@ class TerminalKind(enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     CONTINUED_AS_NEW = "continued_as_new"
+    CANCELLED = "cancelled"
 
 
 @final
@@ -95,6 +98,7 @@ class TerminalIntent:
     error: ErrorInfo | None = None
     continue_input: Payload | None = None
     continue_type: str | None = None
+    reason: str = ""
 
     @classmethod
     def completed(cls, result: Payload, exit_time: datetime) -> TerminalIntent:
@@ -103,6 +107,10 @@ class TerminalIntent:
     @classmethod
     def failed(cls, error: ErrorInfo, exit_time: datetime) -> TerminalIntent:
         return cls(kind=TerminalKind.FAILED, exit_time=exit_time, error=error)
+
+    @classmethod
+    def cancelled(cls, reason: str, exit_time: datetime) -> TerminalIntent:
+        return cls(kind=TerminalKind.CANCELLED, exit_time=exit_time, reason=reason)
 
     @classmethod
     def continued_as_new(
@@ -122,6 +130,8 @@ class TerminalIntent:
         if self.kind is TerminalKind.FAILED:
             assert self.error is not None
             return WorkflowFailed(error=self.error)
+        if self.kind is TerminalKind.CANCELLED:
+            return WorkflowCancelled(reason=self.reason)
         assert self.continue_input is not None
         return WorkflowContinuedAsNew(
             input=self.continue_input, workflow_type=self.continue_type, parent_run_id=run_id
@@ -223,6 +233,32 @@ async def retire_deadline(core: EngineCore, lease: Lease, history: Any) -> None:
         await core.forget_timer(lease.workflow_id, deadline)
 
 
+def teardown_bodies(segment: Sequence[Event], run_id: str, *, retire_timers: bool) -> list[EventBody]:
+    """What ending a run settles in the terminal's own batch: its unsettled activities
+    (``ActivityCancelled``), its deadline (retired for good) and, for a cancel, terminate
+    or deadline teardown (``retire_timers``), its other outstanding timers — retired with
+    cause ``cancel_teardown``, which a reopen re-arms."""
+    bodies: list[EventBody] = []
+    for activity_id in unsettled_activities(segment):
+        trail = retry_trail(segment, activity_id)
+        bodies.append(ActivityCancelled(activity_id=activity_id, attempt=trail[-1].attempt if trail else 1))
+    deadline = deadline_timer_id(run_id)
+    for timer in outstanding_timers(segment):
+        if timer.timer_id == deadline:
+            bodies.append(TimerCancelled(timer_id=deadline, cause=TimerCancelCause.WORKFLOW_INTENT))
+        elif retire_timers:
+            bodies.append(TimerCancelled(timer_id=timer.timer_id, cause=TimerCancelCause.CANCEL_TEARDOWN))
+    return bodies
+
+
+async def forget_retired(core: EngineCore, lease_or_wid: Lease | str, bodies: Sequence[EventBody]) -> None:
+    """After a teardown batch landed: drop its timers from the index and cancel its dispatches."""
+    workflow_id = lease_or_wid if isinstance(lease_or_wid, str) else lease_or_wid.workflow_id
+    for body in bodies:
+        if isinstance(body, TimerCancelled):
+            await core.forget_timer(workflow_id, body.timer_id)
+
+
 @attrs.define
 class _Progress:
     value: TerminalProgress
@@ -252,17 +288,12 @@ async def run_exit_attempt(
             if stands_down(core, lease, progress.value):
                 return
             body = intent.body(lease.run_id)
-            deadline = deadline_timer_id(lease.run_id)
             segment = run_segment(history, lease.run_id)
-            bodies: list[EventBody] = [body]
             # Activities still running when the run ends are cancelled, in the same batch.
-            for activity_id in unsettled_activities(segment):
-                trail = retry_trail(segment, activity_id)
-                bodies.append(
-                    ActivityCancelled(activity_id=activity_id, attempt=trail[-1].attempt if trail else 1)
-                )
-            if any(t.timer_id == deadline for t in outstanding_timers(segment)):
-                bodies.append(TimerCancelled(timer_id=deadline, cause=TimerCancelCause.WORKFLOW_INTENT))
+            bodies: list[EventBody] = [
+                body,
+                *teardown_bodies(segment, lease.run_id, retire_timers=intent.kind is TerminalKind.CANCELLED),
+            ]
             events = await recorder.append(
                 bodies, action="record the workflow terminal", run_id=lease.run_id, at=intent.exit_time
             )
@@ -272,8 +303,7 @@ async def run_exit_attempt(
             status = run_status(recorder.history, lease.run_id)
             if status is not None:
                 lease.cached_status = status
-            if any(isinstance(b, TimerCancelled) for b in bodies):
-                await core.forget_timer(lease.workflow_id, deadline)
+            await forget_retired(core, lease, bodies)
             if any(isinstance(b, ActivityCancelled) for b in bodies):
                 core.cancel_inflight(lease.workflow_id, lease.run_id)
 

@@ -12,12 +12,13 @@ it — so replay takes the branch the live run took.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
@@ -29,6 +30,7 @@ from ._errors import (
     ActivityFailure,
     NonDeterminismError,
     Timeout,
+    WorkflowCancelled,
     WorkflowCommandError,
 )
 from ._events import (
@@ -42,9 +44,11 @@ from ._events import (
     FailureCause,
     MarkerRecorded,
     SignalReceived,
+    TimerCancelCause,
     TimerCancelled,
     TimerFired,
     TimerStarted,
+    WorkflowCancelRequested,
     WorkflowReopened,
     WorkflowStarted,
 )
@@ -118,6 +122,11 @@ class RunState:
         self.timers: dict[str, Event] = {}
         self.timer_resolutions: dict[str, Event] = {}
         self.signals: dict[str, list[Event]] = {}
+        #: The cancel request in force (a reopen withdraws earlier ones).
+        self.cancel_request: Event | None = None
+        #: A terminal recorded while the code still runs was written from outside
+        #: (terminate, deadline): the code must not observe what came with it.
+        self.ended: Event | None = None
 
     def sync(self) -> None:
         """Index events appended since the last call."""
@@ -149,6 +158,21 @@ class RunState:
             elif isinstance(body, WorkflowReopened):
                 for activity_id in body.reopened_activity_ids:
                     self.settled.pop(activity_id, None)
+                self.cancel_request = None
+                self.ended = None
+                # Timers a cancel teardown retired are armed again.
+                for timer_id, resolution in list(self.timer_resolutions.items()):
+                    resolved = resolution.body
+                    if (
+                        isinstance(resolved, TimerCancelled)
+                        and resolved.cause is TimerCancelCause.CANCEL_TEARDOWN
+                    ):
+                        del self.timer_resolutions[timer_id]
+            elif getattr(body, "TERMINAL", False):
+                self.ended = event
+            elif isinstance(body, WorkflowCancelRequested):
+                if self.cancel_request is None:
+                    self.cancel_request = event
             elif isinstance(body, MarkerRecorded):
                 self.markers.setdefault(body.name, event)
             elif isinstance(body, TimerStarted):
@@ -231,6 +255,7 @@ class WorkflowContext:
         self._signals_taken: dict[str, int] = {}
         self._pending: list[_PendingActivity | _PendingTimer | _PendingTimerCancel] = []
         self._poisoned: BaseException | None = None
+        self._cleanup_depth = 0
         self._rng = random.Random(_seed(lease.workflow_id, lease.run_id))
         self._task: trio.lowlevel.Task | None = None
         self.logger: logging.LoggerAdapter = _ReplayAwareLogger(  # type: ignore[type-arg]
@@ -425,10 +450,23 @@ class WorkflowContext:
         await trio.lowlevel.checkpoint()
         while True:
             self._state.sync()
+            ended = self._state.ended
+            if ended is not None and ended.seq > self._lease.start_head:
+                # Ended from outside while this code ran (a finished history being
+                # replayed holds its own terminal at or below the lease's start head).
+                raise RunAborted()
             found = check()
-            if found is not None:
+            cancel = self._cancel_in_force()
+            if found is not None and (cancel is None or _resolution_seq(found) < cancel.seq):
                 return found
             expired = self._expired_scope()
+            if cancel is not None:
+                fired = self._state.timer_resolutions.get(expired) if expired is not None else None
+                if fired is None or cancel.seq < fired.seq:
+                    # Recorded before whatever would have resolved this await: replay decides alike.
+                    body = cancel.body
+                    assert isinstance(body, WorkflowCancelRequested)
+                    raise WorkflowCancelled(body.reason)
             if expired is not None:
                 if on_expiry is None:
                     raise Timeout(expired)
@@ -437,6 +475,38 @@ class WorkflowContext:
             await self._recorder.wait_changed()
             if self._poisoned is not None:
                 raise self._poisoned
+
+    def _cancel_in_force(self) -> Event | None:
+        """The cancel request this await must honour (none inside ``ctx.cleanup()``)."""
+        if self._cleanup_depth:
+            return None
+        return self._state.cancel_request
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once a cancel of this run is recorded (and not withdrawn by a reopen)."""
+        self._state.sync()
+        return self._state.cancel_request is not None
+
+    @contextlib.contextmanager
+    def cleanup(self) -> Iterator[None]:
+        """``with ctx.cleanup():`` — awaits inside are not interrupted by a cancellation.
+
+        Use it for compensation after catching :class:`aion_trio.WorkflowCancelled`::
+
+            try:
+                await ctx.run(charge, order)
+            except aion_trio.WorkflowCancelled:
+                with ctx.cleanup():
+                    await ctx.run(refund, order)
+                raise
+        """
+        self._require_own_task("ctx.cleanup()")
+        self._cleanup_depth += 1
+        try:
+            yield
+        finally:
+            self._cleanup_depth -= 1
 
     def _expired_scope(self) -> str | None:
         for timer_id in self._scopes:
@@ -639,6 +709,15 @@ class WorkflowContext:
 
 
 SCOPE_TIMEOUT_TYPE = "ScopeTimeout"
+
+
+def _resolution_seq(found: Any) -> int:
+    """The seq at which an await's resolution became complete in history."""
+    if isinstance(found, Event):
+        return found.seq
+    if isinstance(found, tuple):
+        return _resolution_seq(found[-1])
+    return max(int(e.seq) for e in found)
 
 
 def _duration(value: timedelta | float, what: str, *, allow_zero: bool) -> float:

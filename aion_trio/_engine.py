@@ -25,7 +25,10 @@ from ._clock import EngineClock, TrioClock
 from ._completion import (
     CompletionRetryConfig,
     TerminalIntent,
+    forget_retired,
     handle_run_exit,
+    reconcile_registry,
+    teardown_bodies,
 )
 from ._context import (
     SCOPE_TIMEOUT_TYPE,
@@ -42,6 +45,7 @@ from ._epoch import EngineEpoch, EpochStatistics
 from ._errors import (
     AionInternalError,
     BackendUnavailable,
+    CannotReopen,
     EngineEpochClosed,
     NonDeterminismError,
     NotOwner,
@@ -52,11 +56,13 @@ from ._errors import (
     UnknownActivityType,
     UnknownWorkflowType,
     WorkflowAlreadyStarted,
+    WorkflowCancelled,
     WorkflowFailure,
     WorkflowNotFound,
     epoch_closed,
 )
 from ._events import (
+    ActivityCancelled,
     ActivityError,
     ActivityFailed,
     ActivityScheduled,
@@ -66,19 +72,23 @@ from ._events import (
     FailureCause,
     MarkerRecorded,
     SignalReceived,
+    TimeoutKind,
     TimerCancelCause,
     TimerCancelled,
     TimerFired,
     TimerStarted,
+    WorkflowCancelled as CancelledEvent,
+    WorkflowCancelRequested,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
     WorkflowReopened,
     WorkflowStarted,
     WorkflowStatus,
+    WorkflowTimedOut,
     validate_search_attributes,
 )
-from ._ids import new_run_id, new_workflow_id, validate_workflow_id
+from ._ids import deadline_timer_id, new_run_id, new_workflow_id, validate_workflow_id
 from ._payload import Payload, PayloadCodec
 from ._plugins import open_store
 from ._projections import (
@@ -339,12 +349,21 @@ class EngineCore:
                 with trio.CancelScope() as scope:
                     lease.cancel_scope = scope
                     value = await definition.fn(ctx, *args)
-                await ctx._flush()
+                    await ctx._flush()
+                if scope.cancelled_caught:
+                    # Ended from outside (terminate, deadline teardown): that path
+                    # recorded the terminal and does the bookkeeping.
+                    return
             except RunAborted:
                 return
             except NonDeterminismError as exc:
                 await self.mark_stuck(lease, str(exc))
                 return
+            except WorkflowCancelled as cancelled:
+                if ctx._poisoned is not None:
+                    await self.mark_stuck(lease, str(ctx._poisoned))
+                    return
+                intent = TerminalIntent.cancelled(cancelled.reason, self.clock.now())
             except ContinueAsNew as request:
                 if ctx._poisoned is not None:
                     await self.mark_stuck(lease, str(ctx._poisoned))
@@ -431,6 +450,9 @@ class EngineCore:
             try:
                 async with recorder.lock:
                     history = await recorder.current_history()
+                    if current_lease_terminal(run_segment(history, lease.run_id)) is not None:
+                        # The run was ended elsewhere (terminate, deadline): record nothing more.
+                        raise RunAborted()
                     bodies = build(history)
                     if bodies:
                         await recorder.append(bodies, action=what, run_id=lease.run_id)
@@ -603,6 +625,8 @@ class EngineCore:
         fields = {"workflow_id": workflow_id, "run_id": run_id, "timer": timer_id}
         try:
             recorder = await self.recorder_for(workflow_id)
+            if timer_id == deadline_timer_id(run_id):
+                return await self.deadline_teardown(recorder, run_id)
             async with recorder.lock:
                 self.epoch.gate(workflow_id, run_id, f"fire timer {timer_id}")
                 history = await recorder.current_history()
@@ -758,6 +782,64 @@ class EngineCore:
                 extra={"workflow_id": workflow_id},
             )
 
+    # -- ending a run from outside (terminate, deadline) ----------------------
+
+    def stop_run_locally(self, workflow_id: str, run_id: str, terminal: Event) -> None:
+        """After a terminal recorded from outside the run's task: wake waiters, stop the
+        run's code and its in-flight dispatches.  No checkpoint: call it right after the
+        append, so the run's code never observes the teardown batch."""
+        lease = self.registry.get(workflow_id, run_id)
+        if lease is not None:
+            if lease.cancel_scope is not None:
+                lease.cancel_scope.cancel()
+            lease.completion.notify(terminal)
+            reconcile_registry(self, lease)
+        self.cancel_inflight(workflow_id, run_id)
+
+    async def deadline_teardown(self, recorder: Recorder, run_id: str) -> bool:
+        """The workflow deadline fired: record ``WorkflowTimedOut`` if no terminal exists,
+        stop the run, upsert visibility, and retire the deadline **last** (it is the
+        teardown's resume anchor: a teardown interrupted midway is redone by recovery)."""
+        workflow_id = recorder.workflow_id
+        deadline = deadline_timer_id(run_id)
+        timed_out = False
+        async with recorder.lock:
+            self.epoch.gate(workflow_id, run_id, "time out the workflow")
+            history = await recorder.current_history()
+            segment = run_segment(history, run_id)
+            if not any(t.timer_id == deadline for t in outstanding_timers(segment)):
+                return False  # already retired
+            if current_lease_terminal(segment) is None:
+                bodies: list[Any] = [
+                    WorkflowTimedOut(timeout_kind=TimeoutKind.DEADLINE),
+                    *(
+                        b
+                        for b in teardown_bodies(segment, run_id, retire_timers=True)
+                        if getattr(b, "timer_id", None) != deadline
+                    ),
+                ]
+                events = await recorder.append(bodies, action="time out the workflow", run_id=run_id)
+                self.stop_run_locally(workflow_id, run_id, events[0])
+                timed_out = True
+                await forget_retired(self, workflow_id, bodies)
+        if timed_out:
+            logger.warning(
+                "workflow run timed out (its deadline passed); the run was stopped",
+                extra={"workflow_id": workflow_id, "run_id": run_id},
+            )
+        with trio.CancelScope(shield=True), trio.move_on_after(self.config.bookkeeping_timeout):
+            await self.upsert_visibility(workflow_id)
+        async with recorder.lock:
+            self.epoch.gate(workflow_id, run_id, "retire the workflow deadline")
+            history = await recorder.current_history()
+            segment = run_segment(history, run_id)
+            if any(t.timer_id == deadline for t in outstanding_timers(segment)):
+                await recorder.append(
+                    [TimerFired(timer_id=deadline)], action="retire the deadline", run_id=run_id
+                )
+        await self.forget_timer(workflow_id, deadline)
+        return timed_out
+
     # -- continue-as-new -----------------------------------------------------
 
     async def start_successor(self, lease: Lease, terminal: WorkflowContinuedAsNew) -> Lease | None:
@@ -821,7 +903,26 @@ class EngineCore:
                 logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
         if active:
             logger.info("recovery resumed %d of %d active workflows", resumed, len(active))
+        await self.resume_teardowns(set(active))
         await self.reconcile_visibility(set(active))
+
+    async def resume_teardowns(self, active: set[str]) -> None:
+        """Deadline teardowns interrupted by a crash (``WorkflowTimedOut`` recorded, deadline
+        not yet retired) are finished; the store's timer index finds them."""
+        try:
+            due = await self.events.expired_timers(self.clock.now())
+        except StoreError as exc:
+            logger.warning("could not read the timer index to resume teardowns: %s", exc)
+            return
+        for entry in due:
+            if entry.workflow_id in active or not entry.timer_id.startswith("deadline:"):
+                continue
+            run_id = entry.timer_id.removeprefix("deadline:")
+            self._timer_seq += 1
+            heapq.heappush(
+                self._timers, (entry.fire_at, self._timer_seq, entry.workflow_id, run_id, entry.timer_id)
+            )
+        self._timers_changed.set()
 
     async def reconcile_visibility(self, active: set[str]) -> None:
         """Rows that still say Running for workflows history says are not active are rewritten
@@ -857,8 +958,7 @@ class EngineCore:
             self.spawn_run(lease)
             await self.redispatch_unsettled(recorder, run_id)
             for timer in outstanding_timers(segment):
-                if not timer.timer_id.startswith("deadline:"):
-                    await self.arm_timer(workflow_id, run_id, timer.timer_id, timer.fire_at)
+                await self.arm_timer(workflow_id, run_id, timer.timer_id, timer.fire_at)
         elif status is WorkflowStatus.CONTINUED_AS_NEW:
             terminal = current_lease_terminal(segment)
             if terminal is not None and isinstance(terminal.body, WorkflowContinuedAsNew):
@@ -931,8 +1031,12 @@ class Engine:
         id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
         search_attributes: Mapping[str, Any] | None = None,
         task_queue: str | None = None,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
     ) -> RunHandle:
         """Start a workflow run; returns once ``WorkflowStarted`` is durable.
+
+        ``timeout`` is the run's deadline (a durable timer from its start): when it
+        passes, the run is stopped and ends ``TimedOut``, its activities cancelled.
 
         Bad input (unknown workflow, unserialisable or oversized arguments,
         bad search attributes) raises before anything is recorded.
@@ -947,6 +1051,7 @@ class Engine:
             raise ValueError(f"task_queue must be a non-empty str, got {queue!r}")
         if not isinstance(id_reuse, IdReusePolicy):
             raise TypeError(f"id_reuse must be an IdReusePolicy, got {id_reuse!r}")
+        deadline_after = _deadline(timeout)
         if not core.epoch.admitting:
             raise epoch_closed(wid, None, "start a workflow")
         recorder = await core.recorder_for(wid)
@@ -962,21 +1067,24 @@ class Engine:
                 if not reuse:
                     raise WorkflowAlreadyStarted(wid, existing_run, status.value, id_reuse.value)
             run_id = new_run_id()
-            await recorder.append(
-                [
-                    WorkflowStarted(
-                        workflow_type=definition.name,
-                        input=payload,
-                        run_id=run_id,
-                        task_queue=queue,
-                        search_attributes=attributes,
-                    )
-                ],
-                action="start a workflow",
-                run_id=run_id,
-            )
+            bodies: list[Any] = [
+                WorkflowStarted(
+                    workflow_type=definition.name,
+                    input=payload,
+                    run_id=run_id,
+                    task_queue=queue,
+                    search_attributes=attributes,
+                    timeout=deadline_after,
+                )
+            ]
+            now = core.clock.now()
+            if deadline_after is not None:
+                bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + deadline_after))
+            await recorder.append(bodies, action="start a workflow", run_id=run_id, at=now)
             lease = core.new_lease(recorder, run_id, definition.name)
             core.spawn_run(lease)
+            if deadline_after is not None:
+                await core.arm_timer(wid, run_id, deadline_timer_id(run_id), now + deadline_after)
         await core.upsert_visibility_quietly(wid)
         return RunHandle(self, wid, run_id)
 
@@ -1063,6 +1171,126 @@ class Engine:
                 [SignalReceived(name=name, payload=encoded)], action=f"record signal {name!r}", run_id=run_id
             )
 
+    async def _running_run(self, recorder: Recorder, operation: str) -> tuple[str, list[Event]]:
+        """Under the lock: the running run's id and segment, or :class:`NotRunning`."""
+        history = await recorder.current_history()
+        status = workflow_status(history)
+        run_id = latest_run_id(history)
+        if status is not WorkflowStatus.RUNNING or run_id is None:
+            raise NotRunning(recorder.workflow_id, status.value if status else "unknown", operation)
+        return run_id, run_segment(history, run_id)
+
+    async def cancel(self, workflow_id: str, reason: str = "") -> None:
+        """Ask the running run to cancel: records ``WorkflowCancelRequested`` and wakes it.
+
+        The workflow sees :class:`aion_trio.WorkflowCancelled` at its next await
+        (outside ``ctx.cleanup()``); it may compensate, and ends ``Cancelled`` when
+        the exception leaves it.  A second request while one is pending records
+        nothing.  Unknown or terminal workflows are refused with a typed error.
+        """
+        core = self._core
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {reason!r}")
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "cancel a workflow")
+        recorder = await self._existing_recorder(workflow_id)
+        async with recorder.lock:
+            run_id, segment = await self._running_run(recorder, "cancel")
+            state = RunState(run_id, segment)
+            state.sync()
+            if state.cancel_request is not None:
+                logger.info(
+                    "cancel of %r already requested; nothing recorded",
+                    workflow_id,
+                    extra={"workflow_id": workflow_id, "run_id": run_id},
+                )
+                return
+            await recorder.append(
+                [WorkflowCancelRequested(reason=reason)], action="request cancellation", run_id=run_id
+            )
+
+    async def terminate(self, workflow_id: str, reason: str = "") -> None:
+        """End the running run at once, without running its code: records
+        ``WorkflowCancelled(terminated=True)`` with its in-flight activities cancelled
+        and its timers retired in the same batch, then stops the run's task."""
+        core = self._core
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {reason!r}")
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "terminate a workflow")
+        recorder = await self._existing_recorder(workflow_id)
+        async with recorder.lock:
+            run_id, segment = await self._running_run(recorder, "terminate")
+            bodies: list[Any] = [
+                CancelledEvent(reason=reason, terminated=True),
+                *teardown_bodies(segment, run_id, retire_timers=True),
+            ]
+            events = await recorder.append(bodies, action="terminate the workflow", run_id=run_id)
+            core.stop_run_locally(workflow_id, run_id, events[0])
+            await forget_retired(core, workflow_id, bodies)
+        logger.warning(
+            "workflow run terminated: %s", reason or "(no reason given)", extra={"workflow_id": workflow_id}
+        )
+        with trio.CancelScope(shield=True), trio.move_on_after(core.config.bookkeeping_timeout):
+            await core.upsert_visibility(workflow_id)
+
+    async def reopen(self, workflow_id: str) -> RunHandle:
+        """Reopen a Failed or Cancelled run: ``WorkflowReopened`` supersedes its terminal and
+        a new lease replays it (fixed code can now pass where the old failed); activities
+        and timers the teardown cancelled are re-dispatched and re-armed.
+
+        Refused with :class:`CannotReopen` for other statuses, and for a cancelled run whose
+        code reacted to the cancellation (it recorded commands after the request: replaying
+        without the cancellation would take another path).
+        """
+        core = self._core
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "reopen a workflow")
+        recorder = await self._existing_recorder(workflow_id)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            run_id = latest_run_id(history)
+            assert run_id is not None
+            segment = run_segment(history, run_id)
+            terminal = current_lease_terminal(segment)
+            if terminal is None:
+                raise CannotReopen(workflow_id, run_id, "it is running")
+            body = terminal.body
+            if not isinstance(body, (WorkflowFailed, CancelledEvent)):
+                status = workflow_status(segment)
+                raise CannotReopen(
+                    workflow_id,
+                    run_id,
+                    f"it is {status.value if status else 'closed'}; only failed or cancelled runs can be reopened",
+                )
+            if isinstance(body, CancelledEvent) and not body.terminated:
+                reacted = _commands_after_cancel(segment, terminal.seq)
+                if reacted:
+                    raise CannotReopen(
+                        workflow_id,
+                        run_id,
+                        f"its code reacted to the cancellation ({reacted} command(s) recorded after the "
+                        "request); replaying it without the cancellation would take another path — "
+                        "start a new run instead",
+                    )
+            start = segment[0].body
+            assert isinstance(start, WorkflowStarted)
+            reopened = sorted(
+                {
+                    e.body.activity_id
+                    for e in segment
+                    if isinstance(e.body, ActivityCancelled) and e.seq > terminal.seq
+                }
+            )
+            lease = await core.reopen_locked(recorder, run_id, start.workflow_type, reopened)
+            core.spawn_run(lease)
+            await core.redispatch_unsettled(recorder, run_id)
+            for timer in outstanding_timers(run_segment(recorder.history, run_id)):
+                await core.arm_timer(workflow_id, run_id, timer.timer_id, timer.fire_at)
+        logger.info("workflow run reopened", extra={"workflow_id": workflow_id, "run_id": run_id})
+        await core.upsert_visibility_quietly(workflow_id)
+        return RunHandle(self, workflow_id, run_id)
+
     async def history(self, workflow_id: str) -> list[Event]:
         """The workflow's full event history, read from the store."""
         events = await self._core.events.read_history(workflow_id)
@@ -1126,6 +1354,38 @@ class Engine:
 
     async def count(self, filter: VisibilityFilter | None = None, **criteria: Any) -> int:
         return await self._core.visibility.count(_filter(filter, criteria))
+
+
+def _commands_after_cancel(segment: Sequence[Event], terminal_seq: int) -> int:
+    """Commands the run's code recorded between its last cancel request and its terminal."""
+    request = None
+    for event in segment:
+        if isinstance(event.body, WorkflowReopened):
+            request = None
+        elif isinstance(event.body, WorkflowCancelRequested) and request is None:
+            request = event.seq
+    if request is None:
+        return 0
+    return sum(
+        1
+        for e in segment
+        if request < e.seq < terminal_seq
+        and (
+            isinstance(e.body, (ActivityScheduled, MarkerRecorded))
+            or (isinstance(e.body, TimerStarted) and not e.body.timer_id.startswith("deadline:"))
+        )
+    )
+
+
+def _deadline(timeout: timedelta | float | None) -> timedelta | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
+        raise TypeError(f"timeout must be seconds or a timedelta, got {timeout!r}")
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"timeout must be a finite duration > 0, got {timeout!r}")
+    return timedelta(seconds=seconds)
 
 
 def _ends_or_starts(event: Event) -> bool:

@@ -346,6 +346,19 @@ class NotRunning(EngineError):
         )
 
 
+class CannotReopen(EngineError):
+    """``reopen`` was asked of a run that cannot be reopened (not Failed or Cancelled,
+    or its code already reacted to a cancellation)."""
+
+    def __init__(self, workflow_id: str, run_id: str | None, why: str) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.why = why
+        super().__init__(
+            f"cannot reopen workflow {workflow_id!r} (run {run_id}): {why}; nothing was recorded"
+        )
+
+
 class WorkflowCommandError(EngineError, RuntimeError):
     """A workflow command was used where it is not allowed (wrong task, query handler, ...)."""
 
@@ -416,3 +429,19 @@ class Timeout(AionError):
 
     The expiry is recorded durably, so replay raises it at the same point.
     """
+
+
+class WorkflowCancelled(BaseException):
+    """Raised inside workflow code at its next await after ``engine.cancel(...)``.
+
+    A ``BaseException`` (like ``trio.Cancelled``), so ``except Exception`` in
+    workflow code does not swallow a cancellation by accident.  Catch it to
+    compensate, run the compensation inside ``with ctx.cleanup():`` (awaits
+    there are not interrupted), then re-raise: a run that ends by raising it is
+    recorded ``WorkflowCancelled``.  Cancellation is level-triggered: every
+    await outside a cleanup scope raises it again.
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"workflow cancelled: {reason}" if reason else "workflow cancelled")

@@ -309,6 +309,8 @@ class WorkflowCancelRequested(EventBody):
 class WorkflowCancelled(EventBody):
     TERMINAL: ClassVar[bool] = True
     reason: str = attrs.field(validator=_str)
+    #: True when ``terminate`` ended the run without running its code.
+    terminated: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 @attrs.frozen(kw_only=True)

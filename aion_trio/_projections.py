@@ -261,10 +261,23 @@ def outstanding_timers(segment: Sequence[Event]) -> list[OutstandingTimer]:
 
 
 def timer_resolved(segment: Sequence[Event], timer_id: str) -> Event | None:
-    """The ``TimerFired``/``TimerCancelled`` that resolved the timer, or ``None``."""
+    """The ``TimerFired``/``TimerCancelled`` that resolved the timer, or ``None``.
+
+    A cancel-teardown retirement followed by a ``WorkflowReopened`` no longer
+    resolves the timer: the reopen re-armed it (as :func:`outstanding_timers`).
+    """
+    reopened_since = False
     for event in reversed(segment):
         body = event.body
-        if isinstance(body, (TimerFired, TimerCancelled)) and body.timer_id == timer_id:
+        if isinstance(body, WorkflowReopened):
+            reopened_since = True
+        elif isinstance(body, (TimerFired, TimerCancelled)) and body.timer_id == timer_id:
+            if (
+                reopened_since
+                and isinstance(body, TimerCancelled)
+                and body.cause is TimerCancelCause.CANCEL_TEARDOWN
+            ):
+                return None
             return event
         if isinstance(body, TimerStarted) and body.timer_id == timer_id:
             return None

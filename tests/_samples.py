@@ -40,7 +40,6 @@ from aion_trio import (
     TimerCancelled,
     TimerFired,
     TimerStarted,
-    WorkflowCancelled,
     WorkflowCancelRequested,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
@@ -50,6 +49,7 @@ from aion_trio import (
     WorkflowTimedOut,
 )
 from aion_trio._events import make_batch
+from aion_trio.events import WorkflowCancelled
 
 WORKFLOW_ID = "order-7"
 RUN_ID = "3f1c2a9e-5b7d-4c1e-8f20-6a9b0c1d2e3f"
@@ -88,7 +88,7 @@ FULL_BODIES: dict[str, EventBody] = {
         WorkflowCompleted(result=Payload.of({"receipt": "r-1", "stock": [1, 2]})),
         WorkflowFailed(error=ERROR_INFO),
         WorkflowCancelRequested(reason="customer asked"),
-        WorkflowCancelled(reason="customer asked"),
+        WorkflowCancelled(reason="customer asked", terminated=True),
         WorkflowTimedOut(timeout_kind=TimeoutKind.DEADLINE),
         WorkflowContinuedAsNew(
             input=Payload.of({"cursor": 100}), workflow_type="checkout_v2", parent_run_id=RUN_ID
@@ -132,6 +132,7 @@ MINIMAL_BODIES: dict[str, EventBody] = {
     for b in (
         WorkflowStarted(workflow_type="checkout", input=Payload.of(None), run_id=RUN_ID),
         WorkflowFailed(error=MINIMAL_ERROR_INFO),
+        WorkflowCancelled(reason=""),
         WorkflowTimedOut(),
         WorkflowContinuedAsNew(input=Payload.of([]), parent_run_id=RUN_ID),
         WorkflowReopened(run_id=RUN_ID),

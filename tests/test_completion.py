@@ -374,7 +374,7 @@ async def test_the_reopen_window_is_closed_an_exit_never_sees_a_reopen_without_i
     reports nothing."""
     async with harness() as h:
         stale = await active_workflow(h)
-        await write(stale, aion.WorkflowCancelled(reason="operator"))
+        await write(stale, aion.events.WorkflowCancelled(reason="operator"))
         gate = GatedAppends(stale.recorder._store)
         stale.recorder._store = gate
         gate.armed = True

@@ -30,7 +30,6 @@ from aion_trio import (
     TimerCancelled,
     TimerFired,
     TimerStarted,
-    WorkflowCancelled,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
@@ -48,6 +47,7 @@ from aion_trio._events import (
     validate_search_attributes,
     validate_search_key,
 )
+from aion_trio.events import WorkflowCancelled
 
 NAIVE = datetime(2026, 1, 1, 12, 0)
 P = Payload.of({"x": 1})

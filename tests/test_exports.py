@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import aion_trio
+import aion_trio.events
 import aion_trio.plugin
 import aion_trio.projections
 
@@ -40,7 +41,7 @@ AION_TRIO_NAMES = [
     "ActivityAdvisoryExhausted", "ActivityCancelled", "ActivityCompleted", "ActivityDefinition",
     "ActivityDispatcher", "ActivityError", "ActivityFailed", "ActivityFailure", "ActivityFallbackRouted",
     "ActivityHandle", "ActivityInfo", "ActivityOptions", "ActivityOutcome", "ActivityRequest",
-    "ActivityScheduled", "ActivityStarted", "AionError", "AionInternalError", "BackendUnavailable",
+    "ActivityScheduled", "ActivityStarted", "AionError", "AionInternalError", "BackendUnavailable", "CannotReopen",
     "ChildWorkflowCancelled", "ChildWorkflowCompleted", "ChildWorkflowFailed", "ChildWorkflowStarted",
     "CompletionRetryConfig", "DatabaseCorrupt", "DatabaseTooNew", "Engine", "EngineClock", "EngineConfig",
     "EngineEpochClosed", "EngineError", "EngineStatistics", "ErrorInfo", "Event", "EventBody",
@@ -78,6 +79,15 @@ PROJECTIONS_NAMES = [
     "search_attributes", "start_event", "status_after", "timer_resolved", "unsettled_activities",
     "workflow_status",
 ]
+EVENTS_NAMES = [
+    "ActivityAdvisoryExhausted", "ActivityCancelled", "ActivityCompleted", "ActivityError", "ActivityFailed",
+    "ActivityFallbackRouted", "ActivityScheduled", "ActivityStarted", "ChildWorkflowCancelled",
+    "ChildWorkflowCompleted", "ChildWorkflowFailed", "ChildWorkflowStarted", "ErrorInfo", "Event", "EventBody",
+    "FailureCause", "MarkerRecorded", "SearchAttributesUpserted", "SignalReceived", "TimeoutKind",
+    "TimerCancelCause", "TimerCancelled", "TimerFired", "TimerStarted", "WorkflowCancelRequested",
+    "WorkflowCancelled", "WorkflowCompleted", "WorkflowContinuedAsNew", "WorkflowFailed", "WorkflowReopened",
+    "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut",
+]
 # fmt: on
 
 
@@ -87,8 +97,9 @@ PROJECTIONS_NAMES = [
         (aion_trio, AION_TRIO_NAMES),
         (aion_trio.plugin, PLUGIN_NAMES),
         (aion_trio.projections, PROJECTIONS_NAMES),
+        (aion_trio.events, EVENTS_NAMES),
     ],
-    ids=["aion_trio", "aion_trio.plugin", "aion_trio.projections"],
+    ids=["aion_trio", "aion_trio.plugin", "aion_trio.projections", "aion_trio.events"],
 )
 def test_public_names_are_pinned(module: types.ModuleType, expected: list[str]) -> None:
     assert expected == sorted(expected), "keep the pinned list sorted"
@@ -126,19 +137,26 @@ def _objects_with_module(module: types.ModuleType) -> list[tuple[str, object]]:
 def test_public_classes_and_functions_say_they_live_in_aion_trio() -> None:
     objects = _objects_with_module(aion_trio)
     assert len(objects) > 50
-    wrong = {name: obj.__module__ for name, obj in objects if obj.__module__ != "aion_trio"}  # type: ignore[attr-defined]
+    # Event classes say where they all live: aion_trio.events.
+    wrong = {
+        name: obj.__module__
+        for name, obj in objects
+        if obj.__module__ not in ("aion_trio", "aion_trio.events")
+    }  # type: ignore[attr-defined]
     assert wrong == {}, (
         "re-exported objects must be fixed up to say aion_trio (see _util.fixup_module_metadata)"
     )
     assert repr(aion_trio.SequenceConflict) == "<class 'aion_trio.SequenceConflict'>"
 
 
-@pytest.mark.parametrize("module", [aion_trio.plugin, aion_trio.projections], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [aion_trio.plugin, aion_trio.projections, aion_trio.events], ids=lambda m: m.__name__
+)
 def test_no_public_object_says_it_lives_in_a_private_module(module: types.ModuleType) -> None:
     objects = _objects_with_module(module)
     private = {name: obj.__module__ for name, obj in objects if obj.__module__.startswith("aion_trio._")}  # type: ignore[attr-defined]
     assert private == {}
-    allowed = {"aion_trio", "aion_trio.plugin", "aion_trio.projections"}
+    allowed = {"aion_trio", "aion_trio.plugin", "aion_trio.projections", "aion_trio.events"}
     assert {obj.__module__ for _, obj in objects} <= allowed  # type: ignore[attr-defined]
 
 

@@ -42,7 +42,6 @@ from aion_trio import (
     TimerCancelled,
     TimerFired,
     TimerStarted,
-    WorkflowCancelled,
     WorkflowCancelRequested,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
@@ -52,6 +51,7 @@ from aion_trio import (
     WorkflowStatus,
     WorkflowTimedOut,
 )
+from aion_trio.events import WorkflowCancelled
 from aion_trio.projections import (
     AttemptRecord,
     FailureSummary,
