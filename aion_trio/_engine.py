@@ -1236,6 +1236,10 @@ async def open_engine(
             # group here carries the body's own exception: re-raise it alone.
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
+            if group.split(trio.Cancelled)[1] is None:
+                # Only cancellation (the caller's scope cancelled the engine, e.g. during
+                # the drain): let the cancel scope that owns it catch it.
+                raise
             raise AionInternalError(
                 f"several errors escaped the engine epoch; please report this: {group!r}"
             ) from group

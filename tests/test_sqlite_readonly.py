@@ -89,7 +89,7 @@ async def test_read_only_store_reads_and_refuses_writes(tmp_path: Path) -> None:
     async with open_sqlite_store(f"sqlite:///{path}") as store:
         await store.events.append("wf", _markers("wf", 1, 2), 0)
         await store.visibility.upsert(row)
-    size = os.path.getsize(path)
+    size = os.path.getsize(path)  # noqa: ASYNC240 - a test's own tmp file
 
     async with open_sqlite_store(f"sqlite:///{path}?mode=ro") as store:
         assert [e.seq for e in await store.events.read_history("wf")] == [1, 2]
@@ -100,6 +100,6 @@ async def test_read_only_store_reads_and_refuses_writes(tmp_path: Path) -> None:
             await store.visibility.upsert(row)
         assert [e.seq for e in await store.events.read_history("wf")] == [1, 2]
 
-    assert os.path.getsize(path) == size
+    assert os.path.getsize(path) == size  # noqa: ASYNC240 - a test's own tmp file
     async with open_sqlite_store(f"sqlite:///{path}") as store:
         assert [e.seq for e in await store.events.read_history("wf")] == [1, 2]

@@ -28,9 +28,10 @@ async def explode(message: str) -> str:
 
 @aion.activity
 async def gate(path: str) -> str:
-    with open(path + ".started", "a", encoding="utf-8") as marker:
-        marker.write(f"{os.getpid()}\n")
-    while not os.path.exists(path):
+    async with await trio.open_file(path + ".started", "a", encoding="utf-8") as marker:
+        await marker.write(f"{os.getpid()}\n")
+    # Polls for a file another process creates: no event to wait on across processes.
+    while not await trio.Path(path).exists():  # noqa: ASYNC110
         await trio.sleep(0.01)
     return "released"
 
