@@ -701,9 +701,7 @@ def list_(
     console.print(f"{offset + 1}-{offset + len(rows)} of {total} matching workflows")
 
 
-def _show(
-    console: Console, events: list[Event], description: WorkflowDescription, row: VisibilityRow | None
-) -> None:
+def _show(console: Console, events: list[Event], description: WorkflowDescription) -> None:
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold", no_wrap=True)
     summary.add_column()
@@ -718,9 +716,8 @@ def _show(
     summary.add_row("Task queue", Text(description.task_queue))
     if description.search_attributes:
         summary.add_row("Search attributes", Text(_json_text(dict(description.search_attributes), 200)))
-    stuck = row.stuck_reason if row is not None and description.status is WorkflowStatus.RUNNING else None
-    if stuck:
-        summary.add_row("Stuck", Text(stuck, style="red"))
+    if description.stuck_reason:
+        summary.add_row("Stuck", Text(description.stuck_reason, style="red"))
     if description.status is WorkflowStatus.COMPLETED:
         summary.add_row("Result", Text(_json_text(description.result, 200)))
     summary.add_row("Events", str(description.history_length))
@@ -774,7 +771,7 @@ def show(store: str | None, workflow_id: str) -> None:
     description = describe_history(
         workflow_id, events, codec=PayloadCodec(), stuck_reason=row.stuck_reason if row else None
     )
-    _show(_console(), events, description, row)
+    _show(_console(), events, description)
 
 
 @cli.command()

@@ -10,6 +10,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import sysconfig
 import time
 from collections.abc import AsyncIterator, Callable
@@ -755,7 +756,7 @@ def test_signal_to_a_closed_workflow_and_duplicate_start(
 
 def test_a_module_that_fails_to_import_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI puts the cwd on it: undo that after
     (tmp_path / "broken_cli_mod.py").write_text("raise RuntimeError('config missing')\n", encoding="utf-8")
     (tmp_path / "bad_defs_cli_mod.py").write_text("workflows = [print]\n", encoding="utf-8")
     broken = run_cli("start", "x", "-m", "broken_cli_mod", "--store", str(tmp_path / "x.db"))
