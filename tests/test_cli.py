@@ -30,12 +30,24 @@ from aion_trio._wire import event_from_json, event_to_json
 from aion_trio.plugin import Store, StoreRegistry, hookimpl
 
 
+def _runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg,unused-ignore]
+    except TypeError:  # click >= 8.2 keeps stdout and stderr apart anyway
+        return CliRunner()
+
+
 def run_cli(*args: str) -> Result:
-    return CliRunner().invoke(_cli.cli, list(args), prog_name="aion-trio")
+    return _runner().invoke(_cli.cli, list(args), prog_name="aion-trio")
+
+
+def everything(result: Result) -> str:
+    """stdout then stderr (click 8.1 and 8.2+ differ in what ``output`` holds)."""
+    return result.stdout + result.stderr
 
 
 def error_lines(result: Result) -> list[str]:
-    return [line for line in result.output.splitlines() if line.strip()]
+    return [line for line in everything(result).splitlines() if line.strip()]
 
 
 # --------------------------------------------------------------------------
@@ -309,7 +321,10 @@ async def _seed(db: Path, gate: Path) -> None:
     and g-1 with an activity attempt in flight (all three started at T0+2h).  A second engine
     that does not register ``napper`` then marks n-1 stuck.
     """
-    from tests.procs import cli_app
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)  # tests.procs is importable from the project root (not installed)
+        mp.setattr(sys, "path", list(sys.path))
+        cli_app = _cli.load_app("tests.procs.cli_app")
 
     url = f"sqlite:///{db}"
     config = aion_trio.EngineConfig(clock=TrioClockAtT0())
@@ -603,7 +618,7 @@ def test_store_defaults_to_aion_db_in_the_cwd(tmp_path: Path, monkeypatch: pytes
     monkeypatch.delenv("AION_TRIO_STORE", raising=False)
     result = run_cli("list")
     assert result.exit_code == 1
-    assert f"{tmp_path}/aion.db: no database file here" in result.output
+    assert f"{tmp_path}/aion.db: no database file here" in everything(result)
 
 
 def test_store_comes_from_the_option_then_the_group_then_the_environment(
@@ -617,7 +632,7 @@ def test_store_comes_from_the_option_then_the_group_then_the_environment(
     for args in (("--store", str(elsewhere), "list"), ("list", "--store", str(elsewhere))):
         result = run_cli(*args)
         assert result.exit_code == 1
-        assert f"{elsewhere}: no database file here" in result.output
+        assert f"{elsewhere}: no database file here" in everything(result)
 
 
 def test_not_an_aion_database(tmp_path: Path) -> None:
