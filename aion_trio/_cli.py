@@ -1,38 +1,130 @@
 """The ``aion-trio`` command line.
 
-For now it reports what is installed: the version and the registered store
-schemes.  Engine commands arrive with the engine.
+Commands: ``stores``, ``list``, ``show``, ``history`` (read-only), ``start``,
+``signal`` (open an engine with the user's definitions) and ``worker`` (serve
+them until SIGINT/SIGTERM, then drain).
 
-Output conventions: human output is a rich table on stdout; ``--json`` prints
-one JSON document on stdout for machines.  Every error is one line,
-``Error: ...``, on stderr, with a non-zero exit status: 2 for a usage error
-(click's convention) or a store plugin that cannot be loaded, 1 otherwise.
+The store
+---------
+Every command but ``stores`` works on the store named by ``--store`` or the
+``AION_TRIO_STORE`` environment variable: a store URL (``sqlite:///orders.db``,
+``memory://``, any scheme a plugin registers) or a plain path, taken as a SQLite
+file.  The default is ``sqlite:///aion.db``: ``aion.db`` in the current
+directory.  The read-only commands open a SQLite store with ``?mode=ro``, so a
+mistyped path is an error rather than a new, empty database.
+
+The user module (``MODULE:ATTR``)
+---------------------------------
+``start``, ``signal`` and ``worker`` import ``MODULE`` (the current directory
+is put on ``sys.path`` first) and read the definitions from ``ATTR``: any
+object with a ``workflows`` sequence of ``@aion_trio.workflow`` functions and
+an optional ``activities`` sequence of ``@aion_trio.activity`` functions (a
+``types.SimpleNamespace`` will do).  Without ``:ATTR`` the module itself is
+that object: module-level lists named ``workflows`` and ``activities``.
+
+Output and errors
+-----------------
+Human output is rich tables on stdout (plain text when stdout is not a
+terminal); ``--json`` prints JSON for machines.  Every error is one line,
+``Error: ...``, on stderr: exit status 2 for a usage error (a bad option or
+argument, a bad store URL, a store plugin that cannot be loaded), 1 for
+anything else (a store that cannot be opened, an unknown workflow, a failed
+run, ...).  Tracebacks are for bugs only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import logging
+import math
+import os
+import signal as signal_module
 import sys
-from collections.abc import Sequence
-from typing import Any, NoReturn
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any, NoReturn, TypeVar
 
+import attrs
 import click
+import trio
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ._errors import PluginError
-from ._plugins import ENTRY_POINT_GROUP, StoreRegistry, build_registry, make_plugin_manager
+from ._definitions import ActivityDefinition, WorkflowDefinition, index_definitions
+from ._engine import Engine, IdReusePolicy, WorkflowDescription, describe_history, open_engine
+from ._errors import (
+    AionError,
+    InvalidQuery,
+    InvalidStoreUrl,
+    NotRunning,
+    PayloadError,
+    PluginError,
+    StoreError,
+    StoreOpenError,
+    UnknownStoreScheme,
+    UnknownWorkflowType,
+    WorkflowAlreadyStarted,
+    WorkflowFailure,
+    WorkflowNotFound,
+)
+from ._events import (
+    ActivityCompleted,
+    ActivityFailed,
+    ActivityScheduled,
+    ActivityStarted,
+    Event,
+    EventBody,
+    SignalReceived,
+    TimerStarted,
+    WorkflowCompleted,
+    WorkflowFailed,
+    WorkflowStarted,
+    WorkflowStatus,
+)
+from ._payload import Payload, PayloadCodec
+from ._plugins import ENTRY_POINT_GROUP, StoreRegistry, build_registry, make_plugin_manager, open_store
+from ._projections import outstanding_timers, run_segment
+from ._store import SearchOp, SearchPredicate, Store, VisibilityFilter, VisibilityRow
 from ._version import __version__
+from ._wire import body_to_wire, event_to_json, format_datetime
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
 
 PROG_NAME = "aion-trio"
 EXIT_PLUGIN_ERROR = 2
+EXIT_USAGE = 2
+STORE_ENV = "AION_TRIO_STORE"
+MODULE_ENV = "AION_TRIO_MODULE"
+DEFAULT_STORE = "sqlite:///aion.db"
+DEFAULT_LIST_LIMIT = 100
+DEFAULT_DRAIN_TIMEOUT = 10.0
+
+T = TypeVar("T")
+
+worker_log = logging.getLogger("aion_trio.worker")
 
 
 class PluginsUnavailable(click.ClickException):
     """The installed store plugins could not be loaded (exit status 2)."""
 
     exit_code = EXIT_PLUGIN_ERROR
+
+
+class UserError(click.ClickException):
+    """A user error with a one-line message (exit status 1)."""
+
+    exit_code = 1
+
+
+class UsageProblem(UserError):
+    """A bad argument found after parsing: a store URL, a filter, a module spec (exit status 2)."""
+
+    exit_code = EXIT_USAGE
 
 
 def _one_line(message: str) -> str:
@@ -85,11 +177,384 @@ def _load_registry() -> StoreRegistry:
         raise PluginsUnavailable(f"cannot load the store plugins: {type(exc).__name__}: {exc}") from exc
 
 
+# --------------------------------------------------------------------------
+# Running async code, and mapping typed errors to one-line messages
+# --------------------------------------------------------------------------
+
+
+def _single(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _user_error(exc: BaseException, store: str) -> click.ClickException | None:
+    """The one-line message for a typed error a user can act on, or ``None`` (a bug)."""
+    if isinstance(exc, (UnknownStoreScheme, InvalidStoreUrl)):
+        return UsageProblem(f"bad store {store!r} (--store / {STORE_ENV}): {exc}")
+    if isinstance(exc, PluginError):
+        return PluginsUnavailable(f"cannot load the store plugins: {exc}")
+    if isinstance(exc, StoreOpenError):
+        return UserError(f"cannot open the store {store!r}: {exc}")
+    if isinstance(exc, InvalidQuery):
+        return UsageProblem(f"bad filter: {exc}")
+    if isinstance(exc, WorkflowNotFound):
+        return UserError(f"{exc} ({store}); 'aion-trio list' shows the workflows it holds")
+    if isinstance(exc, WorkflowFailure):
+        return UserError(str(exc))
+    if isinstance(exc, (NotRunning, WorkflowAlreadyStarted, PayloadError, UnknownWorkflowType)):
+        return UserError(str(exc))
+    if isinstance(exc, StoreError):
+        return UserError(f"store {store!r}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, AionError):
+        return UserError(f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def _run(store: str, fn: Callable[[], Awaitable[T]]) -> T:
+    """``trio.run(fn)``, with the typed errors a user can fix turned into one error line."""
+    try:
+        return trio.run(fn)
+    except click.ClickException:
+        raise
+    except BaseException as raw:
+        exc = _single(raw)
+        if isinstance(exc, click.ClickException):
+            raise exc from None
+        error = _user_error(exc, store)
+        if error is None:
+            raise
+        raise error from exc
+
+
+# --------------------------------------------------------------------------
+# Options shared by commands
+# --------------------------------------------------------------------------
+
+
+def _store_url(value: str) -> str:
+    """A store URL, or a plain path taken as a SQLite file."""
+    value = value.strip()
+    if not value:
+        raise click.BadParameter("the store is empty; give a URL such as sqlite:///aion.db, or a path")
+    if "://" in value:
+        return value
+    path = os.path.abspath(os.path.expanduser(value))
+    return "sqlite:///" + urllib.parse.quote(path, safe="/")
+
+
+def _read_only(url: str) -> str:
+    """For a ``sqlite://`` URL, the same URL with ``mode=ro`` (unless it names a mode)."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() != "sqlite":
+        return url
+    _, _, query = rest.partition("?")
+    if any(name == "mode" for name, _ in urllib.parse.parse_qsl(query, keep_blank_values=True)):
+        return url
+    return url + ("&" if query else "?") + "mode=ro"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _store_option(fn: F) -> F:
+    return click.option(
+        "--store",
+        "store",
+        metavar="URL",
+        help=f"Store URL, or a path to a SQLite file (default: 'aion-trio --store', then ${STORE_ENV}, "
+        f"then {DEFAULT_STORE}).",
+    )(fn)
+
+
+def _resolve_store(store: str | None) -> str:
+    """The command's --store, else the group's (which falls back to $AION_TRIO_STORE, then the default)."""
+    if store is None:
+        store = click.get_current_context().find_root().params.get("store") or DEFAULT_STORE
+    return _store_url(store)
+
+
+def _module_option(fn: F) -> F:
+    return click.option(
+        "--module",
+        "-m",
+        "module",
+        envvar=MODULE_ENV,
+        required=True,
+        metavar="MODULE:ATTR",
+        help=f"Where the workflows and activities are (env: {MODULE_ENV}); see 'aion-trio worker --help'.",
+    )(fn)
+
+
+def _json_argument(text: str, what: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"{what} is not valid JSON ({exc}): {text!r}; quote strings, e.g. '\"text\"'"
+        ) from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_time(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not an ISO-8601 time (e.g. 2026-11-30, 2026-11-30T14:00, 2026-11-30T14:00:00+01:00)",
+            param_hint=option,
+        ) from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+
+
+_ATTR_OPS = {"=": SearchOp.EQUALS, ">": SearchOp.GREATER, "<": SearchOp.LESS, "~": SearchOp.CONTAINS}
+
+
+def _parse_attr(text: str) -> SearchPredicate:
+    """``KEY=VALUE``, ``KEY>VALUE``, ``KEY<VALUE`` or ``KEY~TEXT`` as a search predicate."""
+    at = min((text.find(op) for op in _ATTR_OPS if op in text), default=-1)
+    if at <= 0:
+        raise click.BadParameter(
+            f"{text!r} is not KEY=VALUE, KEY>VALUE, KEY<VALUE or KEY~TEXT", param_hint="--attr"
+        )
+    key, op, raw = text[:at], _ATTR_OPS[text[at]], text[at + 1 :]
+    value: Any = raw
+    if op is not SearchOp.CONTAINS:
+        try:
+            value = json.loads(raw, parse_constant=_refuse_constant)
+        except ValueError:
+            value = raw
+        if not isinstance(value, (str, int, float, bool, list)) or (
+            isinstance(value, float) and not math.isfinite(value)
+        ):
+            value = raw
+    try:
+        return SearchPredicate(key=key, op=op, value=value)
+    except InvalidQuery as exc:
+        raise click.BadParameter(f"{text!r}: {exc}", param_hint="--attr") from None
+
+
+# --------------------------------------------------------------------------
+# The user module
+# --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class App:
+    spec: str
+    workflows: tuple[WorkflowDefinition[Any], ...]
+    activities: tuple[ActivityDefinition[Any], ...]
+
+    def describe(self) -> str:
+        def plural(n: int, what: str) -> str:
+            return f"{n} {what}{'' if n == 1 else 's'}"
+
+        return (
+            f"{plural(len(self.workflows), 'workflow type')}, {plural(len(self.activities), 'activity type')}"
+        )
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE[:ATTR]`` and return its workflow and activity definitions."""
+    module_name, _, attr_path = spec.partition(":")
+    if not module_name or (":" in spec and not attr_path):
+        raise UsageProblem(f"{spec!r} is not MODULE:ATTR (e.g. myapp.workflows:app) or MODULE")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise UserError(
+                f"cannot import {module_name!r} ({spec}): no module named {exc.name!r}; run from the "
+                "directory that holds it, or add that directory to PYTHONPATH"
+            ) from exc
+        raise UserError(f"importing {module_name!r} ({spec}) failed: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise UserError(f"importing {module_name!r} ({spec}) failed: {type(exc).__name__}: {exc}") from exc
+    for part in attr_path.split(".") if attr_path else ():
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise UserError(f"{spec}: {module_name!r} has no attribute {attr_path!r}") from None
+    workflows = getattr(target, "workflows", None)
+    activities = getattr(target, "activities", ())
+    if workflows is None:
+        raise UserError(
+            f"{spec} has no 'workflows': point MODULE:ATTR at an object with .workflows (and .activities) "
+            "sequences, or MODULE at a module defining lists named so"
+        )
+    try:
+        workflow_map, activity_map = index_definitions(tuple(workflows), tuple(activities))
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{spec}: {exc}") from exc
+    return App(spec=spec, workflows=tuple(workflow_map.values()), activities=tuple(activity_map.values()))
+
+
+# --------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------
+
+_STATUS_STYLE = {
+    WorkflowStatus.RUNNING: "cyan",
+    WorkflowStatus.COMPLETED: "green",
+    WorkflowStatus.FAILED: "red",
+    WorkflowStatus.CANCELLED: "yellow",
+    WorkflowStatus.TIMED_OUT: "red",
+    WorkflowStatus.CONTINUED_AS_NEW: "blue",
+}
+
+
+def _console() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # Piped or redirected: rows stay whole for grep and friends instead of wrapping at 80.
+        console = Console(highlight=False, width=200)
+    return console
+
+
+def _status_text(status: WorkflowStatus) -> Text:
+    return Text(status.value, style=_STATUS_STYLE.get(status, ""))
+
+
+def _when(value: datetime | None, *, precise: bool = False) -> str:
+    if value is None:
+        return "-"
+    utc = value.astimezone(timezone.utc)
+    return utc.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if precise else utc.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _payload_text(payload: Payload, limit: int = 60) -> str:
+    return _short(payload.json, limit)
+
+
+def _json_text(value: Any, limit: int = 60) -> str:
+    return _short(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str), limit)
+
+
+def event_detail(body: EventBody) -> str:
+    """A short, one-line description of an event body, for people."""
+    if isinstance(body, WorkflowStarted):
+        text = f"{body.workflow_type}({_payload_text(body.input)}) run {body.run_id}"
+        if body.parent_run_id:
+            text += f" continues {body.parent_run_id}"
+        return text
+    if isinstance(body, WorkflowCompleted):
+        return f"result {_payload_text(body.result)}"
+    if isinstance(body, WorkflowFailed):
+        return _short(f"{body.error.type}: {body.error.message}", 80)
+    if isinstance(body, ActivityScheduled):
+        return f"activity:{body.activity_id} {body.activity_type}({_payload_text(body.input)})"
+    if isinstance(body, ActivityStarted):
+        return f"activity:{body.activity_id} attempt {body.attempt}"
+    if isinstance(body, ActivityCompleted):
+        return f"activity:{body.activity_id} attempt {body.attempt} -> {_payload_text(body.result)}"
+    if isinstance(body, ActivityFailed):
+        settles = "final" if body.final else "will retry"
+        return _short(
+            f"activity:{body.activity_id} attempt {body.attempt} {body.error.cause.value}, {settles}: "
+            f"{body.error.type}: {body.error.message}",
+            100,
+        )
+    if isinstance(body, TimerStarted):
+        return f"{body.timer_id} fires at {_when(body.fire_at, precise=True)}"
+    if isinstance(body, SignalReceived):
+        return f"{body.name} {_payload_text(body.payload)}"
+    # Every other event: its wire fields, shortened.
+    _, data = body_to_wire(body)
+    parts = [f"{k}={_json_text(v, 40)}" for k, v in data.items() if k not in ("traceback", "details")]
+    return _short(" ".join(parts), 100)
+
+
+def _history_table(events: Sequence[Event], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("Seq", justify="right", no_wrap=True)
+    table.add_column("Time (UTC)", no_wrap=True)
+    table.add_column("Event", no_wrap=True, style="bold")
+    table.add_column("Detail")
+    for event in events:
+        table.add_row(
+            str(event.seq),
+            _when(event.recorded_at, precise=True),
+            type(event.body).__name__,
+            Text(event_detail(event.body)),
+        )
+    return table
+
+
+def _row_json(row: VisibilityRow) -> dict[str, Any]:
+    return {
+        "workflow_id": row.workflow_id,
+        "run_id": row.run_id,
+        "workflow_type": row.workflow_type,
+        "status": row.status.value,
+        "start_time": format_datetime(row.start_time),
+        "close_time": format_datetime(row.close_time) if row.close_time is not None else None,
+        "task_queue": row.task_queue,
+        "failed_step": row.failed_step,
+        "failure_reason": row.failure_reason,
+        "stuck_reason": row.stuck_reason,
+        "search_attributes": {
+            k: list(v) if isinstance(v, tuple) else v for k, v in row.search_attributes.items()
+        },
+    }
+
+
+# --------------------------------------------------------------------------
+# Store access for the read-only commands
+# --------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _open_for_reading(store: str) -> AsyncIterator[Store]:
+    registry = _load_registry()
+    async with open_store(_read_only(store), registry=registry) as opened:
+        yield opened
+
+
+async def _read_history(opened: Store, workflow_id: str) -> list[Event]:
+    events = await opened.events.read_history(workflow_id)
+    if not events:
+        raise WorkflowNotFound(workflow_id)
+    return events
+
+
+# --------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------
+
+
 @click.group(cls=_Cli, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name=PROG_NAME, message="%(prog)s %(version)s")
+@click.option(
+    "--store",
+    "store",
+    envvar=STORE_ENV,
+    default=DEFAULT_STORE,
+    show_default=True,
+    metavar="URL",
+    help=f"Store URL, or a path to a SQLite file (env: {STORE_ENV}); commands also take --store.",
+)
 @click.pass_context
-def cli(ctx: click.Context) -> None:
-    """aion-trio: durable, event-sourced workflows embedded in Trio applications."""
+def cli(ctx: click.Context, store: str) -> None:
+    """aion-trio: durable, event-sourced workflows embedded in Trio applications.
+
+    Commands work on the store given by --store URL or $AION_TRIO_STORE
+    (default sqlite:///aion.db, i.e. ./aion.db); a plain path is a SQLite file.
+    """
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
 
@@ -107,7 +572,7 @@ def stores(as_json: bool) -> None:
         data = [{"scheme": s.scheme, "plugin": s.plugin, "description": s.description} for s in schemes]
         click.echo(json.dumps(data, indent=2))
         return
-    console = Console()
+    console = _console()
     if not schemes:
         console.print(
             Text(
@@ -123,6 +588,444 @@ def stores(as_json: bool) -> None:
         # Text, not markup: a description is plugin-supplied and may contain '[...]'.
         table.add_row(Text(f"{s.scheme}://"), Text(s.plugin), Text(s.description))
     console.print(table)
+
+
+_STATUS_CHOICES = [s.value for s in WorkflowStatus]
+
+
+@cli.command("list")
+@_store_option
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(_STATUS_CHOICES, case_sensitive=False),
+    help="Only workflows in this status (repeatable: any of them).",
+)
+@click.option("--type", "workflow_type", metavar="TYPE", help="Only workflows of this type.")
+@click.option("--task-queue", metavar="QUEUE", help="Only workflows on this task queue.")
+@click.option(
+    "--started-after", metavar="TIME", help="Started at or after TIME (ISO-8601; UTC if no offset)."
+)
+@click.option("--started-before", metavar="TIME", help="Started at or before TIME.")
+@click.option("--closed-after", metavar="TIME", help="Closed at or after TIME (excludes open workflows).")
+@click.option("--closed-before", metavar="TIME", help="Closed at or before TIME (excludes open workflows).")
+@click.option(
+    "--attr",
+    "attrs_",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Search attribute filter (repeatable, all must hold): KEY=VALUE equals, KEY>VALUE, KEY<VALUE, "
+    "KEY~TEXT contains. VALUE is JSON when it parses (3, 2.5, true, '\"007\"'), else a string.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=DEFAULT_LIST_LIMIT,
+    show_default=True,
+    help="At most this many rows.",
+)
+@click.option(
+    "--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many rows."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table.")
+def list_(
+    store: str | None,
+    statuses: tuple[str, ...],
+    workflow_type: str | None,
+    task_queue: str | None,
+    started_after: str | None,
+    started_before: str | None,
+    closed_after: str | None,
+    closed_before: str | None,
+    attrs_: tuple[str, ...],
+    limit: int,
+    offset: int,
+    as_json: bool,
+) -> None:
+    """List workflows, newest first, with filters.
+
+    \b
+    Examples:
+      aion-trio list --status running --type checkout
+      aion-trio list --started-after 2026-11-30T08:00 --attr region=eu --attr 'amount>100'
+    """
+    url = _resolve_store(store)
+    criteria: dict[str, Any] = {
+        "workflow_type": workflow_type,
+        "task_queue": task_queue,
+        "status": frozenset(WorkflowStatus(s.lower()) for s in statuses) if statuses else None,
+        "started_after": _parse_time(started_after, "--started-after"),
+        "started_before": _parse_time(started_before, "--started-before"),
+        "closed_after": _parse_time(closed_after, "--closed-after"),
+        "closed_before": _parse_time(closed_before, "--closed-before"),
+        "search": tuple(_parse_attr(a) for a in attrs_),
+    }
+    try:
+        page = VisibilityFilter(**criteria, limit=limit, offset=offset, newest_first=True)
+    except InvalidQuery as exc:
+        raise UsageProblem(f"bad filter: {exc}") from None
+
+    async def query() -> tuple[list[VisibilityRow], int]:
+        async with _open_for_reading(url) as opened:
+            return await opened.visibility.list(page), await opened.visibility.count(page)
+
+    rows, total = _run(url, query)
+    if as_json:
+        click.echo(json.dumps([_row_json(r) for r in rows], indent=2, ensure_ascii=False))
+        return
+    console = _console()
+    if not rows:
+        console.print(f"No workflows match ({total} in total match the filters; offset {offset}).")
+        return
+    table = Table(title=f"Workflows in {url}", title_justify="left")
+    table.add_column("Workflow ID", no_wrap=True, style="bold")
+    table.add_column("Type", no_wrap=True)
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Started (UTC)", no_wrap=True)
+    table.add_column("Closed (UTC)", no_wrap=True)
+    table.add_column("Note")
+    for row in rows:
+        note = row.stuck_reason and f"stuck: {row.stuck_reason}"
+        if note is None and row.failure_reason:
+            note = f"{row.failed_step}: {row.failure_reason}" if row.failed_step else row.failure_reason
+        table.add_row(
+            Text(row.workflow_id),
+            Text(row.workflow_type),
+            _status_text(row.status),
+            _when(row.start_time),
+            _when(row.close_time),
+            Text(_short(note or "", 80)),
+        )
+    console.print(table)
+    console.print(f"{offset + 1}-{offset + len(rows)} of {total} matching workflows")
+
+
+def _show(console: Console, events: list[Event], description: WorkflowDescription) -> None:
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold", no_wrap=True)
+    summary.add_column()
+    summary.add_row("Workflow", Text(description.workflow_id))
+    summary.add_row("Type", Text(description.workflow_type))
+    summary.add_row("Run", Text(description.run_id))
+    if len(description.run_ids) > 1:
+        summary.add_row("Runs", str(len(description.run_ids)))
+    summary.add_row("Status", _status_text(description.status))
+    summary.add_row("Started", _when(description.start_time, precise=True))
+    summary.add_row("Closed", _when(description.close_time, precise=True))
+    summary.add_row("Task queue", Text(description.task_queue))
+    if description.search_attributes:
+        summary.add_row("Search attributes", Text(_json_text(dict(description.search_attributes), 200)))
+    if description.stuck_reason:
+        summary.add_row("Stuck", Text(description.stuck_reason, style="red"))
+    if description.status is WorkflowStatus.COMPLETED:
+        summary.add_row("Result", Text(_json_text(description.result, 200)))
+    summary.add_row("Events", str(description.history_length))
+    console.print(summary)
+
+    if description.pending_activities:
+        table = Table(title="Pending activities", title_justify="left")
+        for column in ("Activity", "Type", "Next attempt", "Scheduled (UTC)", "Task queue"):
+            table.add_column(column, no_wrap=True)
+        for a in description.pending_activities:
+            table.add_row(
+                f"activity:{a.activity_id}",
+                Text(a.activity_type),
+                str(a.attempt),
+                _when(a.scheduled_at, precise=True),
+                Text(a.task_queue),
+            )
+        console.print(table)
+    timers = outstanding_timers(run_segment(events, description.run_id))
+    if timers and description.status is WorkflowStatus.RUNNING:
+        table = Table(title="Pending timers", title_justify="left")
+        table.add_column("Timer", no_wrap=True)
+        table.add_column("Fires at (UTC)", no_wrap=True)
+        for t in timers:
+            table.add_row(Text(t.timer_id), _when(t.fire_at, precise=True))
+        console.print(table)
+    if description.error is not None:
+        failure = Table.grid(padding=(0, 2))
+        failure.add_column(style="bold red", no_wrap=True)
+        failure.add_column()
+        failure.add_row("Failure", Text(description.error.type))
+        failure.add_row("Message", Text(description.error.message))
+        failure.add_row("Failed step", Text(description.failed_step or "-"))
+        console.print(failure)
+    console.print(_history_table(events, "History"))
+
+
+@cli.command()
+@_store_option
+@click.argument("workflow_id")
+def show(store: str | None, workflow_id: str) -> None:
+    """Show one workflow: summary, pending work, failure, and its history."""
+    url = _resolve_store(store)
+
+    async def read() -> tuple[list[Event], VisibilityRow | None]:
+        async with _open_for_reading(url) as opened:
+            events = await _read_history(opened, workflow_id)
+            return events, await opened.visibility.get(workflow_id)
+
+    events, row = _run(url, read)
+    description = describe_history(
+        workflow_id, events, codec=PayloadCodec(), stuck_reason=row.stuck_reason if row else None
+    )
+    _show(_console(), events, description)
+
+
+@cli.command()
+@_store_option
+@click.argument("workflow_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the events as JSON lines (the wire form).")
+def history(store: str | None, workflow_id: str, as_json: bool) -> None:
+    """Print a workflow's event history (a table, or JSON lines with --json)."""
+    url = _resolve_store(store)
+
+    async def read() -> list[Event]:
+        async with _open_for_reading(url) as opened:
+            return await _read_history(opened, workflow_id)
+
+    events = _run(url, read)
+    if as_json:
+        for event in events:
+            click.echo(event_to_json(event))
+        return
+    _console().print(_history_table(events, f"History of {workflow_id}"))
+
+
+def _check_type(app: App, workflow_type: str) -> None:
+    known = sorted(w.name for w in app.workflows)
+    if workflow_type not in known:
+        raise UserError(
+            f"workflow type {workflow_type!r} is not in {app.spec} (it has: {', '.join(known) or 'none'}); "
+            "add it to its workflows, or check the spelling"
+        )
+
+
+@cli.command()
+@_store_option
+@_module_option
+@click.argument("workflow_type", metavar="TYPE")
+@click.argument("args_json", nargs=-1, metavar="[ARGS_JSON]...")
+@click.option("--id", "workflow_id", metavar="ID", help="Workflow id (default: a new UUID).")
+@click.option("--task-queue", metavar="QUEUE", help="Task queue of the run (default: the engine's).")
+@click.option(
+    "--id-reuse",
+    type=click.Choice([p.value for p in IdReusePolicy], case_sensitive=False),
+    default=IdReusePolicy.ALLOW_DUPLICATE.value,
+    show_default=True,
+    help="What to do when the id already exists.",
+)
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Wait for the result (printed as JSON) or return once the start is durable.",
+)
+def start(
+    store: str | None,
+    module: str,
+    workflow_type: str,
+    args_json: tuple[str, ...],
+    workflow_id: str | None,
+    task_queue: str | None,
+    id_reuse: str,
+    wait: bool,
+) -> None:
+    """Start a workflow of TYPE with JSON arguments, e.g. start checkout '{"id": 7}' --id order-7.
+
+    It opens an engine on the store with the module's definitions (which also
+    resumes the store's other running workflows while it is open). With
+    --no-wait it returns once the start is recorded, and the run continues
+    in the next engine to open the store (e.g. 'aion-trio worker'). Until the
+    command inbox exists, do not run it while a worker serves the same store.
+    """
+    url = _resolve_store(store)
+    args = [_json_argument(text, f"argument {i}") for i, text in enumerate(args_json, 1)]
+    app = load_app(module)
+    _check_type(app, workflow_type)
+
+    async def go() -> tuple[str, str, Any]:
+        async with open_engine(url, workflows=app.workflows, activities=app.activities) as engine:
+            handle = await engine.start(
+                workflow_type,
+                *args,
+                workflow_id=workflow_id,
+                task_queue=task_queue,
+                id_reuse=IdReusePolicy(id_reuse.lower()),
+            )
+            click.echo(f"started workflow {handle.workflow_id!r} run {handle.run_id}", err=True)
+            result = await handle.result() if wait else None
+            return handle.workflow_id, handle.run_id, result
+
+    wid, run_id, result = _run(url, go)
+    if wait:
+        click.echo(json.dumps(result, ensure_ascii=False))
+    else:
+        click.echo(json.dumps({"workflow_id": wid, "run_id": run_id}))
+
+
+@cli.command()
+@_store_option
+@_module_option
+@click.argument("workflow_id")
+@click.argument("name")
+@click.argument("payload_json", required=False, metavar="[PAYLOAD_JSON]")
+def signal(store: str | None, module: str, workflow_id: str, name: str, payload_json: str | None) -> None:
+    """Send signal NAME with a JSON payload (default null) to a running workflow.
+
+    Like 'start', it opens an engine on the store with the module's
+    definitions; do not run it while a worker serves the same store.
+    """
+    url = _resolve_store(store)
+    payload = _json_argument(payload_json, "PAYLOAD_JSON") if payload_json is not None else None
+    app = load_app(module)
+
+    async def go() -> None:
+        async with open_engine(url, workflows=app.workflows, activities=app.activities) as engine:
+            await engine.signal(workflow_id, name, payload)
+
+    _run(url, go)
+    click.echo(f"signal {name!r} recorded for workflow {workflow_id!r}", err=True)
+
+
+@attrs.define
+class _Lifecycle:
+    """What the worker's signal watcher and drain watcher report back."""
+
+    signals: int = 0
+    signal_name: str = ""
+    drain_deadline: float | None = None
+    idle_at: float | None = None
+    forced: bool = False
+
+
+async def _watch_signals(
+    receiver: Any, stop: trio.Event, hard_stop: trio.CancelScope, state: _Lifecycle
+) -> None:
+    async for signum in receiver:
+        state.signals += 1
+        if state.signals == 1:
+            state.signal_name = signal_module.Signals(signum).name
+            stop.set()
+        else:
+            worker_log.warning(
+                "%s received again: stopping now; unfinished activity attempts are parked for the next engine",
+                signal_module.Signals(signum).name,
+            )
+            state.forced = True
+            hard_stop.cancel()
+
+
+async def _watch_drain(engine: Engine, state: _Lifecycle) -> None:
+    await engine.epoch.wait_attempts_idle()
+    state.idle_at = trio.current_time()
+
+
+async def _serve(url: str, app: App, drain_timeout: float) -> _Lifecycle:
+    state = _Lifecycle()
+    stop = trio.Event()
+    with trio.open_signal_receiver(signal_module.SIGINT, signal_module.SIGTERM) as receiver:
+        async with trio.open_nursery() as nursery:
+            hard_stop = trio.CancelScope()
+            nursery.start_soon(_watch_signals, receiver, stop, hard_stop, state)
+            with hard_stop:
+                worker_log.info("opening store %s for %s (%s)", url, app.spec, app.describe())
+                async with open_engine(
+                    url, workflows=app.workflows, activities=app.activities, drain_timeout=drain_timeout
+                ) as engine:
+                    running = await engine.count(status=WorkflowStatus.RUNNING)
+                    worker_log.info(
+                        "ready: serving %s; %d running workflow(s) in the store; stop with SIGINT or SIGTERM",
+                        app.describe(),
+                        running,
+                    )
+                    await stop.wait()
+                    in_flight = engine.statistics().epoch.in_flight_attempts
+                    if drain_timeout:
+                        worker_log.info(
+                            "%s received: draining %d in-flight activity attempt(s) for up to %gs "
+                            "(send it again to stop at once)",
+                            state.signal_name,
+                            in_flight,
+                            drain_timeout,
+                        )
+                        state.drain_deadline = trio.current_time() + drain_timeout
+                        nursery.start_soon(_watch_drain, engine, state)
+                    else:
+                        worker_log.info(
+                            "%s received: stopping without a drain (%d in-flight activity attempt(s) parked)",
+                            state.signal_name,
+                            in_flight,
+                        )
+            nursery.cancel_scope.cancel()
+    return state
+
+
+@cli.command()
+@_store_option
+@click.argument("module", metavar="MODULE:ATTR")
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_DRAIN_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="On SIGINT/SIGTERM, how long in-flight activity attempts may run on to record their outcome.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="warning",
+    show_default=True,
+    help="Level of the engine's own log lines (lifecycle lines are always shown).",
+)
+def worker(store: str | None, module: str, drain_timeout: float, log_level: str) -> None:
+    """Serve the workflows and activities of MODULE:ATTR until SIGINT or SIGTERM.
+
+    \b
+    MODULE:ATTR names an object with a 'workflows' sequence of
+    @aion_trio.workflow functions and an optional 'activities' sequence of
+    @aion_trio.activity functions, e.g. in myapp/flows.py:
+        app = types.SimpleNamespace(workflows=[checkout], activities=[charge])
+    and run 'aion-trio worker myapp.flows:app'.  A bare MODULE uses the
+    module's own lists named 'workflows' and 'activities'.  The current
+    directory is on the import path.
+
+    On open the engine resumes every running workflow in the store. On the
+    first SIGINT/SIGTERM it stops admitting work and lets in-flight activity
+    attempts finish for up to --drain-timeout seconds; what is still running
+    then is parked and re-dispatched by the next engine. A second signal stops
+    at once. Exit status 0 after a graceful stop.
+    """
+    url = _resolve_store(store)
+    app = load_app(module)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    package_log = logging.getLogger("aion_trio")
+    package_log.addHandler(handler)
+    package_log.setLevel(log_level.upper())
+    worker_log.setLevel(logging.INFO)
+    try:
+        state = _run(url, lambda: _serve(url, app, drain_timeout))
+        if state.forced:
+            raise UserError("stopped by a second signal before the drain finished; unfinished work is parked")
+        if (
+            state.drain_deadline is not None
+            and state.idle_at is not None
+            and state.idle_at < state.drain_deadline
+        ):
+            worker_log.info("drained: every in-flight activity attempt recorded its outcome; store closed")
+        elif state.drain_deadline is not None:
+            worker_log.info(
+                "drain timeout: unfinished activity attempts were parked (nothing recorded) and the next "
+                "engine on this store re-dispatches them; store closed"
+            )
+        else:
+            worker_log.info("stopped; store closed")
+    finally:
+        package_log.removeHandler(handler)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1301,51 +1301,8 @@ class Engine:
     async def describe(self, workflow_id: str) -> WorkflowDescription:
         core = self._core
         recorder = await self._existing_recorder(workflow_id)
-        history = recorder.history
-        run_id = latest_run_id(history)
-        assert run_id is not None
-        segment = run_segment(history, run_id)
-        start = segment[0]
-        assert isinstance(start.body, WorkflowStarted)
-        status = workflow_status(history) or WorkflowStatus.RUNNING
-        terminal = current_lease_terminal(segment)
-        result = None
-        error = None
-        if terminal is not None and isinstance(terminal.body, WorkflowCompleted):
-            result = core.codec.decode(terminal.body.result)
-        if terminal is not None and isinstance(terminal.body, WorkflowFailed):
-            error = terminal.body.error
-        scheduled = scheduled_activities(segment)
-        scheduled_at = {
-            e.body.activity_id: e.recorded_at for e in segment if isinstance(e.body, ActivityScheduled)
-        }
-        pending = tuple(
-            PendingActivity(
-                activity_id=a,
-                activity_type=scheduled[a].activity_type,
-                attempt=next_delivery_attempt(segment, a) or 1,
-                scheduled_at=scheduled_at[a],
-                task_queue=scheduled[a].task_queue,
-            )
-            for a in unsettled_activities(segment)
-        )
-        failed = failure(segment)
-        return WorkflowDescription(
-            workflow_id=workflow_id,
-            run_id=run_id,
-            workflow_type=start.body.workflow_type,
-            status=status,
-            start_time=start.recorded_at,
-            close_time=terminal.recorded_at if terminal is not None else None,
-            task_queue=start.body.task_queue,
-            search_attributes=search_attributes(history, run_id),
-            result=result,
-            error=error,
-            failed_step=failed.failed_step if failed else None,
-            pending_activities=pending,
-            stuck_reason=core.stuck.get(workflow_id) if status is WorkflowStatus.RUNNING else None,
-            history_length=len(history),
-            run_ids=tuple(e.body.run_id for e in history if isinstance(e.body, WorkflowStarted)),
+        return describe_history(
+            workflow_id, recorder.history, codec=core.codec, stuck_reason=core.stuck.get(workflow_id)
         )
 
     async def list(self, filter: VisibilityFilter | None = None, **criteria: Any) -> list[VisibilityRow]:
@@ -1386,6 +1343,61 @@ def _deadline(timeout: timedelta | float | None) -> timedelta | None:
     if not seconds > 0 or seconds == float("inf"):
         raise ValueError(f"timeout must be a finite duration > 0, got {timeout!r}")
     return timedelta(seconds=seconds)
+
+
+def describe_history(
+    workflow_id: str, history: Sequence[Event], *, codec: PayloadCodec, stuck_reason: str | None = None
+) -> WorkflowDescription:
+    """Project a workflow's description from its (non-empty) history.
+
+    ``stuck_reason`` is what the engine serving it knows (or a visibility row
+    says); it is reported only while the workflow is Running.
+    """
+    run_id = latest_run_id(history)
+    assert run_id is not None
+    segment = run_segment(history, run_id)
+    start = segment[0]
+    assert isinstance(start.body, WorkflowStarted)
+    status = workflow_status(history) or WorkflowStatus.RUNNING
+    terminal = current_lease_terminal(segment)
+    result = None
+    error = None
+    if terminal is not None and isinstance(terminal.body, WorkflowCompleted):
+        result = codec.decode(terminal.body.result)
+    if terminal is not None and isinstance(terminal.body, WorkflowFailed):
+        error = terminal.body.error
+    scheduled = scheduled_activities(segment)
+    scheduled_at = {
+        e.body.activity_id: e.recorded_at for e in segment if isinstance(e.body, ActivityScheduled)
+    }
+    pending = tuple(
+        PendingActivity(
+            activity_id=a,
+            activity_type=scheduled[a].activity_type,
+            attempt=next_delivery_attempt(segment, a) or 1,
+            scheduled_at=scheduled_at[a],
+            task_queue=scheduled[a].task_queue,
+        )
+        for a in unsettled_activities(segment)
+    )
+    failed = failure(segment)
+    return WorkflowDescription(
+        workflow_id=workflow_id,
+        run_id=run_id,
+        workflow_type=start.body.workflow_type,
+        status=status,
+        start_time=start.recorded_at,
+        close_time=terminal.recorded_at if terminal is not None else None,
+        task_queue=start.body.task_queue,
+        search_attributes=search_attributes(history, run_id),
+        result=result,
+        error=error,
+        failed_step=failed.failed_step if failed else None,
+        pending_activities=pending,
+        stuck_reason=stuck_reason if status is WorkflowStatus.RUNNING else None,
+        history_length=len(history),
+        run_ids=tuple(e.body.run_id for e in history if isinstance(e.body, WorkflowStarted)),
+    )
 
 
 def _ends_or_starts(event: Event) -> bool:
@@ -1484,6 +1496,10 @@ async def open_engine(
             # group here carries the body's own exception: re-raise it alone.
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
+            if group.split(trio.Cancelled)[1] is None:
+                # Only cancellation (the caller's scope cancelled the engine, e.g. during
+                # the drain): let the cancel scope that owns it catch it.
+                raise
             raise AionInternalError(
                 f"several errors escaped the engine epoch; please report this: {group!r}"
             ) from group

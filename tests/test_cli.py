@@ -7,26 +7,47 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import signal
+import sqlite3
 import subprocess
+import sys
 import sysconfig
+import time
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
+import trio
+import trio.testing
 from click.testing import CliRunner, Result
 
 import aion_trio
 from aion_trio import _cli
+from aion_trio._wire import event_from_json, event_to_json
 from aion_trio.plugin import Store, StoreRegistry, hookimpl
 
 
+def _runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg,unused-ignore]
+    except TypeError:  # click >= 8.2 keeps stdout and stderr apart anyway
+        return CliRunner()
+
+
 def run_cli(*args: str) -> Result:
-    return CliRunner().invoke(_cli.cli, list(args), prog_name="aion-trio")
+    return _runner().invoke(_cli.cli, list(args), prog_name="aion-trio")
+
+
+def everything(result: Result) -> str:
+    """stdout then stderr (click 8.1 and 8.2+ differ in what ``output`` holds)."""
+    return result.stdout + result.stderr
 
 
 def error_lines(result: Result) -> list[str]:
-    return [line for line in result.output.splitlines() if line.strip()]
+    return [line for line in everything(result).splitlines() if line.strip()]
 
 
 # --------------------------------------------------------------------------
@@ -89,12 +110,26 @@ def test_version_prints_the_package_version() -> None:
     assert result.output == f"aion-trio {aion_trio.__version__}\n"
 
 
-@pytest.mark.parametrize("args", [("--help",), ("-h",), ("stores", "--help"), ("stores", "-h")])
+COMMANDS = ("stores", "list", "show", "history", "start", "signal", "worker")
+
+
+@pytest.mark.parametrize(
+    "args", [("--help",), ("-h",), *((c, h) for c in COMMANDS for h in ("--help", "-h"))]
+)
 def test_help_is_available_on_every_command(args: tuple[str, ...]) -> None:
     result = run_cli(*args)
     assert result.exit_code == 0
-    assert result.output.startswith(f"Usage: aion-trio {'stores ' if 'stores' in args else ''}[OPTIONS]")
+    command = f"{args[0]} " if len(args) == 2 else ""
+    assert result.output.startswith(f"Usage: aion-trio {command}[OPTIONS]")
     assert "-h, --help" in result.output
+
+
+def test_bare_help_lists_every_command_and_the_store_default() -> None:
+    result = run_cli("--help")
+    for command in COMMANDS:
+        assert f"  {command} " in result.output
+    assert "sqlite:///aion.db" in result.output
+    assert "AION_TRIO_STORE" in result.output
 
 
 def test_bare_invocation_shows_help_and_succeeds() -> None:
@@ -254,3 +289,667 @@ def test_main_is_the_console_entry_point(capsys: pytest.CaptureFixture[str]) -> 
         _cli.main(["--version"])
     assert exc_info.value.code == 0
     assert capsys.readouterr().out == f"aion-trio {aion_trio.__version__}\n"
+
+
+# --------------------------------------------------------------------------
+# A seeded store: real workflows recorded by a real engine on a SQLite file
+# --------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "tests.procs.cli_app:app"
+T0 = datetime(2031, 3, 4, 10, 0, 0, tzinfo=timezone.utc)
+HOUR = timedelta(hours=1)
+
+
+def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI imports MODULE from the current directory, as a user's shell would.
+    monkeypatch.chdir(ROOT)
+
+
+async def _wait_for(
+    engine: aion_trio.Engine, workflow_id: str, event_type: type[aion_trio.EventBody]
+) -> None:
+    recorder = await engine._core.recorder_for(workflow_id)
+    while not any(isinstance(e.body, event_type) for e in recorder.history):
+        await recorder.wait_changed()
+
+
+async def _seed(db: Path, gate: Path) -> None:
+    """Five workflows at exactly known times (a mock clock that only moves when jumped):
+
+    h-1 completed (T0), f-1 failed (T0+1h), a-1 waiting for a signal, n-1 sleeping an hour
+    and g-1 with an activity attempt in flight (all three started at T0+2h).  A second engine
+    that does not register ``napper`` then marks n-1 stuck.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)  # tests.procs is importable from the project root (not installed)
+        mp.setattr(sys, "path", list(sys.path))
+        cli_app = _cli.load_app("tests.procs.cli_app")
+
+    url = f"sqlite:///{db}"
+    config = aion_trio.EngineConfig(clock=TrioClockAtT0())
+    async with aion_trio.open_engine(
+        url, workflows=cli_app.workflows, activities=cli_app.activities, config=config
+    ) as engine:
+        mock = trio.lowlevel.current_clock()
+        assert isinstance(mock, trio.testing.MockClock)
+        h = await engine.start(
+            "hello", "ann", workflow_id="h-1", search_attributes={"region": "eu", "amount": 100}
+        )
+        assert await h.result() == "hello ann"
+        mock.jump(3600)
+        f = await engine.start(
+            "fails", "card declined", workflow_id="f-1", search_attributes={"region": "us", "amount": 900}
+        )
+        with pytest.raises(aion_trio.WorkflowFailure):
+            await f.result()
+        mock.jump(3600)
+        await engine.start(
+            "approval",
+            7,
+            workflow_id="a-1",
+            search_attributes={"region": "eu", "amount": 250, "tags": ["vip", "new"]},
+        )
+        await engine.start("napper", workflow_id="n-1")
+        await engine.start("gated", str(gate), workflow_id="g-1")
+        await _wait_for(engine, "a-1", aion_trio.WorkflowStarted)
+        await _wait_for(engine, "n-1", aion_trio.TimerStarted)
+        await _wait_for(engine, "g-1", aion_trio.ActivityStarted)
+    without_napper = [w for w in cli_app.workflows if w.name != "napper"]
+    async with aion_trio.open_engine(
+        url, workflows=without_napper, activities=cli_app.activities, config=config
+    ):
+        pass
+
+
+class TrioClockAtT0:
+    """Durable time = T0 + Trio (mock) time since the first use: start times are known exactly."""
+
+    def __init__(self) -> None:
+        self._clock: Any = None
+
+    def _inner(self) -> Any:
+        if self._clock is None:
+            from aion_trio._clock import TrioClock
+
+            self._clock = TrioClock.start(wall=T0)
+        return self._clock
+
+    def now(self) -> datetime:
+        now: datetime = self._inner().now()
+        return now
+
+    def trio_deadline(self, when: datetime) -> float:
+        deadline: float = self._inner().trio_deadline(when)
+        return deadline
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("seeded")
+    db = directory / "seeded.db"
+    trio.run(_seed, db, directory / "gate", clock=trio.testing.MockClock())
+    return db
+
+
+def _json_list(db: Path, *args: str) -> list[dict[str, Any]]:
+    result = run_cli("list", "--store", str(db), "--json", *args)
+    assert result.exit_code == 0, result.output
+    rows: list[dict[str, Any]] = json.loads(result.output)
+    return rows
+
+
+def _ids(db: Path, *args: str) -> list[str]:
+    return [row["workflow_id"] for row in _json_list(db, *args)]
+
+
+# --------------------------------------------------------------------------
+# list
+# --------------------------------------------------------------------------
+
+
+def test_list_json_is_newest_first_with_every_field(seeded: Path) -> None:
+    rows = _json_list(seeded)
+    assert [r["workflow_id"] for r in rows] == ["a-1", "g-1", "n-1", "f-1", "h-1"]
+    by_id = {r["workflow_id"]: r for r in rows}
+    assert by_id["h-1"] == {
+        "workflow_id": "h-1",
+        "run_id": by_id["h-1"]["run_id"],
+        "workflow_type": "hello",
+        "status": "completed",
+        "start_time": "2031-03-04T10:00:00+00:00",
+        "close_time": by_id["h-1"]["close_time"],
+        "task_queue": "default",
+        "failed_step": None,
+        "failure_reason": None,
+        "stuck_reason": None,
+        "search_attributes": {"region": "eu", "amount": 100},
+    }
+    assert by_id["h-1"]["close_time"].startswith("2031-03-04T10:00:")
+    assert by_id["f-1"]["status"] == "failed"
+    assert by_id["f-1"]["failed_step"] == "activity:0 explode"
+    assert "TerminalError: card declined" in by_id["f-1"]["failure_reason"]
+    assert by_id["a-1"]["search_attributes"]["tags"] == ["vip", "new"]
+    assert by_id["n-1"]["stuck_reason"].startswith("workflow type 'napper' is not registered")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--status", "running"), ["a-1", "g-1", "n-1"]),
+        (("--status", "FAILED", "--status", "completed"), ["f-1", "h-1"]),
+        (("--type", "hello"), ["h-1"]),
+        (("--started-after", "2031-03-04T10:30"), ["a-1", "g-1", "n-1", "f-1"]),
+        (("--started-before", "2031-03-04T11:30:00Z"), ["f-1", "h-1"]),
+        (("--started-after", "2031-03-04T10:30+01:00"), ["a-1", "g-1", "n-1", "f-1", "h-1"]),
+        (("--closed-after", "2031-03-04T10:30"), ["f-1"]),
+        (("--closed-before", "2031-03-04T10:30"), ["h-1"]),
+        (("--attr", "region=eu"), ["a-1", "h-1"]),
+        (("--attr", "amount>200"), ["a-1", "f-1"]),
+        (("--attr", "amount<250"), ["h-1"]),
+        (("--attr", "amount=250"), ["a-1"]),
+        (("--attr", 'amount="250"'), []),
+        (("--attr", "tags~vip"), ["a-1"]),
+        (("--attr", "region~s"), ["f-1"]),
+        (("--attr", "region=eu", "--attr", "amount>150"), ["a-1"]),
+        (("--status", "running", "--limit", "1", "--offset", "1"), ["g-1"]),
+        (("--limit", "0"), []),
+    ],
+)
+def test_list_filters(seeded: Path, args: tuple[str, ...], expected: list[str]) -> None:
+    assert _ids(seeded, *args) == expected
+
+
+def test_list_table_shows_status_notes_and_the_count(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    result = run_cli("list", "--store", str(seeded), "--limit", "4")
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[1]: line for line in result.output.splitlines() if "-1 " in line}
+    assert set(rows) == {"a-1", "g-1", "n-1", "f-1"}
+    assert "failed" in rows["f-1"]
+    assert "activity:0 explode: ActivityFailure" in rows["f-1"]
+    assert "stuck: workflow type 'napper' is not registered" in rows["n-1"]
+    assert "2031-03-04 12:00:00Z" in rows["a-1"]
+    assert "1-4 of 5 matching workflows" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (("--attr", "region"), "'region' is not KEY=VALUE, KEY>VALUE, KEY<VALUE or KEY~TEXT"),
+        (("--attr", "=eu"), "'=eu' is not KEY=VALUE"),
+        (("--attr", "amount>true"), "greater needs a number or a string"),
+        (("--started-after", "yesterday"), "'yesterday' is not an ISO-8601 time"),
+        (("--status", "sleeping"), "'sleeping' is not one of"),
+        (("--limit", "-1"), "-1 is not in the range x>=0"),
+    ],
+)
+def test_list_bad_filters_are_one_line_usage_errors(
+    seeded: Path, args: tuple[str, ...], problem: str
+) -> None:
+    result = run_cli("list", "--store", str(seeded), *args)
+    assert result.exit_code == 2
+    [line] = error_lines(result)
+    assert line.startswith("Error: ")
+    assert problem in line
+
+
+# --------------------------------------------------------------------------
+# show and history
+# --------------------------------------------------------------------------
+
+
+def _show(db: Path, workflow_id: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("COLUMNS", "250")
+    result = run_cli("show", workflow_id, "--store", str(db))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _field(output: str, name: str) -> str:
+    line = next(line for line in output.splitlines() if line.startswith(name + " "))
+    return line[len(name) :].strip()
+
+
+def test_show_a_failed_workflow(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _show(seeded, "f-1", monkeypatch)
+    assert _field(out, "Workflow") == "f-1"
+    assert _field(out, "Type") == "fails"
+    assert _field(out, "Status") == "failed"
+    assert _field(out, "Started") == "2031-03-04 11:00:00.000Z"
+    assert _field(out, "Closed").startswith("2031-03-04 11:00:")
+    assert _field(out, "Task queue") == "default"
+    assert _field(out, "Failure") == "ActivityFailure"
+    assert "TerminalError: card declined" in _field(out, "Message")
+    assert _field(out, "Failed step") == "activity:0 explode"
+    assert "Pending activities" not in out
+    history = [line.split("│")[1:4] for line in out.splitlines() if line.count("│") == 5]
+    assert [(seq.strip(), kind.strip()) for seq, _, kind in history] == [
+        ("1", "WorkflowStarted"),
+        ("2", "ActivityScheduled"),
+        ("3", "ActivityStarted"),
+        ("4", "ActivityFailed"),
+        ("5", "WorkflowFailed"),
+    ]
+    assert 'activity:0 explode(["card declined"])' in out
+    assert "activity:0 attempt 1 terminal, final: TerminalError: card declined" in out
+
+
+def test_show_a_completed_workflow_has_its_result(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _show(seeded, "h-1", monkeypatch)
+    assert _field(out, "Status") == "completed"
+    assert _field(out, "Result") == '"hello ann"'
+    assert _field(out, "Search attributes") == '{"region":"eu","amount":100}'
+    assert "Failure" not in out
+
+
+def test_show_pending_activity(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _show(seeded, "g-1", monkeypatch)
+    assert _field(out, "Status") == "running"
+    assert "Pending activities" in out
+    row = next(line for line in out.splitlines() if "activity:0" in line and "gate " in line)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[:3] == ["activity:0", "gate", "1"]
+    assert cells[3].startswith("2031-03-04 12:00:")
+    assert cells[4] == "default"
+    assert "Stuck" not in out
+
+
+def test_show_pending_timer_and_stuck_reason(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _show(seeded, "n-1", monkeypatch)
+    assert _field(out, "Stuck").startswith("workflow type 'napper' is not registered with this engine")
+    assert "Pending timers" in out
+    row = next(line for line in out.splitlines() if "anonymous:0" in line and "TimerStarted" not in line)
+    assert "2031-03-04 13:00:00.0" in row
+
+
+def test_history_json_lines_are_the_wire_form_of_the_stored_events(seeded: Path) -> None:
+    result = run_cli("history", "f-1", "--store", str(seeded), "--json")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+
+    async def stored() -> list[aion_trio.Event]:
+        async with aion_trio.open_store(f"sqlite:///{seeded}?mode=ro") as store:
+            return await store.events.read_history("f-1")
+
+    events = trio.run(stored)
+    assert [event_from_json(line) for line in lines] == events
+    assert lines == [event_to_json(e) for e in events]
+    assert json.loads(lines[0])["type"] == "WorkflowStarted"
+
+
+def test_history_table(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    result = run_cli("history", "a-1", "--store", str(seeded))
+    assert result.exit_code == 0, result.output
+    assert "History of a-1" in result.output
+    [row] = [line for line in result.output.splitlines() if "WorkflowStarted" in line]
+    assert "2031-03-04 12:00:00.000Z" in row
+    assert "approval([7]) run " in row
+
+
+@pytest.mark.parametrize("command", ["show", "history"])
+def test_unknown_workflow_is_one_line(seeded: Path, command: str) -> None:
+    result = run_cli(command, "no-such", "--store", str(seeded))
+    assert result.exit_code == 1
+    [line] = error_lines(result)
+    assert line.startswith("Error: workflow 'no-such' does not exist in this store")
+    assert "'aion-trio list' shows the workflows it holds" in line
+
+
+# --------------------------------------------------------------------------
+# The store option and store errors
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("list",), ("show", "x"), ("history", "x", "--json")])
+def test_read_only_commands_never_create_a_database(tmp_path: Path, args: tuple[str, ...]) -> None:
+    missing = tmp_path / "typo.db"
+    result = run_cli(*args, "--store", str(missing))
+    assert result.exit_code == 1
+    [line] = error_lines(result)
+    assert line.startswith(f"Error: cannot open the store 'sqlite:///{missing}'")
+    assert "no database file here" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_store_defaults_to_aion_db_in_the_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AION_TRIO_STORE", raising=False)
+    result = run_cli("list")
+    assert result.exit_code == 1
+    assert f"{tmp_path}/aion.db: no database file here" in everything(result)
+
+
+def test_store_comes_from_the_option_then_the_group_then_the_environment(
+    seeded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AION_TRIO_STORE", str(seeded))
+    assert len(json.loads(run_cli("list", "--json").output)) == 5
+    url = f"sqlite:///{seeded}"
+    assert len(json.loads(run_cli("--store", url, "list", "--json").output)) == 5
+    elsewhere = tmp_path / "other.db"
+    for args in (("--store", str(elsewhere), "list"), ("list", "--store", str(elsewhere))):
+        result = run_cli(*args)
+        assert result.exit_code == 1
+        assert f"{elsewhere}: no database file here" in everything(result)
+
+
+def test_not_an_aion_database(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    result = run_cli("list", "--store", str(foreign))
+    assert result.exit_code == 1
+    [line] = error_lines(result)
+    assert "is a SQLite database of another program" in line
+
+
+@pytest.mark.parametrize(
+    ("store", "problem"),
+    [
+        ("nosuch://x", "no store plugin handles nosuch:// URLs"),
+        ("sqlite:///x.db?cache=shared", "unknown option 'cache'"),
+    ],
+)
+def test_bad_store_url_is_a_usage_error(store: str, problem: str) -> None:
+    result = run_cli("list", "--store", store)
+    assert result.exit_code == 2
+    [line] = error_lines(result)
+    assert line.startswith(f"Error: bad store {store!r} (--store / AION_TRIO_STORE): ")
+    assert problem in line
+
+
+# --------------------------------------------------------------------------
+# start and signal
+# --------------------------------------------------------------------------
+
+
+def test_start_waits_and_prints_the_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _in_root(monkeypatch)
+    db = tmp_path / "s.db"
+    result = run_cli("start", "hello", '"zoe"', "--id", "hi", "--module", APP, "--store", str(db))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == '"hello zoe"\n'
+    assert "started workflow 'hi' run " in result.stderr
+    [row] = _json_list(db)
+    assert (row["workflow_id"], row["status"]) == ("hi", "completed")
+
+
+def test_start_takes_a_bare_module_with_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _in_root(monkeypatch)
+    result = run_cli("start", "hello", '"x"', "-m", "tests.procs.cli_app", "--store", str(tmp_path / "b.db"))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == '"hello x"\n'
+
+
+def test_start_no_wait_then_signal_then_the_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _in_root(monkeypatch)
+    monkeypatch.setenv("AION_TRIO_STORE", str(tmp_path / "sig.db"))
+    monkeypatch.setenv("AION_TRIO_MODULE", APP)
+    started = run_cli("start", "approval", "7", "--id", "ap", "--no-wait")
+    assert started.exit_code == 0, started.output
+    ids = json.loads(started.stdout)
+    assert ids["workflow_id"] == "ap"
+    assert [(r["workflow_id"], r["status"], r["run_id"]) for r in _json_list(tmp_path / "sig.db")] == [
+        ("ap", "running", ids["run_id"])
+    ]
+
+    sent = run_cli("signal", "ap", "approve", '{"by": "ops"}')
+    assert sent.exit_code == 0, sent.output
+    assert "signal 'approve' recorded for workflow 'ap'" in sent.stderr
+    history = [json.loads(line) for line in run_cli("history", "ap", "--json").stdout.splitlines()]
+    [signal] = [e for e in history if e["type"] == "SignalReceived"]
+    assert signal["data"] == {"name": "approve", "payload": {"by": "ops"}}
+
+    # Re-attach to the same run and wait for its result.
+    waited = run_cli("start", "approval", "7", "--id", "ap", "--id-reuse", "use_existing")
+    assert waited.exit_code == 0, waited.output
+    assert json.loads(waited.stdout) == {"order": 7, "decision": {"by": "ops"}}
+
+
+def test_start_a_failing_workflow_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _in_root(monkeypatch)
+    result = run_cli(
+        "start", "fails", '"no stock"', "--id", "ff", "-m", APP, "--store", str(tmp_path / "f.db")
+    )
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert line.startswith("Error: workflow 'ff' run ")
+    assert "failed: ActivityFailure: activity:0 explode failed (terminal): TerminalError: no stock" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "exit_code", "problem"),
+    [
+        (("start", "nope", "-m", APP), 1, "workflow type 'nope' is not in tests.procs.cli_app:app (it has: "),
+        (("start", "hello", "{bad", "-m", APP), 2, "argument 1 is not valid JSON"),
+        (("start", "hello", "NaN", "-m", APP), 2, "argument 1 is not valid JSON"),
+        (("start", "hello", "-m", "no_such_module_xyz:app"), 1, "cannot import 'no_such_module_xyz'"),
+        (("start", "hello", "-m", "tests.procs.cli_app:nothing"), 1, "has no attribute 'nothing'"),
+        (("start", "hello", "-m", "tests.procs.cli_app:greet"), 1, "has no 'workflows'"),
+        (("start", "hello", "-m", "tests.procs.cli_app:"), 2, "is not MODULE:ATTR"),
+        (("start", "hello"), 2, "Missing option '--module'"),
+        (("signal", "ap", "approve", "{x", "-m", APP), 2, "PAYLOAD_JSON is not valid JSON"),
+        (("signal", "nobody", "approve", "-m", APP), 1, "workflow 'nobody' does not exist in this store"),
+    ],
+)
+def test_start_and_signal_user_errors_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], exit_code: int, problem: str
+) -> None:
+    _in_root(monkeypatch)
+    db = tmp_path / "e.db"
+    if args[0] == "signal":
+        assert run_cli("start", "hello", '"a"', "--id", "seed", "-m", APP, "--store", str(db)).exit_code == 0
+    result = run_cli(*args, "--store", str(db))
+    assert result.exit_code == exit_code, result.output
+    [line] = error_lines(result)
+    assert line.startswith("Error: ")
+    assert problem in line
+
+
+def test_signal_to_a_closed_workflow_and_duplicate_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_root(monkeypatch)
+    monkeypatch.setenv("AION_TRIO_STORE", str(tmp_path / "d.db"))
+    assert run_cli("start", "hello", '"a"', "--id", "done", "-m", APP).exit_code == 0
+    late = run_cli("signal", "done", "approve", "-m", APP)
+    assert late.exit_code == 1
+    assert error_lines(late) == [
+        "Error: cannot signal 'approve' to workflow 'done': it is completed, not running; nothing was recorded"
+    ]
+    again = run_cli("start", "hello", '"a"', "--id", "done", "-m", APP, "--id-reuse", "reject_duplicate")
+    assert again.exit_code == 1
+    [line] = [line for line in again.stderr.splitlines() if line.startswith("Error")]
+    assert "workflow 'done' already exists" in line
+    assert len(run_cli("history", "done", "--json").stdout.splitlines()) == 5
+
+
+def test_a_module_that_fails_to_import_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI puts the cwd on it: undo that after
+    (tmp_path / "broken_cli_mod.py").write_text("raise RuntimeError('config missing')\n", encoding="utf-8")
+    (tmp_path / "bad_defs_cli_mod.py").write_text("workflows = [print]\n", encoding="utf-8")
+    broken = run_cli("start", "x", "-m", "broken_cli_mod", "--store", str(tmp_path / "x.db"))
+    assert broken.exit_code == 1
+    assert error_lines(broken) == [
+        "Error: importing 'broken_cli_mod' (broken_cli_mod) failed: RuntimeError: config missing"
+    ]
+    bad = run_cli("worker", "bad_defs_cli_mod", "--store", str(tmp_path / "x.db"))
+    assert bad.exit_code == 1
+    [line] = error_lines(bad)
+    assert line.startswith("Error: bad_defs_cli_mod: workflows=[...] takes @aion_trio.workflow functions")
+    assert not (tmp_path / "x.db").exists()
+
+
+# --------------------------------------------------------------------------
+# worker: a real subprocess, stopped by signals
+# --------------------------------------------------------------------------
+
+
+def _wait_until(condition: Callable[[], bool], what: str, proc: subprocess.Popen[str] | None = None) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the worker exited ({proc.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class _Worker:
+    def __init__(self, db: Path, log: Path, *extra: str) -> None:
+        self.log = log
+        with log.open("w", encoding="utf-8") as stderr:
+            self.proc = subprocess.Popen(
+                [str(_console_script()), "worker", APP, "--store", str(db), *extra],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                text=True,
+            )
+
+    def lines(self) -> list[str]:
+        return self.log.read_text(encoding="utf-8").splitlines()
+
+    def logged(self, text: str) -> bool:
+        return any(text in line for line in self.lines())
+
+    def wait_logged(self, text: str) -> None:
+        _wait_until(lambda: self.logged(text), repr(text), self.proc)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self) -> int:
+        return self.proc.wait(timeout=60)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _gate_pids(gate: Path) -> list[int]:
+    started = Path(f"{gate}.started")
+    return [int(x) for x in started.read_text().split()] if started.exists() else []
+
+
+def _history_types(db: Path, workflow_id: str) -> list[str]:
+    result = run_cli("history", workflow_id, "--store", str(db), "--json")
+    assert result.exit_code == 0, result.output
+    return [json.loads(line)["type"] for line in result.stdout.splitlines()]
+
+
+def _start_gated(db: Path, gate: Path, workflow_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _in_root(monkeypatch)
+    result = run_cli(
+        "start",
+        "gated",
+        json.dumps(str(gate)),
+        "--id",
+        workflow_id,
+        "-m",
+        APP,
+        "--store",
+        str(db),
+        "--no-wait",
+    )
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.slow
+def test_worker_drains_in_flight_work_on_sigterm_and_exits_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, gate = tmp_path / "w.db", tmp_path / "gate"
+    _start_gated(db, gate, "g", monkeypatch)
+    worker = _Worker(db, tmp_path / "w1.log", "--drain-timeout", "60")
+    try:
+        worker.wait_logged("ready: serving 5 workflow types, 3 activity types; 1 running workflow(s)")
+        _wait_until(lambda: worker.proc.pid in _gate_pids(gate), "the worker's gate attempt", worker.proc)
+        worker.stop(signal.SIGTERM)
+        worker.wait_logged("SIGTERM received: draining 1 in-flight activity attempt(s) for up to 60s")
+        assert worker.proc.poll() is None  # still draining: the attempt has not finished
+        gate.touch()  # let the in-flight attempt finish inside the drain
+        assert worker.wait() == 0
+    finally:
+        worker.kill()
+    assert worker.logged("drained: every in-flight activity attempt recorded its outcome; store closed")
+    assert not any("Traceback" in line for line in worker.lines())
+    assert "ActivityCompleted" in _history_types(db, "g")
+
+    # The next worker finishes the run without running the activity again.
+    pids = _gate_pids(gate)
+    again = _Worker(db, tmp_path / "w2.log")
+    try:
+        _wait_until(lambda: "WorkflowCompleted" in _history_types(db, "g"), "the run to complete", again.proc)
+        again.stop(signal.SIGINT)
+        assert again.wait() == 0
+    finally:
+        again.kill()
+    assert _gate_pids(gate) == pids
+    assert again.logged("SIGINT received: draining 0 in-flight activity attempt(s)")
+
+
+@pytest.mark.slow
+def test_worker_parks_what_outlives_the_drain_and_the_next_worker_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, gate = tmp_path / "p.db", tmp_path / "gate"
+    _start_gated(db, gate, "p", monkeypatch)
+    first = _Worker(db, tmp_path / "p1.log", "--drain-timeout", "0.2")
+    try:
+        _wait_until(lambda: first.proc.pid in _gate_pids(gate), "the first worker's attempt", first.proc)
+        first.stop(signal.SIGTERM)
+        assert first.wait() == 0
+    finally:
+        first.kill()
+    assert first.logged("drain timeout: unfinished activity attempts were parked")
+    types = _history_types(db, "p")
+    assert "ActivityCompleted" not in types
+    assert types[-1] == "ActivityStarted"
+
+    gate.touch()
+    second = _Worker(db, tmp_path / "p2.log")
+    try:
+        second.wait_logged("1 running workflow(s)")
+        _wait_until(lambda: "WorkflowCompleted" in _history_types(db, "p"), "the resumed run", second.proc)
+        second.stop(signal.SIGTERM)
+        assert second.wait() == 0
+    finally:
+        second.kill()
+    assert second.proc.pid in _gate_pids(gate)  # re-dispatched by the next worker
+    completed = json.loads(
+        next(
+            line
+            for line in run_cli("history", "p", "--store", str(db), "--json").stdout.splitlines()
+            if "WorkflowCompleted" in line
+        )
+    )
+    assert completed["data"] == {"result": "released"}
+
+
+@pytest.mark.slow
+def test_a_second_signal_stops_the_worker_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db, gate = tmp_path / "x.db", tmp_path / "gate"
+    _start_gated(db, gate, "x", monkeypatch)
+    worker = _Worker(db, tmp_path / "x.log", "--drain-timeout", "600")
+    try:
+        _wait_until(lambda: worker.proc.pid in _gate_pids(gate), "the attempt", worker.proc)
+        worker.stop(signal.SIGTERM)
+        worker.wait_logged("draining 1 in-flight activity attempt(s) for up to 600s")
+        worker.stop(signal.SIGINT)
+        assert worker.wait() == 1
+    finally:
+        worker.kill()
+    assert worker.logged("SIGINT received again: stopping now")
+    assert (
+        worker.lines()[-1]
+        == "Error: stopped by a second signal before the drain finished; unfinished work is parked"
+    )
+    assert "ActivityCompleted" not in _history_types(db, "x")

@@ -8,9 +8,14 @@ third slash is taken as written: when it starts with ``/`` it is absolute
 it is relative to the current working directory at open time
 (``sqlite:///aion.db``).  ``%XX`` escapes are decoded (write ``?`` and ``#``
 as ``%3F`` and ``%23``).  The file is created if missing; its directory must
-exist.  One query option: ``?synchronous=NORMAL`` trades the durability of the
-last commits on power loss for speed; the default is ``FULL``.  Anything else
-is refused with :class:`~aion_trio.InvalidStoreUrl`.
+exist.  Query options: ``?synchronous=NORMAL`` trades the durability of the
+last commits on power loss for speed; the default is ``FULL``.  ``?mode=ro``
+opens an existing aion_trio database for reading only: a missing file is a
+:class:`~aion_trio.StorePathError` (nothing is created), an empty or foreign
+file is refused, nothing is migrated, and a write is refused with
+:class:`~aion_trio.StorePathError` (the ``aion-trio`` CLI's read-only commands
+open stores this way); ``mode=rw`` is the default.  Anything else is refused
+with :class:`~aion_trio.InvalidStoreUrl`.
 
 Durability and the file
 -----------------------
@@ -100,5 +105,5 @@ def aion_trio_register_stores(registry: StoreRegistry) -> None:
     registry.add(
         "sqlite",
         open_sqlite_store,
-        description="SQLite file (sqlite:////abs/path.db or sqlite:///rel.db; ?synchronous=NORMAL to trade durability for speed)",
+        description="SQLite file (sqlite:////abs/path.db or sqlite:///rel.db; ?synchronous=NORMAL to trade durability for speed; ?mode=ro to only read)",
     )

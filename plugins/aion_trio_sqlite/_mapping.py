@@ -128,6 +128,17 @@ def runtime_error(exc: apsw.Error, path: str, doing: str) -> Exception:
         )
     if isinstance(exc, apsw.FullError):
         return cause(BackendUnavailable(f"{path}: disk full while {doing}; free space and retry"), exc)
+    if isinstance(exc, apsw.ReadOnlyError) and exc.extendedresult == apsw.SQLITE_READONLY:
+        # Plain SQLITE_READONLY at run time: this connection was opened read-only (mode=ro);
+        # a writer opened read-write is checked for a read-only file at open.
+        return cause(
+            StorePathError(
+                path,
+                f"refused {doing}: the store was opened read-only (mode=ro); nothing was written; "
+                "open it without mode=ro to write",
+            ),
+            exc,
+        )
     if isinstance(exc, apsw.ReadOnlyError):
         return cause(
             BackendUnavailable(

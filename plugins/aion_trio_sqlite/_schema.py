@@ -71,6 +71,7 @@ _PROBES = tuple(f"SELECT 1 FROM {t} LIMIT 1" for t in TABLES)
 
 _OPEN_WRITE = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
 _OPEN_READ = apsw.SQLITE_OPEN_READWRITE
+_OPEN_READ_ONLY = apsw.SQLITE_OPEN_READONLY
 
 
 def _user_tables(conn: apsw.Connection) -> list[str]:
@@ -150,6 +151,46 @@ def _configure(conn: apsw.Connection, synchronous: str, busy_timeout_ms: int) ->
     conn.execute(_SYNCHRONOUS[synchronous])
 
 
+def open_read_only(path: str, busy_timeout_ms: int) -> apsw.Connection:
+    """``mode=ro``: open an existing, current aion_trio database without creating, migrating
+    or writing anything; the connection refuses writes (``query_only``)."""
+    if not os.path.exists(path):
+        raise StorePathError(
+            path,
+            "no database file here, and a read-only open (mode=ro) creates none; check the path, or "
+            "open the store read-write once (e.g. start a worker on it) to create it",
+        )
+    if os.path.isdir(path):
+        raise StorePathError(path, "this is a directory, not a database file")
+    try:
+        conn = apsw.Connection(path, flags=_OPEN_READ_ONLY)
+    except apsw.Error as exc:
+        raise open_error(exc, path) from exc
+    try:
+        conn.set_busy_timeout(busy_timeout_ms)
+        found = _check_identity(conn, path)
+        if found == 0:
+            raise NotAnAionDatabase(
+                path,
+                "the file is empty: no aion_trio database was ever created in it; check the path",
+            )
+        if found < SCHEMA_VERSION:
+            raise StorePathError(
+                path,
+                f"schema version {found} is older than this aion_trio's ({SCHEMA_VERSION}) and a "
+                "read-only open (mode=ro) does not migrate; open it read-write once to upgrade it",
+            )
+        _check_tables(conn, path)
+        conn.execute("PRAGMA query_only = ON")
+    except apsw.Error as exc:
+        conn.close()
+        raise open_error(exc, path) from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Connection:
     """Open (creating if needed), check and migrate the database; return the writer connection."""
     problem = describe_path_problem(path)
@@ -191,11 +232,16 @@ def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Conne
 
 
 def open_reader(
-    path: str, synchronous: str, busy_timeout_ms: int, functions: Mapping[str, tuple[Callable[..., Any], int]]
+    path: str,
+    synchronous: str,
+    busy_timeout_ms: int,
+    functions: Mapping[str, tuple[Callable[..., Any], int]],
+    *,
+    read_only: bool = False,
 ) -> apsw.Connection:
-    """Open a read connection (after :func:`open_writer` succeeded)."""
+    """Open a read connection (after :func:`open_writer` or :func:`open_read_only` succeeded)."""
     try:
-        conn = apsw.Connection(path, flags=_OPEN_READ)
+        conn = apsw.Connection(path, flags=_OPEN_READ_ONLY if read_only else _OPEN_READ)
     except apsw.Error as exc:
         raise open_error(exc, path) from exc
     try:

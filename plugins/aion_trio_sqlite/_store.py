@@ -23,7 +23,7 @@ from aion_trio.plugin import (
 )
 
 from . import _codec
-from ._schema import open_reader, open_writer
+from ._schema import open_read_only, open_reader, open_writer
 from ._threads import Readers, ReadOp, Writer, WriterStatistics
 from ._url import SqliteUrl, parse_sqlite_url
 from ._writes import AppendOp, StatementOp
@@ -263,11 +263,16 @@ class SqliteStore:
 
 
 def _open_all(url: SqliteUrl, busy_ms: int, readers: int) -> tuple[apsw.Connection, list[apsw.Connection]]:
-    writer = open_writer(url.path, url.synchronous, busy_ms)
+    if url.read_only:
+        writer = open_read_only(url.path, busy_ms)
+    else:
+        writer = open_writer(url.path, url.synchronous, busy_ms)
     opened: list[apsw.Connection] = []
     try:
         for _ in range(readers):
-            opened.append(open_reader(url.path, url.synchronous, busy_ms, _codec.SQL_FUNCTIONS))
+            opened.append(
+                open_reader(url.path, url.synchronous, busy_ms, _codec.SQL_FUNCTIONS, read_only=url.read_only)
+            )
     except BaseException:
         for conn in opened:
             conn.close()

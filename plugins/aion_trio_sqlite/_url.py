@@ -13,7 +13,8 @@ from aion_trio.plugin import InvalidStoreUrl
 Synchronous = Literal["FULL", "NORMAL"]
 
 _PREFIX = "sqlite://"
-_ACCEPTED = "synchronous=FULL (the default) or synchronous=NORMAL"
+_ACCEPTED = "synchronous=FULL (the default) or synchronous=NORMAL; mode=rw (the default) or mode=ro"
+_SYNC_ACCEPTED = "synchronous=FULL (the default) or synchronous=NORMAL"
 _EXAMPLES = "sqlite:////absolute/path/store.db or sqlite:///relative/store.db"
 
 
@@ -25,6 +26,9 @@ class SqliteUrl:
     path: str
     """Absolute path of the database file (a relative URL path is resolved against the cwd)."""
     synchronous: Synchronous = "FULL"
+    read_only: bool = False
+    """``mode=ro``: open an existing aion_trio database for reading only (nothing is created,
+    migrated or written)."""
 
 
 def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
@@ -47,6 +51,7 @@ def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
     if "\x00" in path:
         raise InvalidStoreUrl(f"{url!r}: the path contains a NUL character")
     synchronous: Synchronous = "FULL"
+    read_only = False
     if query:
         try:
             pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=True)
@@ -57,6 +62,11 @@ def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
             if name in seen:
                 raise InvalidStoreUrl(f"{url!r}: option {name!r} is given twice")
             seen.add(name)
+            if name == "mode":
+                if value.lower() not in ("ro", "rw"):
+                    raise InvalidStoreUrl(f"{url!r}: mode={value!r} is not accepted; use mode=ro or mode=rw")
+                read_only = value.lower() == "ro"
+                continue
             if name != "synchronous":
                 raise InvalidStoreUrl(f"{url!r}: unknown option {name!r}; accepted options: {_ACCEPTED}")
             level = value.upper()
@@ -65,6 +75,8 @@ def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
             elif level == "NORMAL":
                 synchronous = "NORMAL"
             else:
-                raise InvalidStoreUrl(f"{url!r}: synchronous={value!r} is not accepted; use {_ACCEPTED}")
+                raise InvalidStoreUrl(f"{url!r}: synchronous={value!r} is not accepted; use {_SYNC_ACCEPTED}")
     base = cwd if cwd is not None else os.getcwd()
-    return SqliteUrl(url=url, path=os.path.normpath(os.path.join(base, path)), synchronous=synchronous)
+    return SqliteUrl(
+        url=url, path=os.path.normpath(os.path.join(base, path)), synchronous=synchronous, read_only=read_only
+    )
