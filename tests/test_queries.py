@@ -205,10 +205,10 @@ async def test_a_query_asked_after_a_signal_was_recorded_sees_the_run_after_that
     async with aion.open_engine(store_url(), workflows=[counter]) as engine:
         await engine.start(counter, 0, workflow_id="c")
         for n in range(1, 21):  # Trio orders woken tasks at random: repeat so a stale read would show
-            await engine.signal("c", "add", 1)
             length = len(await engine.history("c"))
+            await engine.signal("c", "add", 1)
             assert await engine.query("c", "count") == n
-            assert len(await engine.history("c")) == length
+            assert len(await engine.history("c")) == length + 1  # the signal, nothing from the query
 
 
 async def test_arguments_and_results_go_through_the_payload_codec(
@@ -450,6 +450,34 @@ async def test_after_a_restart_replay_registers_the_handlers_again_and_a_query_s
             assert (await engine.result("c"))["count"] == 115
     finally:
         aion_trio_memory.forget(name)
+
+
+async def test_a_query_never_reads_a_run_that_is_still_replaying(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
+) -> None:
+    store = store_url()
+    HOLDS["rp"] = trio.Event()
+    HOLDS["rp"].set()
+    async with aion.open_engine(store, workflows=[two_phase]) as engine:
+        await engine.start(two_phase, True, workflow_id="rp")
+        await engine.signal("rp", "go")
+        assert await engine.query("rp", "phase") == "done"
+        length = len(await engine.history("rp"))
+    HOLDS["rp"] = trio.Event()
+    answers: list[object] = []
+    async with aion.open_engine(store, workflows=[two_phase]) as engine, trio.open_nursery() as nursery:
+        await trio.testing.wait_all_tasks_blocked()  # replay consumed "go" and holds mid-step
+
+        async def ask() -> None:
+            answers.append(await engine.query("rp", "phase"))
+
+        nursery.start_soon(ask)
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers == []  # not the replay's half-done state
+        HOLDS["rp"].set()
+    assert answers == ["done"]
+    async with aion.open_store(store) as opened:
+        assert len(await opened.events.read_history("rp")) == length
 
 
 async def test_a_stuck_run_cannot_answer_and_says_why(
