@@ -13,14 +13,16 @@ it — so replay takes the branch the live run took.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import inspect
 import logging
 import math
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, final, overload
 
 import attrs
 import trio
@@ -29,7 +31,10 @@ from ._definitions import ActivityDefinition
 from ._errors import (
     ActivityFailure,
     NonDeterminismError,
+    QueryFailed,
+    QueryReadOnly,
     Timeout,
+    UnknownQuery,
     WorkflowCancelled,
     WorkflowCommandError,
 )
@@ -61,6 +66,8 @@ if TYPE_CHECKING:
     from ._registry import Lease
 
 T = TypeVar("T")
+P = ParamSpec("P")
+F = TypeVar("F", bound=Callable[..., Any])
 
 PATCH_MARKER_PREFIX = "patch:"
 
@@ -189,6 +196,31 @@ def _seed(workflow_id: str, run_id: str) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
+def _command(
+    what: str,
+) -> Callable[
+    [Callable[Concatenate[WorkflowContext, P], Coroutine[Any, Any, T]]],
+    Callable[Concatenate[WorkflowContext, P], Coroutine[Any, Any, T]],
+]:
+    """Refuse an async command from a query handler when it is *called*.
+
+    A sync handler never awaits, so a check inside the coroutine would never
+    run: the call would silently build an unawaited coroutine.
+    """
+
+    def decorate(
+        fn: Callable[Concatenate[WorkflowContext, P], Coroutine[Any, Any, T]],
+    ) -> Callable[Concatenate[WorkflowContext, P], Coroutine[Any, Any, T]]:
+        @functools.wraps(fn)
+        def command(self: WorkflowContext, /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+            self._refuse_in_query(what)
+            return fn(self, *args, **kwargs)
+
+        return command
+
+    return decorate
+
+
 @final
 class ActivityHandle(Generic[T]):
     """A scheduled activity.  ``await handle`` gives its result or raises ``ActivityFailure``."""
@@ -258,6 +290,13 @@ class WorkflowContext:
         self._cleanup_depth = 0
         self._rng = random.Random(_seed(lease.workflow_id, lease.run_id))
         self._task: trio.lowlevel.Task | None = None
+        self._query_handlers: dict[str, Callable[..., Any]] = {}
+        # True only while the run's task is parked between steps, caught up with history;
+        # _parked_at is the history length it parked at (longer: it has something to consume).
+        self._parked = False
+        self._parked_at = 0
+        self._answering: str | None = None
+        self._query_violation: QueryReadOnly | None = None
         self.logger: logging.LoggerAdapter = _ReplayAwareLogger(  # type: ignore[type-arg]
             logging.getLogger(f"aion_trio.workflow.{lease.workflow_type}"), self
         )
@@ -290,10 +329,12 @@ class WorkflowContext:
 
     def random(self) -> random.Random:
         """A generator seeded by (workflow_id, run_id): same sequence on replay."""
+        self._refuse_in_query("ctx.random()")
         return self._rng
 
     def uuid4(self) -> uuid.UUID:
         """A deterministic version-4 UUID from :meth:`random`."""
+        self._refuse_in_query("ctx.uuid4()")
         return uuid.UUID(int=self._rng.getrandbits(128), version=4)
 
     # -- internals ---------------------------------------------------------
@@ -301,7 +342,14 @@ class WorkflowContext:
     def _bind_task(self) -> None:
         self._task = trio.lowlevel.current_task()
 
+    def _refuse_in_query(self, what: str) -> None:
+        if self._answering is not None:
+            error = QueryReadOnly(self.workflow_id, self.run_id, self._answering, what)
+            self._query_violation = error
+            raise error
+
     def _require_own_task(self, what: str) -> None:
+        self._refuse_in_query(what)
         try:
             current = trio.lowlevel.current_task()
         except RuntimeError:
@@ -400,6 +448,7 @@ class WorkflowContext:
         )
         return ActivityHandle(self, ordinal, definition.name)
 
+    @_command("ctx.run()")
     async def run(self, activity: ActivityDefinition[Any] | str, *args: Any, **options: Any) -> Any:
         """Schedule an activity and wait for its result (options as for :meth:`start`)."""
         return await self.start(activity, *args, **options)
@@ -472,7 +521,14 @@ class WorkflowContext:
                     raise Timeout(expired)
                 return await on_expiry(expired)
             self._caught_up = True
-            await self._recorder.wait_changed()
+            self._parked = True
+            self._parked_at = len(self._recorder.history)
+            if self._lease.query_waiters:
+                self._recorder.notify()  # queries wait for this moment (DESIGN §9)
+            try:
+                await self._recorder.wait_changed()
+            finally:
+                self._parked = False
             if self._poisoned is not None:
                 raise self._poisoned
 
@@ -525,6 +581,7 @@ class WorkflowContext:
         self._consume(event)
         return self._activity_value(handle, event)
 
+    @_command("ctx.gather()")
     async def gather(self, *handles: ActivityHandle[Any]) -> list[Any]:
         """Wait for every handle; results in argument order.
 
@@ -552,6 +609,7 @@ class WorkflowContext:
             self._consume(event)
         return [self._activity_value(h, e) for h, e in zip(handles, outcome, strict=False)]
 
+    @_command("ctx.wait_first()")
     async def wait_first(self, *handles: ActivityHandle[Any]) -> ActivityHandle[Any]:
         """Wait until one handle resolves; returns the one recorded first (lowest seq)."""
         if not handles:
@@ -575,12 +633,14 @@ class WorkflowContext:
         self._caught_up = True
         self._pending.append(_PendingTimer(timer_id=timer_id, fire_at=fire_at))
 
+    @_command("ctx.sleep()")
     async def sleep(self, duration: timedelta | float) -> None:
         """A durable timer: survives restarts; fires once ``ctx.now() + duration`` is reached."""
         self._require_own_task("ctx.sleep()")
         seconds = _duration(duration, "sleep duration", allow_zero=True)
         await self._sleep_until(self._now + timedelta(seconds=seconds))
 
+    @_command("ctx.sleep_until()")
     async def sleep_until(self, when: datetime) -> None:
         """A durable timer firing at ``when`` (timezone-aware)."""
         self._require_own_task("ctx.sleep_until()")
@@ -605,6 +665,7 @@ class WorkflowContext:
             raise Timeout(f"a timeout scope expired while sleeping ({timer_id})")
 
     # A durable, recorded timeout (DESIGN §2's API): trio.fail_after would not survive replay.
+    @_command("ctx.wait_signal()")
     async def wait_signal(self, name: str, *, timeout: timedelta | float | None = None) -> Any:  # noqa: ASYNC109
         """Wait for the next signal called ``name`` and return its payload.
 
@@ -657,6 +718,7 @@ class WorkflowContext:
 
     # -- versioning ----------------------------------------------------------
 
+    @_command("ctx.patched()")
     async def patched(self, patch_id: str) -> bool:
         """True if this run executes the new code path for ``patch_id``.
 
@@ -685,6 +747,114 @@ class WorkflowContext:
         """``raise ctx.continue_as_new(...)``: end this run and start a fresh one with new input."""
         self._require_own_task("ctx.continue_as_new()")
         return ContinueAsNew(args, workflow_type)
+
+    # -- queries -------------------------------------------------------------
+
+    def set_query_handler(self, name: str, handler: Callable[..., Any]) -> None:
+        """Register ``handler`` to answer ``engine.query(workflow_id, name, *args)``.
+
+        A handler is a plain (sync) function of the query's arguments that
+        reads the workflow's state and returns a JSON-serialisable value.  It
+        runs between the workflow's steps, never while the run replays, and
+        must not issue commands (they raise :class:`QueryReadOnly`).
+        Registering a name again replaces its handler.  Handlers live in
+        memory: register them from workflow code, so a replay after a restart
+        registers them again.
+        """
+        self._require_own_task("ctx.set_query_handler()")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"query name must be a non-empty str, got {name!r}")
+        if not callable(handler):
+            raise TypeError(f"query handler {name!r} must be callable, got {handler!r}")
+        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 -- an object with an async __call__
+        ):
+            raise TypeError(
+                f"query handler {name!r} is an async function; handlers must be plain functions "
+                "(def, not async def): a query reads the workflow's state between steps and never "
+                "waits, so it cannot hold up the run"
+            )
+        self._query_handlers[name] = handler
+
+    @overload
+    def query_handler(self, name: str, /) -> Callable[[F], F]: ...
+
+    @overload
+    def query_handler(self, handler: F, /) -> F: ...
+
+    def query_handler(self, name_or_handler: str | F, /) -> Callable[[F], F] | F:
+        """Decorator form of :meth:`set_query_handler`.
+
+        ``@ctx.query_handler("status")`` registers under the given name;
+        bare ``@ctx.query_handler`` under the function's ``__name__``.
+        """
+        if isinstance(name_or_handler, str):
+            name = name_or_handler
+
+            def register(handler: F) -> F:
+                self.set_query_handler(name, handler)
+                return handler
+
+            return register
+        handler = name_or_handler
+        handler_name = getattr(handler, "__name__", None)
+        if not isinstance(handler_name, str):
+            raise TypeError(
+                f"cannot name query handler {handler!r} (no __name__); use @ctx.query_handler('name')"
+            )
+        self.set_query_handler(handler_name, handler)
+        return handler
+
+    @property
+    def _answerable(self) -> bool:
+        """Parked between steps with nothing new to consume: a query may read the state now.
+
+        Once history grew past where the run parked (a signal, an activity
+        result...), the run is due to take that step first, so a query asked
+        after e.g. ``engine.signal`` returned sees the state after the signal.
+        """
+        return (
+            self._parked
+            and self._caught_up
+            and self._poisoned is None
+            and len(self._recorder.history) == self._parked_at
+        )
+
+    def _answer_query(self, name: str, args: Sequence[Any]) -> Any:
+        """Run the handler for ``name`` synchronously (the run's task is parked)."""
+        handler = self._query_handlers.get(name)
+        if handler is None:
+            raise UnknownQuery(self.workflow_id, self.run_id, name, sorted(self._query_handlers))
+        self._answering = name
+        self._query_violation = None
+        error: Exception | None = None
+        try:
+            value = handler(*args)
+        except Exception as exc:
+            error = exc
+        finally:
+            self._answering = None
+        violation, self._query_violation = self._query_violation, None
+        if violation is not None:
+            raise violation  # even if the handler caught it: the query broke the read-only rule
+        if error is not None:
+            raise QueryFailed(self.workflow_id, self.run_id, name, error) from error
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()
+            problem = TypeError(
+                f"query handler {name!r} returned an awaitable; handlers must be plain functions"
+            )
+            raise QueryFailed(self.workflow_id, self.run_id, name, problem)
+        return value
+
+    def _detach(self) -> None:
+        """The run's code exited: queries can no longer use this context."""
+        self._parked = False
+        if self._lease.context is self:
+            self._lease.context = None
+        if self._lease.query_waiters:
+            self._recorder.notify()
 
     # -- checks at exit ----------------------------------------------------
 

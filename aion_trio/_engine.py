@@ -51,6 +51,7 @@ from ._errors import (
     NotOwner,
     NotRunning,
     PayloadError,
+    QueryUnavailable,
     SequenceConflict,
     StoreError,
     UnknownActivityType,
@@ -338,6 +339,7 @@ class EngineCore:
         ctx = WorkflowContext(self, lease)
         ctx._bind_task()
         lease.task = trio.lowlevel.current_task()
+        lease.context = ctx
         start = ctx._state.start
         assert start is not None
         assert isinstance(start.body, WorkflowStarted)
@@ -409,6 +411,7 @@ class EngineCore:
         finally:
             lease.task = None
             lease.cancel_scope = None
+            ctx._detach()
         try:
             await handle_run_exit(self, lease, intent)
         except EngineEpochClosed as exc:
@@ -1290,6 +1293,78 @@ class Engine:
         logger.info("workflow run reopened", extra={"workflow_id": workflow_id, "run_id": run_id})
         await core.upsert_visibility_quietly(workflow_id)
         return RunHandle(self, workflow_id, run_id)
+
+    async def query(self, workflow_id: str, name: str, *args: Any) -> Any:
+        """Ask the workflow's running run a question: its handler ``name`` answers from its state.
+
+        The handler (registered by the workflow code with
+        ``ctx.set_query_handler``) runs while the run is parked between
+        steps; a run that is replaying history or in the middle of a step is
+        waited for.  Nothing is ever recorded.  ``args`` and the result pass
+        through the payload codec, so they must be JSON-serialisable
+        (:class:`PayloadNotSerializable` / :class:`PayloadTooLarge` otherwise).
+
+        The query goes to the workflow's latest run (a run that continued as
+        new is answered by its successor).
+
+        Raises :class:`WorkflowNotFound` (no such workflow), :class:`NotRunning`
+        (the latest run ended), :class:`UnknownQuery` (no handler of that
+        name), :class:`QueryFailed` (the handler raised; original in
+        ``__cause__``), :class:`QueryReadOnly` (the handler issued a command),
+        :class:`QueryUnavailable` (Running, but stuck or not resident in this
+        engine: nothing here can answer, so it fails at once rather than
+        waiting), :class:`EngineEpochClosed` (the engine is shutting down).
+        The run is unaffected by every failure.  Cancellation simply abandons
+        the wait.
+        """
+        core = self._core
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"query name must be a non-empty str, got {name!r}")
+        arguments = core.codec.encode(list(args), what=f"arguments of query {name!r}")
+        recorder = await self._existing_recorder(workflow_id)
+        while True:
+            history = recorder.history
+            status = workflow_status(history)
+            run_id = latest_run_id(history)
+            lease = core.registry.get(workflow_id, run_id) if run_id is not None else None
+            if status is WorkflowStatus.CONTINUED_AS_NEW and lease is not None and core.epoch.admitting:
+                # This engine is starting the successor right now: the query goes to it.
+                await recorder.wait_changed()
+                continue
+            if status is not WorkflowStatus.RUNNING or run_id is None:
+                raise NotRunning(workflow_id, status.value if status else "unknown", f"query {name!r}")
+            if lease is None or lease.residency is Residency.SUSPENDED:
+                reason = core.stuck.get(workflow_id)
+                raise QueryUnavailable(
+                    workflow_id,
+                    run_id,
+                    f"this engine could not resume it ({reason}); fix the cause and restart the engine"
+                    if reason
+                    else "it is not resident in this engine (another engine started it after this one "
+                    "opened the store); query it through the engine that runs it, or restart this one "
+                    "to resume it",
+                )
+            if lease.residency is Residency.STUCK:
+                raise QueryUnavailable(
+                    workflow_id,
+                    run_id,
+                    f"it is stuck, its code is not executing ({lease.stuck_reason}); deploy compatible "
+                    "code and restart the engine, or terminate the run",
+                )
+            ctx = lease.context
+            if ctx is not None and ctx._answerable:
+                # Synchronous from here to the return: the run cannot take a step meanwhile.
+                value = ctx._answer_query(name, core.codec.decode(arguments))
+                return core.codec.decode(core.codec.encode(value, what=f"result of query {name!r}"))
+            if not core.epoch.admitting:
+                raise epoch_closed(workflow_id, run_id, f"answer query {name!r}")
+            # Starting, replaying, mid-step or ending: wait for it to park (the context
+            # wakes us) or for history to change (a terminal, a stuck mark, a reopen).
+            lease.query_waiters += 1
+            try:
+                await recorder.wait_changed()
+            finally:
+                lease.query_waiters -= 1
 
     async def history(self, workflow_id: str) -> list[Event]:
         """The workflow's full event history, read from the store."""

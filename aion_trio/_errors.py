@@ -363,6 +363,75 @@ class WorkflowCommandError(EngineError, RuntimeError):
     """A workflow command was used where it is not allowed (wrong task, query handler, ...)."""
 
 
+class QueryError(EngineError):
+    """Base class of the errors only a query raises (see also ``WorkflowNotFound``, ``NotRunning``)."""
+
+
+class UnknownQuery(QueryError, LookupError):
+    """The run has no query handler of this name (``known`` lists the registered ones)."""
+
+    def __init__(self, workflow_id: str, run_id: str, name: str, known: Sequence[str]) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.name = name
+        self.known = tuple(known)
+        super().__init__(
+            f"workflow {workflow_id!r} run {run_id} has no query handler {name!r} "
+            f"(registered: {', '.join(repr(k) for k in self.known) or 'none'}); register one in the "
+            f"workflow code with ctx.set_query_handler({name!r}, fn) or @ctx.query_handler; "
+            "nothing was recorded"
+        )
+
+
+class QueryFailed(QueryError):
+    """The query handler raised; the original exception is ``__cause__``.  The run is unaffected."""
+
+    def __init__(self, workflow_id: str, run_id: str, name: str, error: BaseException) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.name = name
+        self.error = error
+        super().__init__(
+            f"query {name!r} on workflow {workflow_id!r} run {run_id} failed: its handler raised "
+            f"{type(error).__name__}: {error} (traceback in __cause__); the run is unaffected and "
+            "nothing was recorded"
+        )
+
+
+class QueryReadOnly(QueryError, WorkflowCommandError):
+    """A query handler tried to issue a workflow command; queries are read-only.
+
+    Raised inside the handler at the command, and by ``engine.query`` (even if
+    the handler caught it).  Nothing was recorded; the run is unaffected.
+    """
+
+    def __init__(self, workflow_id: str, run_id: str, name: str, command: str) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.name = name
+        self.command = command
+        super().__init__(
+            f"query handler {name!r} of workflow {workflow_id!r} run {run_id} called {command}: "
+            "queries are read-only — a handler may read the workflow's state and ctx.now(), but "
+            "must not issue commands (activities, timers, signals, timeouts, markers, "
+            "continue-as-new, ctx.random()/uuid4(), handler registration); issue the command from "
+            "the workflow code instead. The query failed; nothing was recorded and the run is unaffected"
+        )
+
+
+class QueryUnavailable(QueryError):
+    """The run is Running, but its code is not executing in this engine (stuck or not resident)."""
+
+    def __init__(self, workflow_id: str, run_id: str, reason: str) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(
+            f"cannot query workflow {workflow_id!r} run {run_id}: it is Running, but {reason}; "
+            "nothing was recorded"
+        )
+
+
 class ActivityFailure(AionError):
     """Raised inside workflow code when an activity settled with a final failure."""
 

@@ -19,6 +19,7 @@ import trio
 from ._events import Event, WorkflowStatus
 
 if TYPE_CHECKING:
+    from ._context import WorkflowContext
     from ._recorder import Recorder
 
 
@@ -78,6 +79,11 @@ class Lease:
     #: The run's Trio task while its workflow code executes.
     task: trio.lowlevel.Task | None = None
     cancel_scope: trio.CancelScope | None = None
+    #: The run's workflow context while its code executes (queries read it).
+    context: WorkflowContext | None = None
+    #: Queries waiting for the run to park between steps; while non-zero, the
+    #: context wakes the recorder's waiters when it parks.
+    query_waiters: int = 0
     extra: dict[str, Any] = attrs.field(factory=dict)
 
     @property
