@@ -22,6 +22,7 @@ from ._completion import CompletionRetryConfig as CompletionRetryConfig
 from ._context import (
     ActivityHandle as ActivityHandle,
     TimeoutScope as TimeoutScope,
+    TimerHandle as TimerHandle,
     WorkflowContext as WorkflowContext,
 )
 from ._definitions import (

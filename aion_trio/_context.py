@@ -57,7 +57,7 @@ from ._events import (
     WorkflowReopened,
     WorkflowStarted,
 )
-from ._ids import anonymous_timer, scope_timer_id
+from ._ids import anonymous_timer, named_timer, scope_timer_id
 from ._payload import Payload
 from ._retry import UNSET, RetryPolicy, check_layer, explicit, resolve_options
 
@@ -237,6 +237,33 @@ class ActivityHandle(Generic[T]):
         return f"<ActivityHandle activity:{self.activity_id} {self.activity_type}>"
 
 
+@final
+class TimerHandle:
+    """A named durable timer from ``ctx.start_timer``.
+
+    ``await timer`` waits until it fires and returns ``True``, or returns
+    ``False`` if the workflow cancelled it first; ``await timer.cancel()``
+    retires it (``TimerCancelled``) unless it already fired.
+    """
+
+    def __init__(self, ctx: WorkflowContext, name: str, timer_id: str, fire_at: datetime) -> None:
+        self._ctx = ctx
+        self.name = name
+        self.timer_id = timer_id
+        self.fire_at = fire_at
+        self._cancel_requested = False
+
+    def __await__(self) -> Generator[Any, None, bool]:
+        return self._ctx._await_timer(self).__await__()
+
+    async def cancel(self) -> bool:
+        """Cancel the timer; ``True`` if this cancelled it, ``False`` if it had already fired."""
+        return await self._ctx._cancel_timer(self)
+
+    def __repr__(self) -> str:
+        return f"<TimerHandle {self.name!r} fires at {self.fire_at.isoformat()}>"
+
+
 class _ReplayAwareLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     """``ctx.logger``: silent while the run replays, with workflow fields attached."""
 
@@ -288,6 +315,7 @@ class WorkflowContext:
         self._pending: list[_PendingActivity | _PendingTimer | _PendingTimerCancel] = []
         self._poisoned: BaseException | None = None
         self._cleanup_depth = 0
+        self._named_timers: set[str] = set()
         self._rng = random.Random(_seed(lease.workflow_id, lease.run_id))
         self._task: trio.lowlevel.Task | None = None
         self._query_handlers: dict[str, Callable[..., Any]] = {}
@@ -487,6 +515,7 @@ class WorkflowContext:
         self,
         check: Callable[[], T | None],
         on_expiry: Callable[[str], Awaitable[T]] | None = None,
+        awaited_activities: Sequence[int] = (),
     ) -> T:
         """Flush commands, then park until ``check()`` finds a resolution in the snapshot.
 
@@ -515,6 +544,11 @@ class WorkflowContext:
                     # Recorded before whatever would have resolved this await: replay decides alike.
                     body = cancel.body
                     assert isinstance(body, WorkflowCancelRequested)
+                    if awaited_activities:
+                        # The workflow stops waiting: the awaited attempts stop too.
+                        await self._core.record_activities_cancelled(
+                            self._lease, self._state, awaited_activities
+                        )
                     raise WorkflowCancelled(body.reason)
             if expired is not None:
                 if on_expiry is None:
@@ -577,7 +611,9 @@ class WorkflowContext:
                 self._lease, self._state, handle.activity_id, scope_timer
             )
 
-        event = await self._wait_until(lambda: self._activity_resolution(handle.activity_id), expire)
+        event = await self._wait_until(
+            lambda: self._activity_resolution(handle.activity_id), expire, (handle.activity_id,)
+        )
         self._consume(event)
         return self._activity_value(handle, event)
 
@@ -598,7 +634,9 @@ class WorkflowContext:
                 return [e for e in resolved if e is not None]
             return None
 
-        outcome: list[Event] | Event = await self._wait_until(check)
+        outcome: list[Event] | Event = await self._wait_until(
+            check, awaited_activities=[h.activity_id for h in handles]
+        )
         if isinstance(outcome, Event):
             self._consume(outcome)
             body = outcome.body
@@ -619,7 +657,7 @@ class WorkflowContext:
             present = [(h, e) for h in handles if (e := self._activity_resolution(h.activity_id)) is not None]
             return min(present, key=lambda pair: pair[1].seq) if present else None
 
-        handle, event = await self._wait_until(check)
+        handle, event = await self._wait_until(check, awaited_activities=[h.activity_id for h in handles])
         self._consume(event)
         return handle
 
@@ -632,6 +670,67 @@ class WorkflowContext:
             return
         self._caught_up = True
         self._pending.append(_PendingTimer(timer_id=timer_id, fire_at=fire_at))
+
+    def start_timer(
+        self, name: str, duration: timedelta | float | None = None, *, at: datetime | None = None
+    ) -> TimerHandle:
+        """Start a named durable timer firing after ``duration`` (or at ``at``); returns its handle.
+
+        Names are unique within a run.  The timer is recorded with the run's next
+        await (like :meth:`start`); await the handle to wait for it, or cancel it.
+        """
+        self._require_own_task("ctx.start_timer()")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"timer name must be a non-empty str, got {name!r}")
+        if (duration is None) == (at is None):
+            raise ValueError("start_timer needs exactly one of duration= or at=")
+        if at is not None:
+            if at.tzinfo is None or at.utcoffset() is None:
+                raise ValueError(f"start_timer needs a timezone-aware datetime, got {at!r}")
+            fire_at = at
+        else:
+            assert duration is not None
+            fire_at = self._now + timedelta(seconds=_duration(duration, "timer duration", allow_zero=True))
+        if name in self._named_timers:
+            raise ValueError(f"timer name {name!r} was already used in this run; names are unique per run")
+        self._named_timers.add(name)
+        timer_id = named_timer(name)
+        self._state.sync()
+        recorded = self._state.timers.get(timer_id)
+        if recorded is not None and isinstance(recorded.body, TimerStarted):
+            fire_at = recorded.body.fire_at  # replay: the recorded time wins
+        self._start_timer(timer_id, fire_at)
+        return TimerHandle(self, name, timer_id, fire_at)
+
+    async def _await_timer(self, handle: TimerHandle) -> bool:
+        self._require_own_task("awaiting a timer handle")
+        timer_id = handle.timer_id
+
+        async def expire(scope_timer: str) -> Event:
+            return await self._core.record_timer_scope_timeout(
+                self._lease, self._state, timer_id, scope_timer
+            )
+
+        event = await self._wait_until(lambda: self._state.timer_resolutions.get(timer_id), expire)
+        self._consume(event)
+        if isinstance(event.body, TimerFired):
+            return True
+        if handle._cancel_requested:
+            return False
+        raise Timeout(f"a timeout scope expired while waiting for timer {handle.name!r}")
+
+    async def _cancel_timer(self, handle: TimerHandle) -> bool:
+        self._require_own_task("cancelling a timer")
+        handle._cancel_requested = True
+        self._state.sync()
+        if handle.timer_id not in self._state.timer_resolutions:
+            self._pending.append(_PendingTimerCancel(timer_id=handle.timer_id))
+        await self._flush()
+        self._state.sync()
+        resolution = self._state.timer_resolutions.get(handle.timer_id)
+        assert resolution is not None
+        self._consume(resolution)
+        return isinstance(resolution.body, TimerCancelled)
 
     @_command("ctx.sleep()")
     async def sleep(self, duration: timedelta | float) -> None:

@@ -453,10 +453,10 @@ class EngineCore:
             try:
                 async with recorder.lock:
                     history = await recorder.current_history()
-                    if current_lease_terminal(run_segment(history, lease.run_id)) is not None:
+                    bodies = build(history)
+                    if bodies and current_lease_terminal(run_segment(history, lease.run_id)) is not None:
                         # The run was ended elsewhere (terminate, deadline): record nothing more.
                         raise RunAborted()
-                    bodies = build(history)
                     if bodies:
                         await recorder.append(bodies, action=what, run_id=lease.run_id)
                 return
@@ -482,6 +482,7 @@ class EngineCore:
         def build(history: Sequence[Event]) -> list[Any]:
             state.sync()
             bodies: list[Any] = []
+            started_now: set[str] = set()
             for p in pending:
                 if isinstance(p, _PendingActivity):
                     if p.ordinal in state.scheduled:
@@ -499,7 +500,10 @@ class EngineCore:
                 elif isinstance(p, _PendingTimer):
                     if p.timer_id not in state.timers:
                         bodies.append(TimerStarted(timer_id=p.timer_id, fire_at=p.fire_at))
-                elif p.timer_id in state.timers and p.timer_id not in state.timer_resolutions:
+                        started_now.add(p.timer_id)
+                elif (p.timer_id in state.timers or p.timer_id in started_now) and (
+                    p.timer_id not in state.timer_resolutions
+                ):
                     bodies.append(TimerCancelled(timer_id=p.timer_id, cause=TimerCancelCause.WORKFLOW_INTENT))
             return bodies
 
@@ -576,6 +580,36 @@ class EngineCore:
         ):
             scope.cancel()
         return event
+
+    async def record_activities_cancelled(
+        self, lease: Lease, state: RunState, activity_ids: Sequence[int]
+    ) -> None:
+        """The workflow stopped awaiting these activities because it was cancelled: settle
+        the unsettled ones with ``ActivityCancelled`` (one batch, under the lock) and stop
+        their running attempts.  Idempotent: replay finds them settled and records nothing."""
+        cancelled: list[int] = []
+
+        def build(history: Sequence[Event]) -> list[Any]:
+            state.sync()
+            cancelled.clear()
+            segment = run_segment(history, lease.run_id)
+            bodies: list[Any] = []
+            for activity_id in activity_ids:
+                if activity_id in state.settled or activity_id not in state.scheduled:
+                    continue
+                trail = retry_trail(segment, activity_id)
+                bodies.append(
+                    ActivityCancelled(activity_id=activity_id, attempt=trail[-1].attempt if trail else 1)
+                )
+                cancelled.append(activity_id)
+            return bodies
+
+        await self._append_with_retry(lease, "cancel the awaited activities", build)
+        state.sync()
+        for activity_id in cancelled:
+            scope = self.inflight.get((lease.workflow_id, lease.run_id, activity_id))
+            if scope is not None:
+                scope.cancel()
 
     async def record_timer_scope_timeout(
         self, lease: Lease, state: RunState, timer_id: str, scope_timer: str
@@ -1137,6 +1171,7 @@ class Engine:
                     )
                     if successor is not None:
                         current = successor
+                        checked = 0  # look at the successor's segment now, not at new events
                         continue
                 elif isinstance(body, WorkflowFailed):
                     raise WorkflowFailure(workflow_id, current, "failed", error=body.error)

@@ -52,7 +52,7 @@ AION_TRIO_NAMES = [
     "PolicyRefused", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable", "RetryPolicy", "RunHandle", "SearchAttributesUpserted", "SearchOp",
     "SearchPredicate", "SequenceConflict", "SerializationError", "SignalReceived", "Store", "StoreError",
     "StoreOpenError", "StorePathError", "StoreSchemeConflict", "TerminalError", "Timeout", "TimeoutKind", "TimeoutScope",
-    "TimerCancelCause", "TimerCancelled", "TimerFired", "TimerStarted", "UnknownActivityType", "UnknownQuery",
+    "TimerCancelCause", "TimerCancelled", "TimerFired", "TimerHandle", "TimerStarted", "UnknownActivityType", "UnknownQuery",
     "UnknownStoreScheme", "UnknownWorkflowType", "VisibilityFilter", "VisibilityRow", "VisibilityStore",
     "WorkerLost", "WorkflowAlreadyStarted", "WorkflowCancelRequested", "WorkflowCancelled",
     "WorkflowCommandError", "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew",

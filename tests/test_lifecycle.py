@@ -135,15 +135,16 @@ async def test_cancel_interrupts_the_next_await_compensation_runs_and_the_run_en
         assert CANCELLED_ACTIVITIES == ["o-1"], "the in-flight activity was really cancelled"
         names = types(history)
         request = names.index("WorkflowCancelRequested")
-        # The compensation ran after the request, then the terminal settled what was left.
+        # The awaited attempt was cancelled the moment the workflow stopped waiting for
+        # it, then the compensation ran, then the run ended.
         assert names[request + 1 :] == [
+            "ActivityCancelled",
             "ActivityScheduled",
             "ActivityStarted",
             "ActivityCompleted",
             "WorkflowCancelled",
-            "ActivityCancelled",
         ]
-        terminal = history[-2].body
+        terminal = history[-1].body
         assert isinstance(terminal, ev.WorkflowCancelled)
         assert (terminal.reason, terminal.terminated) == ("customer changed their mind", False)
         await assert_replays_cleanly(history, workflows=[saga], activities=[reserve, ship, release])

@@ -291,6 +291,66 @@ async def test_continue_as_new_starts_a_successor_run_and_result_follows_the_cha
             await engine.result("loop", run_id=runs[0], follow_continue_as_new=False)
 
 
+async def test_result_on_the_first_run_of_a_finished_chain_follows_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with aion.open_engine(
+        f"memory://chain-{uuid.uuid4().hex}", workflows=[countdown], activities=[reserve]
+    ) as engine:
+        first = await engine.start(countdown, 2, workflow_id="chain")
+        assert await engine.result("chain") == 42
+        with trio.fail_after(3600):  # a hang fails in mock time
+            assert await first.result() == 42
+            assert await engine.result("chain", run_id=first.run_id) == 42
+
+
+class _SuccessorStartFails:
+    """Fault injection: the engine dies between a run's ContinuedAsNew and its successor's start."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.events = self
+        self.visibility = inner.visibility
+
+    async def append(self, workflow_id: str, events: Any, expected_seq: int) -> None:
+        if any(isinstance(e.body, aion.WorkflowStarted) and e.body.parent_run_id for e in events):
+            await trio.lowlevel.checkpoint()
+            raise aion.NotOwner("simulated crash before the successor started")
+        await self._inner.events.append(workflow_id, events, expected_seq)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner.events, name)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_a_crash_between_continue_as_new_and_the_successor_start_is_repaired_by_recovery(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    name = f"memory://can-crash-{uuid.uuid4().hex}"
+    async with (
+        aion.open_store(name) as raw,
+        aion.open_engine(
+            _SuccessorStartFails(raw),  # type: ignore[arg-type]
+            workflows=[countdown],
+            activities=[reserve],
+        ) as engine,
+    ):
+        await engine.start(countdown, 1, workflow_id="cut")
+        await trio.testing.wait_all_tasks_blocked()
+        cut = await engine.history("cut")
+    assert projections.workflow_status(cut) is aion.WorkflowStatus.CONTINUED_AS_NEW
+    assert len(projections.run_ids(cut)) == 1, "control: the successor did not start"
+    async with aion.open_engine(name, workflows=[countdown], activities=[reserve]) as engine:
+        with trio.fail_after(3600):
+            assert await engine.result("cut") == 42
+        history = await engine.history("cut")
+    runs = projections.run_ids(history)
+    assert len(runs) == 2
+    assert history[: len(cut)] == cut
+
+
 # --------------------------------------------------------------------------
 # Graceful shutdown: drain, then park
 # --------------------------------------------------------------------------

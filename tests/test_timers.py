@@ -199,3 +199,113 @@ def test_timeout_and_sleep_arguments_are_validated() -> None:
         _duration(float("inf"), "sleep duration", allow_zero=True)
     with pytest.raises(TypeError):
         _duration(True, "sleep duration", allow_zero=True)
+
+
+# --------------------------------------------------------------------------
+# Named timers with cancel
+# --------------------------------------------------------------------------
+
+
+@aion.workflow
+async def named_timers(ctx: aion.WorkflowContext, mode: str) -> list[object]:
+    out: list[object] = []
+    if mode == "fire":
+        reminder = ctx.start_timer("reminder", 3600)
+        out.append(await reminder)
+    elif mode == "cancel-before":
+        reminder = ctx.start_timer("reminder", timedelta(hours=1))
+        await ctx.sleep(60)
+        out.append(await reminder.cancel())
+        out.append(await reminder)
+        await ctx.sleep(7200)  # the cancelled timer must not fire meanwhile
+    elif mode == "cancel-after":
+        reminder = ctx.start_timer("reminder", 10)
+        await ctx.sleep(60)
+        out.append(await reminder.cancel())
+        out.append(await reminder)
+    elif mode == "cancel-at-once":
+        reminder = ctx.start_timer("reminder", at=ctx.now() + timedelta(days=1))
+        out.append(await reminder.cancel())
+    elif mode == "scope":
+        reminder = ctx.start_timer("reminder", 3600)
+        try:
+            async with ctx.timeout(60):
+                await reminder
+        except aion.Timeout:
+            out.append("timed out")
+    out.append(ctx.now().isoformat())
+    return out
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected", "resolution"),
+    [
+        ("fire", [True], "TimerFired"),
+        ("cancel-before", [True, False], "TimerCancelled"),
+        ("cancel-after", [False, True], "TimerFired"),
+        ("cancel-at-once", [True], "TimerCancelled"),
+        ("scope", ["timed out"], "TimerCancelled"),
+    ],
+)
+async def test_named_timers_fire_or_are_cancelled_durably_and_replay_alike(
+    autojump_clock: trio.testing.MockClock, mode: str, expected: list[object], resolution: str
+) -> None:
+    from _replay import assert_replays_cleanly
+
+    with trio.fail_after(10 * 86400):
+        async with aion.open_engine(url(), workflows=[named_timers]) as engine:
+            run = await engine.start(named_timers, mode, workflow_id=mode)
+            result = await run.result()
+            await trio.sleep(2 * 86400)  # nothing fires after the run ended
+            history = await engine.history(mode)
+    assert result[:-1] == expected
+    named = [e for e in history if getattr(e.body, "timer_id", None) == "named:reminder"]
+    kinds = [type(e.body).__name__ for e in named]
+    assert kinds == ["TimerStarted", resolution]
+    if resolution == "TimerCancelled":
+        assert named[1].body.cause is aion.TimerCancelCause.WORKFLOW_INTENT  # type: ignore[union-attr]
+    started = named[0].body
+    assert isinstance(started, aion.TimerStarted)
+    if mode == "fire":
+        assert (started.fire_at - history[0].recorded_at).total_seconds() == 3600
+        assert (named[1].recorded_at - history[0].recorded_at).total_seconds() == pytest.approx(3600, abs=1)
+    await assert_replays_cleanly(history, workflows=[named_timers])
+
+
+@aion.workflow
+async def reuses_a_name(ctx: aion.WorkflowContext) -> str:
+    ctx.start_timer("once", 1)
+    try:
+        ctx.start_timer("once", 1)
+    except ValueError as exc:
+        return str(exc)
+    return "accepted"
+
+
+async def test_timer_names_are_unique_per_run_and_arguments_are_checked(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with aion.open_engine(url(), workflows=[reuses_a_name]) as engine:
+        assert "already used in this run" in await (await engine.start(reuses_a_name)).result()
+
+
+@aion.workflow
+async def waits_on_a_named_timer(ctx: aion.WorkflowContext) -> str:
+    await ctx.start_timer("wake", 3600)
+    return ctx.now().isoformat()
+
+
+async def test_a_named_timer_due_while_the_engine_was_down_fires_at_recovery(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = url()
+    async with aion.open_engine(store, workflows=[waits_on_a_named_timer]) as engine:
+        await engine.start(waits_on_a_named_timer, workflow_id="down")
+        await trio.sleep(60)
+    await trio.sleep(7200)  # the engine is down when the timer comes due
+    async with aion.open_engine(store, workflows=[waits_on_a_named_timer]) as engine:
+        with trio.fail_after(60):
+            await engine.result("down")
+        history = await engine.history("down")
+    fired = [e for e in history if isinstance(e.body, aion.TimerFired)]
+    assert [e.body.timer_id for e in fired] == ["named:wake"]
