@@ -391,8 +391,12 @@ class PostgresVisibilityStore(_Facade):
         def run(conn: Conn) -> None:
             try:
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.execute(_SQL_CLEAR_SEARCH, (wid,))
+                    # The upsert first: its row lock serialises concurrent upserts
+                    # of one workflow, so the delete below (a new snapshot, read
+                    # committed) sees and removes the search rows a racing upsert
+                    # just committed.
                     cur.execute(_SQL_UPSERT_VISIBILITY, params)
+                    cur.execute(_SQL_CLEAR_SEARCH, (wid,))
                     if search:
                         cur.executemany(_SQL_INSERT_SEARCH, search)
             except (psycopg.DataError, UnicodeError) as exc:
