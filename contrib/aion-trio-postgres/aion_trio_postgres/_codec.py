@@ -76,10 +76,6 @@ def encode_batch(workflow_id: str, events: Sequence[Event]) -> EncodedBatch:
             text.encode("utf-8")  # lone surrogates cannot reach PostgreSQL
         except (TypeError, ValueError) as exc:
             raise SerializationError(workflow_id, event.seq, f"cannot encode the event: {exc}") from exc
-        if "\x00" in text:
-            raise SerializationError(
-                workflow_id, event.seq, "the event's JSON text holds a NUL character, which PostgreSQL text cannot"
-            )
         recorded_at.append(event.recorded_at)
         types.append(type_name)
         data.append(text)
