@@ -78,17 +78,19 @@ _SQL_INSERT_SEARCH = (
     "INSERT INTO search_attrs (workflow_id, key, part, kind, num, txt) VALUES (%s, %s, %s, %s, %s, %s)"
 )
 _SQL_GET_VISIBILITY = f"SELECT {_codec.VISIBILITY_COLUMNS} FROM visibility WHERE workflow_id = %s"
+# One reading of the database clock per statement, so renewed_at + ttl == lease_expires_at.
 _SQL_REGISTER_NODE = (
     "INSERT INTO nodes (node_id, incarnation, lease_expires_at, started_at, renewed_at)"
-    " VALUES (%s, 1, clock_timestamp() + make_interval(secs => %s), clock_timestamp(), clock_timestamp())"
+    " SELECT %s, 1, c.t + make_interval(secs => %s), c.t, c.t FROM (SELECT clock_timestamp() AS t) AS c"
     " ON CONFLICT (node_id) DO UPDATE SET incarnation = nodes.incarnation + 1,"
     " lease_expires_at = excluded.lease_expires_at, started_at = excluded.started_at,"
     " renewed_at = excluded.renewed_at"
     " RETURNING incarnation, lease_expires_at"
 )
 _SQL_RENEW_LEASE = (
-    "UPDATE nodes SET lease_expires_at = clock_timestamp() + make_interval(secs => %s),"
-    " renewed_at = clock_timestamp() WHERE node_id = %s AND incarnation = %s RETURNING lease_expires_at"
+    "UPDATE nodes SET lease_expires_at = c.t + make_interval(secs => %s), renewed_at = c.t"
+    " FROM (SELECT clock_timestamp() AS t) AS c"
+    " WHERE node_id = %s AND incarnation = %s RETURNING lease_expires_at"
 )
 _SQL_RELEASE_LEASE = (
     "UPDATE nodes SET lease_expires_at = clock_timestamp() WHERE node_id = %s AND incarnation = %s"

@@ -276,15 +276,39 @@ async def test_server_side_timeouts_are_set_on_every_connection(pg_url: str) -> 
         drop_schema(pg_url, schema)
 
 
+async def append_while_locked(
+    store: aion_trio_postgres.PostgresStore, lock: RowLock, events: list[Event], expected: int
+) -> BaseException | None:
+    """Append while ``lock`` is held; release it after 15 s at the latest, so a store that
+    waits forever fails the test instead of hanging it."""
+    outcome: list[BaseException | None] = []
+    done = trio.Event()
+
+    async def attempt() -> None:
+        try:
+            await store.events.append(events[0].workflow_id, events, expected)
+            outcome.append(None)
+        except Exception as exc:
+            outcome.append(exc)
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(attempt)
+        with trio.move_on_after(15):
+            await done.wait()
+        lock.release()
+    return outcome[0]
+
+
 async def test_lock_timeout_surfaces_as_backend_unavailable(pg_url: str) -> None:
     schema = new_schema_name()
     try:
         async with open_postgres_store(f"{pg_url}?schema={schema}&lock_timeout=0.2") as store:
             await store.events.append("wf", markers("wf", 1, 1), 0)
-            with locked_workflow_row(pg_url, schema, "wf"):
-                with pytest.raises(BackendUnavailable, match="lock_timeout") as info:
-                    await store.events.append("wf", markers("wf", 2, 1), 1)
-            assert isinstance(info.value.__cause__, psycopg.errors.LockNotAvailable)
+            with locked_workflow_row(pg_url, schema, "wf") as lock:
+                error = await append_while_locked(store, lock, markers("wf", 2, 1), 1)
+            assert isinstance(error, BackendUnavailable) and "lock_timeout" in str(error)
+            assert isinstance(error.__cause__, psycopg.errors.LockNotAvailable)
             assert len(await store.events.read_history("wf")) == 1
     finally:
         drop_schema(pg_url, schema)
@@ -296,10 +320,10 @@ async def test_statement_timeout_surfaces_as_backend_unavailable(pg_url: str) ->
         url = f"{pg_url}?schema={schema}&lock_timeout=0&statement_timeout=0.3"
         async with open_postgres_store(url) as store:
             await store.events.append("wf", markers("wf", 1, 1), 0)
-            with locked_workflow_row(pg_url, schema, "wf"):
-                with pytest.raises(BackendUnavailable, match="statement_timeout") as info:
-                    await store.events.append("wf", markers("wf", 2, 1), 1)
-            assert isinstance(info.value.__cause__, psycopg.errors.QueryCanceled)
+            with locked_workflow_row(pg_url, schema, "wf") as lock:
+                error = await append_while_locked(store, lock, markers("wf", 2, 1), 1)
+            assert isinstance(error, BackendUnavailable) and "statement_timeout" in str(error)
+            assert isinstance(error.__cause__, psycopg.errors.QueryCanceled)
             assert len(await store.events.read_history("wf")) == 1
     finally:
         drop_schema(pg_url, schema)
