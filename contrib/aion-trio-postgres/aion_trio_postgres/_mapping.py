@@ -69,7 +69,11 @@ def backend_error(exc: BaseException, location: str, doing: str) -> StoreError |
             ),
             exc,
         )
-    if isinstance(exc, psycopg.OperationalError) or code[:2] in _TRANSIENT_CLASSES or code in _TRANSIENT_CODES:
+    if (
+        isinstance(exc, psycopg.OperationalError)
+        or code[:2] in _TRANSIENT_CLASSES
+        or code in _TRANSIENT_CODES
+    ):
         return cause(BackendUnavailable(f"{location}: {doing} failed: {_describe(exc)}"), exc)
     if code in ("XX001", "XX002"):
         return cause(

@@ -10,6 +10,8 @@ refused before anything is written to it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 from psycopg import sql
 
@@ -140,28 +142,28 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # code-point order whatever the database's default collation says.
     (
         "CREATE TABLE nodes ("
-        " node_id text COLLATE \"C\" PRIMARY KEY, incarnation bigint NOT NULL,"
+        ' node_id text COLLATE "C" PRIMARY KEY, incarnation bigint NOT NULL,'
         " lease_expires_at timestamptz NOT NULL, started_at timestamptz NOT NULL,"
         " renewed_at timestamptz NOT NULL)",
         # head: the last seq (0 until the first append commits).  A row with
         # head 0 only exists for an explicit claim of a workflow without events.
         "CREATE TABLE workflows ("
-        " workflow_id text COLLATE \"C\" PRIMARY KEY, head bigint NOT NULL DEFAULT 0, status text,"
-        " owner_node text COLLATE \"C\", owner_epoch bigint NOT NULL DEFAULT 0)",
+        ' workflow_id text COLLATE "C" PRIMARY KEY, head bigint NOT NULL DEFAULT 0, status text,'
+        ' owner_node text COLLATE "C", owner_epoch bigint NOT NULL DEFAULT 0)',
         f"CREATE INDEX workflows_active ON workflows (workflow_id) WHERE status IN ({_ACTIVE_LIST})",
         "CREATE INDEX workflows_by_owner ON workflows (owner_node, workflow_id)",
         # owner_epoch per event: the fencing epoch it was written under, so
         # "epochs never decrease along a history" can be checked in SQL.
         "CREATE TABLE events ("
-        " workflow_id text COLLATE \"C\" NOT NULL, seq bigint NOT NULL, recorded_at timestamptz NOT NULL,"
+        ' workflow_id text COLLATE "C" NOT NULL, seq bigint NOT NULL, recorded_at timestamptz NOT NULL,'
         " type text NOT NULL, data text NOT NULL, owner_epoch bigint NOT NULL,"
         " PRIMARY KEY (workflow_id, seq))",
         "CREATE TABLE timers ("
-        " workflow_id text COLLATE \"C\" NOT NULL, timer_id text COLLATE \"C\" NOT NULL,"
+        ' workflow_id text COLLATE "C" NOT NULL, timer_id text COLLATE "C" NOT NULL,'
         " fire_at timestamptz NOT NULL, PRIMARY KEY (workflow_id, timer_id))",
         "CREATE INDEX timers_by_fire_at ON timers (fire_at, workflow_id, timer_id)",
         "CREATE TABLE visibility ("
-        " workflow_id text COLLATE \"C\" PRIMARY KEY, run_id text NOT NULL, workflow_type text NOT NULL,"
+        ' workflow_id text COLLATE "C" PRIMARY KEY, run_id text NOT NULL, workflow_type text NOT NULL,'
         " status text NOT NULL, start_time timestamptz NOT NULL, close_time timestamptz,"
         " task_queue text NOT NULL, failed_step text, failure_reason text, stuck_reason text,"
         " search_attributes text NOT NULL)",
@@ -171,8 +173,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # (parts 1..n, kind 'elem').  Numbers are exact numerics: ints of any
         # size and floats (as their exact binary value) compare as Python does.
         "CREATE TABLE search_attrs ("
-        " workflow_id text COLLATE \"C\" NOT NULL, key text COLLATE \"C\" NOT NULL, part integer NOT NULL,"
-        " kind text NOT NULL, num numeric, txt text COLLATE \"C\","
+        ' workflow_id text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, part integer NOT NULL,'
+        ' kind text NOT NULL, num numeric, txt text COLLATE "C",'
         " PRIMARY KEY (workflow_id, key, part))",
         "CREATE INDEX search_attrs_by_num ON search_attrs (key, kind, num)",
         "CREATE INDEX search_attrs_by_txt ON search_attrs (key, kind, txt)",
@@ -202,7 +204,7 @@ _SQL_CONFIGURE = (
 )
 
 
-def configure(conn: psycopg.Connection[object], url: PostgresUrl) -> None:
+def configure(conn: psycopg.Connection[Any], url: PostgresUrl) -> None:
     """Per-connection settings: the schema, the server-side timeouts, UTC."""
     conn.execute(
         _SQL_CONFIGURE,
@@ -214,7 +216,7 @@ def configure(conn: psycopg.Connection[object], url: PostgresUrl) -> None:
     )
 
 
-def _found_version(conn: psycopg.Connection[object], url: PostgresUrl, *, create: bool) -> int:
+def _found_version(conn: psycopg.Connection[Any], url: PostgresUrl, *, create: bool) -> int:
     """Inside the locked transaction: the schema's version (0: new), creating the schema if asked."""
     row = conn.execute(_SQL_SCHEMA_EXISTS, (url.schema,)).fetchone()
     if row is None:
@@ -242,7 +244,7 @@ def _found_version(conn: psycopg.Connection[object], url: PostgresUrl, *, create
     return version
 
 
-def migrate(conn: psycopg.Connection[object], url: PostgresUrl) -> int:
+def migrate(conn: psycopg.Connection[Any], url: PostgresUrl) -> int:
     """Bring the schema to :data:`SCHEMA_VERSION`; return the version found before.
 
     ``conn`` is in autocommit mode and configured (search_path = the schema).

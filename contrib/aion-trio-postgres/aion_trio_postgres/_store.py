@@ -62,9 +62,7 @@ _SQL_SCHEDULE_TIMER = (
     " ON CONFLICT (workflow_id, timer_id) DO UPDATE SET fire_at = excluded.fire_at"
 )
 _SQL_REMOVE_TIMER = "DELETE FROM timers WHERE workflow_id = %s AND timer_id = %s"
-_SQL_EXPIRED_TIMERS = (
-    "SELECT fire_at, workflow_id, timer_id FROM timers WHERE fire_at <= %s ORDER BY fire_at, workflow_id, timer_id"
-)
+_SQL_EXPIRED_TIMERS = "SELECT fire_at, workflow_id, timer_id FROM timers WHERE fire_at <= %s ORDER BY fire_at, workflow_id, timer_id"
 _SQL_CLEAR_SEARCH = "DELETE FROM search_attrs WHERE workflow_id = %s"
 _SQL_UPSERT_VISIBILITY = (
     f"INSERT INTO visibility ({_codec.VISIBILITY_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -148,6 +146,41 @@ class _Backend:
             raise backend_error(exc, self.location, doing) from exc
 
 
+@final
+@attrs.define(eq=False)
+class _InCallOrder:
+    """Writes to one key apply in the order they were called (a FIFO lock per key).
+
+    Callers compute what they write at call time (the engine derives a
+    visibility row from the history it holds), so a later call must never be
+    overtaken by an earlier one still waiting for a worker thread.  trio.Lock
+    is fair: waiters acquire it in arrival order.
+    """
+
+    _locks: dict[object, tuple[trio.Lock, int]] = attrs.field(factory=dict, init=False)
+
+    def waiting(self, key: object) -> int:
+        """How many calls for ``key`` wait behind the one in progress."""
+        found = self._locks.get(key)
+        return 0 if found is None else found[0].statistics().tasks_waiting
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: object) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = trio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
 class _Facade:
     _backend: _Backend
     _closed: bool
@@ -185,7 +218,9 @@ def _check_aware(name: str, value: object) -> datetime | ValueError:
 # --------------------------------------------------------------------------
 
 
-def _append_error(exc: psycopg.Error, workflow_id: str, expected_seq: int, first_seq: int) -> Exception | None:
+def _append_error(
+    exc: psycopg.Error, workflow_id: str, expected_seq: int, first_seq: int
+) -> Exception | None:
     """The typed refusal the append function raised, or ``None`` for any other error."""
     if exc.sqlstate == SQLSTATE_SEQUENCE_CONFLICT:
         found = int(exc.diag.message_detail or "0")
@@ -220,6 +255,7 @@ class PostgresEventStore(_Facade):
     _backend: _Backend = attrs.field(alias="backend")
     _closed: bool = attrs.field(default=False, init=False)
     _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
+    _timer_order: _InCallOrder = attrs.field(factory=_InCallOrder, init=False)
 
     @property
     def node(self) -> NodeLease | None:
@@ -347,12 +383,16 @@ class PostgresEventStore(_Facade):
         if isinstance(checked, ValueError):
             await _refuse(checked)
         params = (workflow_id, timer_id, fire_at)
-        await self._backend.run("scheduling a timer", lambda conn: conn.execute(_SQL_SCHEDULE_TIMER, params))
+        async with self._timer_order.hold((workflow_id, timer_id)):
+            await self._backend.run(
+                "scheduling a timer", lambda conn: conn.execute(_SQL_SCHEDULE_TIMER, params)
+            )
 
     async def remove_timer(self, workflow_id: str, timer_id: str) -> None:
         await self._enter()
         params = (workflow_id, timer_id)
-        await self._backend.run("removing a timer", lambda conn: conn.execute(_SQL_REMOVE_TIMER, params))
+        async with self._timer_order.hold((workflow_id, timer_id)):
+            await self._backend.run("removing a timer", lambda conn: conn.execute(_SQL_REMOVE_TIMER, params))
 
     async def expired_timers(self, as_of: datetime) -> list[TimerEntry]:
         await self._enter()
@@ -377,10 +417,15 @@ class PostgresEventStore(_Facade):
 @final
 @attrs.define(eq=False)
 class PostgresVisibilityStore(_Facade):
-    """Visibility rows; filters and search predicates are evaluated in SQL. Same checkpoint and cancellation rules."""
+    """Visibility rows; filters and search predicates are evaluated in SQL. Same checkpoint and cancellation rules.
+
+    Upserts of one workflow apply in the order they were called, as with a
+    single-threaded store, even though several worker threads write at once.
+    """
 
     _backend: _Backend = attrs.field(alias="backend")
     _closed: bool = attrs.field(default=False, init=False)
+    _order: _InCallOrder = attrs.field(factory=_InCallOrder, init=False)
 
     async def upsert(self, row: VisibilityRow) -> None:
         await self._enter()
@@ -402,9 +447,12 @@ class PostgresVisibilityStore(_Facade):
                     if search:
                         cur.executemany(_SQL_INSERT_SEARCH, search)
             except (psycopg.DataError, UnicodeError) as exc:
-                raise SerializationError(wid, None, f"PostgreSQL cannot store this visibility row: {exc}") from exc
+                raise SerializationError(
+                    wid, None, f"PostgreSQL cannot store this visibility row: {exc}"
+                ) from exc
 
-        await self._backend.run("writing a visibility row", run)
+        async with self._order.hold(wid):
+            await self._backend.run("writing a visibility row", run)
 
     async def get(self, workflow_id: str) -> VisibilityRow | None:
         await self._enter()
@@ -475,14 +523,17 @@ class PostgresStore:
             await _refuse(NotOwner(node.node_id, f"incarnation {node.incarnation} has been superseded"))
 
         def run(conn: Conn) -> datetime | None:
-            found = conn.execute(_SQL_RENEW_LEASE, (node.lease_ttl, node.node_id, node.incarnation)).fetchone()
+            found = conn.execute(
+                _SQL_RENEW_LEASE, (node.lease_ttl, node.node_id, node.incarnation)
+            ).fetchone()
             return None if found is None else _codec.utc(found[0])
 
         expires = await self._backend.run("renewing the node lease", run)
         if expires is None:
             node.superseded = True
             raise NotOwner(
-                node.node_id, f"incarnation {node.incarnation} has been superseded by a newer open of this node id"
+                node.node_id,
+                f"incarnation {node.incarnation} has been superseded by a newer open of this node id",
             )
         node.expires_at = expires
         return expires
@@ -532,7 +583,10 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
             found = conn.execute(_SQL_REGISTER_NODE, (node_id, lease_ttl)).fetchone()
             assert found is not None
             node = NodeLease(
-                node_id=node_id, incarnation=int(found[0]), lease_ttl=lease_ttl, expires_at=_codec.utc(found[1])
+                node_id=node_id,
+                incarnation=int(found[0]),
+                lease_ttl=lease_ttl,
+                expires_at=_codec.utc(found[1]),
             )
     except psycopg.Error as exc:
         raise backend_error(exc, url.location, doing) from exc

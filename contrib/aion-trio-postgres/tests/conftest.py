@@ -18,7 +18,6 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-
 from aion_trio_postgres import PostgresStore, open_postgres_store
 
 PG_URL_ENV = "AION_TRIO_TEST_PG_URL"
@@ -59,7 +58,9 @@ def require_server(url: str) -> None:
 
 def drop_schema(url: str, schema: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(psycopg.sql.Identifier(schema)))
+        conn.execute(
+            psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(psycopg.sql.Identifier(schema))
+        )
 
 
 def new_schema_name() -> str:
@@ -95,7 +96,9 @@ def schema_of() -> Callable[[str], str]:
     return lambda url: url.split("schema=", 1)[1].split("&", 1)[0]
 
 
-def isolated_opener(url: str, **kwargs: Any) -> Callable[[], contextlib.AbstractAsyncContextManager[PostgresStore]]:
+def isolated_opener(
+    url: str, **kwargs: Any
+) -> Callable[[], contextlib.AbstractAsyncContextManager[PostgresStore]]:
     """A conformance-kit factory: each call opens a store in a new schema, dropped on exit."""
 
     @contextlib.asynccontextmanager

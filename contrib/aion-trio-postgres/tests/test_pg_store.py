@@ -14,15 +14,16 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import aion_trio_postgres
 import psycopg
 import psycopg.errors
 import pytest
 import trio
 import trio.testing
+from aion_trio_postgres import SCHEMA_VERSION, open_postgres_store, parse_postgres_url
 from conftest import drop_schema, new_schema_name
 
 import aion_trio
-import aion_trio_postgres
 from aion_trio import (
     AionInternalError,
     BackendUnavailable,
@@ -40,7 +41,6 @@ from aion_trio import (
     TimerStarted,
 )
 from aion_trio.plugin import VisibilityRow, WorkflowStatus
-from aion_trio_postgres import SCHEMA_VERSION, open_postgres_store, parse_postgres_url
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
@@ -97,7 +97,10 @@ async def wait_for_waiters(url: str, locks: Sequence[RowLock]) -> None:
     text = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))"
     with trio.fail_after(20):
         for lock in locks:
-            while (await trio.to_thread.run_sync(query, url, None, text, (lock.pid,)))[0][0] < 1:
+            # An outside condition (another process's lock queue): polled, no event exists.
+            while True:
+                if (await trio.to_thread.run_sync(query, url, None, text, (lock.pid,)))[0][0] >= 1:
+                    break
                 await trio.sleep(0.01)
 
 
@@ -125,7 +128,8 @@ def test_url_options_and_defaults() -> None:
     assert (parsed.pool_size, parsed.node, parsed.lease_ttl) == (8, "n-1", 12.0)
     assert parsed.location == "postgresql://app@db.example:6543/prod (schema aion_x)"
     assert "s3cret" not in repr(parsed)
-    assert "sslmode=disable" in parsed.conninfo and "schema" not in parsed.conninfo
+    assert "sslmode=disable" in parsed.conninfo
+    assert "schema" not in parsed.conninfo
     default = parse_postgres_url("postgres://h/db")
     assert (default.schema, default.statement_timeout, default.lock_timeout, default.node) == (
         "aion_trio",
@@ -197,11 +201,14 @@ async def test_concurrent_first_opens_migrate_exactly_once(pg_url: str) -> None:
     schema = new_schema_name()
     opened: list[int] = []
     url = f"{pg_url}?schema={schema}"
+    all_open = trio.Event()
     release = trio.Event()
 
     async def one() -> None:
         async with open_postgres_store(url) as store:
             opened.append(1)
+            if len(opened) == 6:
+                all_open.set()
             await release.wait()
             await store.events.list_workflow_ids()
 
@@ -210,8 +217,7 @@ async def test_concurrent_first_opens_migrate_exactly_once(pg_url: str) -> None:
             for _ in range(6):
                 nursery.start_soon(one)
             with trio.fail_after(30):
-                while len(opened) < 6:
-                    await trio.sleep(0.01)
+                await all_open.wait()
             release.set()
         assert _versions(pg_url, schema) == list(range(1, SCHEMA_VERSION + 1))
     finally:
@@ -228,7 +234,8 @@ async def test_a_schema_newer_than_the_code_is_refused_untouched(pg_url: str) ->
             async with open_postgres_store(f"{pg_url}?schema={schema}"):
                 pass  # pragma: no cover - refused
         assert (info.value.found, info.value.supported) == (SCHEMA_VERSION + 1, SCHEMA_VERSION)
-        assert "upgrade aion-trio" in str(info.value) and schema in str(info.value)
+        assert "upgrade aion-trio" in str(info.value)
+        assert schema in str(info.value)
         assert _versions(pg_url, schema) == [*range(1, SCHEMA_VERSION + 1), SCHEMA_VERSION + 1]
         assert query(pg_url, schema, "SELECT count(*) FROM events")[0][0] == 2
     finally:
@@ -244,7 +251,10 @@ async def test_another_programs_schema_is_refused_untouched(pg_url: str) -> None
             async with open_postgres_store(f"{pg_url}?schema={schema}"):
                 pass  # pragma: no cover - refused
         tables = query(
-            pg_url, None, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+            pg_url,
+            None,
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (schema,),
         )
         assert tables == [("customers",)]
     finally:
@@ -307,7 +317,8 @@ async def test_lock_timeout_surfaces_as_backend_unavailable(pg_url: str) -> None
             await store.events.append("wf", markers("wf", 1, 1), 0)
             with locked_workflow_row(pg_url, schema, "wf") as lock:
                 error = await append_while_locked(store, lock, markers("wf", 2, 1), 1)
-            assert isinstance(error, BackendUnavailable) and "lock_timeout" in str(error)
+            assert isinstance(error, BackendUnavailable)
+            assert "lock_timeout" in str(error)
             assert isinstance(error.__cause__, psycopg.errors.LockNotAvailable)
             assert len(await store.events.read_history("wf")) == 1
     finally:
@@ -322,7 +333,8 @@ async def test_statement_timeout_surfaces_as_backend_unavailable(pg_url: str) ->
             await store.events.append("wf", markers("wf", 1, 1), 0)
             with locked_workflow_row(pg_url, schema, "wf") as lock:
                 error = await append_while_locked(store, lock, markers("wf", 2, 1), 1)
-            assert isinstance(error, BackendUnavailable) and "statement_timeout" in str(error)
+            assert isinstance(error, BackendUnavailable)
+            assert "statement_timeout" in str(error)
             assert isinstance(error.__cause__, psycopg.errors.QueryCanceled)
             assert len(await store.events.read_history("wf")) == 1
     finally:
@@ -415,7 +427,10 @@ async def test_an_append_cancelled_before_its_thread_started_writes_nothing(
             raise
         third.append("returned")  # pragma: no cover - the bug this test catches
 
-    with locked_workflow_row(pg_url, schema, "a") as lock_a, locked_workflow_row(pg_url, schema, "b") as lock_b:
+    with (
+        locked_workflow_row(pg_url, schema, "a") as lock_a,
+        locked_workflow_row(pg_url, schema, "b") as lock_b,
+    ):
         async with trio.open_nursery() as outer:
             outer.start_soon(stalled, "a")
             outer.start_soon(stalled, "b")
@@ -509,8 +524,15 @@ async def test_concurrent_upserts_of_one_visibility_row_never_collide(
         n = int(final.run_id.removeprefix("run-"))
         assert final == row(n)
         search = query(pg_url, schema, "SELECT key, part, num, txt FROM search_attrs ORDER BY key, part")
-        assert [(k, p) for k, p, _, _ in search] == [("n", 0), ("tags", 0), ("tags", 1), ("tags", 2), ("tags", 3)]
-        assert search[0][2] == n and search[4][3] == str(n)
+        assert [(k, p) for k, p, _, _ in search] == [
+            ("n", 0),
+            ("tags", 0),
+            ("tags", 1),
+            ("tags", 2),
+            ("tags", 3),
+        ]
+        assert search[0][2] == n
+        assert search[4][3] == str(n)
 
 
 def test_unexpected_errors_are_internal_errors_naming_the_sqlstate() -> None:
@@ -518,6 +540,61 @@ def test_unexpected_errors_are_internal_errors_naming_the_sqlstate() -> None:
 
     original = psycopg.errors.UniqueViolation("duplicate key")
     mapped = backend_error(original, "somewhere", "writing")
-    assert isinstance(mapped, AionInternalError) and mapped.__cause__ is original
+    assert isinstance(mapped, AionInternalError)
+    assert mapped.__cause__ is original
     transient = backend_error(psycopg.errors.SerializationFailure("retry"), "somewhere", "writing")
-    assert isinstance(transient, BackendUnavailable) and transient.__cause__ is not None
+    assert isinstance(transient, BackendUnavailable)
+    assert transient.__cause__ is not None
+
+
+async def test_upserts_of_one_workflow_apply_in_call_order(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine derives each row from the history it holds when it calls upsert, so a
+    later upsert must win even when the earlier one's worker thread is slow to run it.
+    Fault injection: the first upsert's thread stalls before touching the database."""
+    import threading
+
+    from aion_trio_postgres._store import _Backend
+
+    store, _ = store_and_schema
+    gate = threading.Event()
+    original = _Backend._call
+    stalled: list[str] = []
+
+    def slow_first_upsert(self: Any, doing: str, function: Any) -> Any:
+        if doing == "writing a visibility row" and not stalled:
+            stalled.append(doing)
+            gate.wait(timeout=30)
+        return original(self, doing, function)
+
+    monkeypatch.setattr(_Backend, "_call", slow_first_upsert)
+
+    def row(status: WorkflowStatus) -> VisibilityRow:
+        closed = None if status is WorkflowStatus.RUNNING else T0 + timedelta(seconds=1)
+        return VisibilityRow(
+            workflow_id="wf", run_id="r", workflow_type="t", status=status, start_time=T0, close_time=closed
+        )
+
+    second_done = trio.Event()
+
+    async def second() -> None:
+        await store.visibility.upsert(row(WorkflowStatus.COMPLETED))
+        second_done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.visibility.upsert, row(WorkflowStatus.RUNNING))
+        await trio.testing.wait_all_tasks_blocked()
+        assert stalled  # the first upsert's thread is parked at the gate
+        nursery.start_soon(second)
+        # The second either overtakes (the bug: it finishes while the first is parked)
+        # or queues behind the first; wait until one of the two is observed.
+        with trio.fail_after(20):
+            while True:  # a worker thread's progress: polled, no event exists
+                if second_done.is_set() or store.visibility._order.waiting("wf"):
+                    break
+                await trio.sleep(0.005)
+        gate.set()
+    got = await store.visibility.get("wf")
+    assert got is not None
+    assert got.status is WorkflowStatus.COMPLETED
