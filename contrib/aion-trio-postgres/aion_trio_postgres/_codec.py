@@ -73,7 +73,6 @@ def encode_batch(workflow_id: str, events: Sequence[Event]) -> EncodedBatch:
     for event in events:
         try:
             type_name, text = body_data_json(event.body)
-            text.encode("utf-8")  # lone surrogates cannot reach PostgreSQL
         except (TypeError, ValueError) as exc:
             raise SerializationError(workflow_id, event.seq, f"cannot encode the event: {exc}") from exc
         recorded_at.append(event.recorded_at)

@@ -30,7 +30,7 @@ from aion_trio.plugin import (
 from . import _codec
 from ._mapping import backend_error, cause
 from ._schema import (
-    ACTIVE_STATUSES,
+    ACTIVE_LIST,
     SQLSTATE_NOT_OWNER,
     SQLSTATE_SEQUENCE_CONFLICT,
     configure,
@@ -55,7 +55,7 @@ _SQL_CLAIM = "SELECT aion_claim(%s, %s, %s)"
 _SQL_READ_HISTORY = (
     "SELECT seq, recorded_at, type, data FROM events WHERE workflow_id = %s AND seq >= %s ORDER BY seq"
 )
-_SQL_LIST_ACTIVE = "SELECT workflow_id FROM workflows WHERE status = ANY (%s) ORDER BY workflow_id"
+_SQL_LIST_ACTIVE = f"SELECT workflow_id FROM workflows WHERE status IN ({ACTIVE_LIST}) ORDER BY workflow_id"
 _SQL_LIST_WORKFLOWS = "SELECT workflow_id FROM workflows WHERE head > 0 ORDER BY workflow_id"
 _SQL_SCHEDULE_TIMER = (
     "INSERT INTO timers (workflow_id, timer_id, fire_at) VALUES (%s, %s, %s)"
@@ -368,7 +368,7 @@ class PostgresEventStore(_Facade):
         await self._enter()
         return await self._backend.run(
             "listing active workflows",
-            lambda conn: [r[0] for r in conn.execute(_SQL_LIST_ACTIVE, (list(ACTIVE_STATUSES),))],
+            lambda conn: [r[0] for r in conn.execute(_SQL_LIST_ACTIVE)],
         )
 
     async def list_workflow_ids(self) -> list[str]:

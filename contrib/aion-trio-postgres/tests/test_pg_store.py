@@ -598,3 +598,20 @@ async def test_upserts_of_one_workflow_apply_in_call_order(
     got = await store.visibility.get("wf")
     assert got is not None
     assert got.status is WorkflowStatus.COMPLETED
+
+
+async def test_list_active_matches_the_partial_index(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str
+) -> None:
+    """The index literal of migration 1 names exactly the statuses the code calls active."""
+    from aion_trio.plugin import is_active_status
+
+    _, schema = store_and_schema
+    (definition,), *_ = query(
+        pg_url,
+        None,
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND indexname = 'workflows_active'",
+        (schema,),
+    )
+    for status in WorkflowStatus:
+        assert (f"'{status.value}'" in definition) is is_active_status(status), (status, definition)
