@@ -615,3 +615,35 @@ async def test_list_active_matches_the_partial_index(
     )
     for status in WorkflowStatus:
         assert (f"'{status.value}'" in definition) is is_active_status(status), (status, definition)
+
+
+async def test_a_terminated_connection_is_transient_and_the_pool_recovers(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str
+) -> None:
+    """pg_terminate_backend on the store's connections: the next call fails with
+    BackendUnavailable (the retryable error, cause kept); a retry gets a fresh connection."""
+    store, _ = store_and_schema
+    await store.events.append("wf", markers("wf", 1, 1), 0)
+    backend = store._backend
+
+    def pids(_: Any) -> set[int]:
+        with backend.pool.connection() as a, backend.pool.connection() as b:
+            return {a.info.backend_pid, b.info.backend_pid}
+
+    victims = await trio.to_thread.run_sync(pids, None)
+    terminated = query(
+        pg_url, None, "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (sorted(victims),)
+    )
+    assert terminated == [(True,), (True,)]
+    with pytest.raises(BackendUnavailable) as info:
+        await store.events.read_history("wf")
+    assert isinstance(info.value.__cause__, psycopg.OperationalError)
+    history: list[Event] = []
+    for _ in range(3):  # each dead pooled connection fails one call, then is replaced
+        try:
+            history = await store.events.read_history("wf")
+            break
+        except BackendUnavailable:
+            continue
+    assert [e.seq for e in history] == [1]
+    await store.events.append("wf", markers("wf", 2, 1), 1)
