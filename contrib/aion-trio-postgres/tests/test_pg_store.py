@@ -493,8 +493,9 @@ async def test_events_are_stamped_with_the_epoch_they_were_written_under(
 async def test_concurrent_upserts_of_one_visibility_row_never_collide(
     store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str
 ) -> None:
-    """Racing upserts of one workflow's row (the engine does this) all succeed; the search
-    rows left are exactly those of the row that won."""
+    """Racing upserts of one workflow's row from two processes' stores (each store keeps its
+    own calls in order, so the race is between stores) all succeed; the search rows left
+    are exactly those of the row that won."""
     store, schema = store_and_schema
     errors: list[BaseException] = []
 
@@ -508,31 +509,36 @@ async def test_concurrent_upserts_of_one_visibility_row_never_collide(
             search_attributes={"n": n, "tags": ("a", "b", str(n))},
         )
 
-    async def upsert(n: int) -> None:
+    async def upsert(target: aion_trio_postgres.PostgresStore, n: int) -> None:
         try:
-            await store.visibility.upsert(row(n))
+            await target.visibility.upsert(row(n))
         except Exception as exc:  # collected: the assertion names them
             errors.append(exc)
 
-    for _ in range(5):
-        async with trio.open_nursery() as nursery:
-            for n in range(8):
-                nursery.start_soon(upsert, n)
-        assert errors == []
-        final = await store.visibility.get("wf")
-        assert final is not None
-        n = int(final.run_id.removeprefix("run-"))
-        assert final == row(n)
-        search = query(pg_url, schema, "SELECT key, part, num, txt FROM search_attrs ORDER BY key, part")
-        assert [(k, p) for k, p, _, _ in search] == [
-            ("n", 0),
-            ("tags", 0),
-            ("tags", 1),
-            ("tags", 2),
-            ("tags", 3),
-        ]
-        assert search[0][2] == n
-        assert search[4][3] == str(n)
+    async with (
+        open_postgres_store(f"{pg_url}?schema={schema}") as other,
+        open_postgres_store(f"{pg_url}?schema={schema}") as third,
+    ):
+        stores = [store, other, third]
+        for _ in range(5):
+            async with trio.open_nursery() as nursery:
+                for n in range(9):
+                    nursery.start_soon(upsert, stores[n % 3], n)
+            assert errors == []
+            final = await store.visibility.get("wf")
+            assert final is not None
+            n = int(final.run_id.removeprefix("run-"))
+            assert final == row(n)
+            search = query(pg_url, schema, "SELECT key, part, num, txt FROM search_attrs ORDER BY key, part")
+            assert [(k, p) for k, p, _, _ in search] == [
+                ("n", 0),
+                ("tags", 0),
+                ("tags", 1),
+                ("tags", 2),
+                ("tags", 3),
+            ]
+            assert search[0][2] == n
+            assert search[4][3] == str(n)
 
 
 def test_unexpected_errors_are_internal_errors_naming_the_sqlstate() -> None:
