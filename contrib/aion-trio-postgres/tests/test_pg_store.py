@@ -565,12 +565,14 @@ async def test_upserts_of_one_workflow_apply_in_call_order(
 
     store, _ = store_and_schema
     gate = threading.Event()
+    reached = threading.Event()
     original = _Backend._call
     stalled: list[str] = []
 
     def slow_first_upsert(self: Any, doing: str, function: Any) -> Any:
         if doing == "writing a visibility row" and not stalled:
             stalled.append(doing)
+            reached.set()
             gate.wait(timeout=30)
         return original(self, doing, function)
 
@@ -590,8 +592,8 @@ async def test_upserts_of_one_workflow_apply_in_call_order(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.visibility.upsert, row(WorkflowStatus.RUNNING))
-        await trio.testing.wait_all_tasks_blocked()
-        assert stalled  # the first upsert's thread is parked at the gate
+        # The first upsert's thread is parked at the gate once `reached` is set.
+        assert await trio.to_thread.run_sync(reached.wait, 20)
         nursery.start_soon(second)
         # The second either overtakes (the bug: it finishes while the first is parked)
         # or queues behind the first; wait until one of the two is observed.
