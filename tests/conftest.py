@@ -2,8 +2,14 @@
 
 ``store_url`` is how engine-level tests get a store, so the same test runs
 against every store: ``AION_TRIO_TEST_STORE`` names the kind (``memory``, the
-default, or ``sqlite``); tox's store factors (``py311-memory``,
-``py311-sqlite``) set it.  A value no kind answers to stops the run at once.
+default, ``sqlite``, or ``postgres``); tox's store factors (``py311-memory``,
+``py311-sqlite``, ``py311-postgres``) set it.  A value no kind answers to
+stops the run at once.
+
+``postgres`` needs the ``aion-trio-postgres`` package (contrib/) and a server:
+``AION_TRIO_TEST_PG_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``).
+Each store URL names a schema of its own, dropped when the test ends.  An
+unreachable server skips the test, except under ``CI=true``, where it fails.
 """
 
 from __future__ import annotations
@@ -33,10 +39,54 @@ def _sqlite_url(directory: Path, n: int) -> str:
     return f"sqlite:///{directory}/{'store' if n == 1 else f'store-{n}'}.db"
 
 
+PG_URL_ENV = "AION_TRIO_TEST_PG_URL"
+_PG_SCHEMA_PREFIX = "aion_e_"
+_pg_problem: list[str | None] = []
+
+
+def _pg_base() -> str:
+    return os.environ.get(PG_URL_ENV, "").strip() or "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _require_postgres() -> None:
+    """Skip the test (fail it under CI=true) when the PostgreSQL server does not answer."""
+    if not _pg_problem:
+        import psycopg  # only the postgres kind needs it
+
+        try:
+            with psycopg.connect(_pg_base(), connect_timeout=3) as conn:
+                conn.execute("SELECT 1")
+            _pg_problem.append(None)
+        except psycopg.Error as exc:
+            _pg_problem.append(str(exc).strip() or type(exc).__name__)
+    problem = _pg_problem[0]
+    if problem is None:
+        return
+    message = f"{STORE_ENV}=postgres but PostgreSQL is not reachable at {_pg_base()} ({problem}); start it or set {PG_URL_ENV}"
+    if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def _postgres_url(directory: Path, n: int) -> str:
+    # A schema of its own per URL: reopening the URL (a restart) finds the data.
+    return f"{_pg_base()}?schema={_PG_SCHEMA_PREFIX}{uuid.uuid4().hex[:16]}"
+
+
+def _drop_postgres_schema(url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    schema = url.rsplit("?schema=", 1)[1]
+    with psycopg.connect(_pg_base(), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
 # kind -> make(directory, n): the n-th fresh store URL of one test.
 STORE_KINDS: dict[str, Callable[[Path, int], str]] = {
     "memory": _memory_url,
     "sqlite": _sqlite_url,
+    "postgres": _postgres_url,
 }
 
 
@@ -67,7 +117,10 @@ def store_url(tmp_path: Path) -> Iterator[Callable[[], str]]:
     store's data.  Memory stores are forgotten when the test ends; SQLite files
     live in the test's ``tmp_path``.
     """
-    make = STORE_KINDS[_store_kind()]
+    kind = _store_kind()
+    if kind == "postgres":
+        _require_postgres()
+    make = STORE_KINDS[kind]
     counter = itertools.count(1)
     issued: list[str] = []
 
@@ -80,3 +133,5 @@ def store_url(tmp_path: Path) -> Iterator[Callable[[], str]]:
     for url in issued:
         if url.startswith("memory://"):
             aion_trio_memory.forget(url.removeprefix("memory://"))
+        elif kind == "postgres":
+            _drop_postgres_schema(url)

@@ -1,0 +1,101 @@
+"""The PostgreSQL store (``postgresql://``, also ``postgres://``) for aion_trio.
+
+URLs
+----
+A libpq connection URL plus this store's own query options::
+
+    postgresql://user:password@host:5432/dbname?schema=aion_trio&statement_timeout=30
+
+``schema`` (default ``aion_trio``; 1-63 of ``[a-z0-9_]``) is the PostgreSQL
+schema that holds the tables; it is created if missing, so one database can
+hold many isolated stores.  ``statement_timeout`` and ``lock_timeout``
+(seconds, defaults 30 and 10; 0 disables) are set on every connection, so
+the *server* stops a statement or lock wait that takes too long; either
+surfaces as :class:`~aion_trio.BackendUnavailable`.  ``pool_size`` (default
+4) is both the connection pool's maximum and the number of worker threads the
+store uses at once; ``pool_timeout`` (seconds, default 30) bounds the wait
+for a pooled connection.  ``node`` and ``lease_ttl`` (seconds, default 30)
+turn on per-workflow ownership (below).  Every other option goes to libpq
+(``sslmode``, ``application_name``, ``connect_timeout``, which defaults to
+10 seconds here); libpq refuses unknown ones, and so does the parser.
+
+Driver and threads
+------------------
+psycopg 3's synchronous API with a ``psycopg_pool.ConnectionPool``; every
+database call runs in ``trio.to_thread.run_sync`` under the store's own
+``trio.CapacityLimiter``.  Worker threads are never abandoned: a call
+cancelled before its thread started raised ``trio.Cancelled`` and did
+nothing; once started, its transaction commits or rolls back and the call
+returns normally (the cancellation arrives at the caller's next checkpoint).
+So a cancelled ``append`` that raised ``Cancelled`` wrote nothing, and one that
+returned wrote its whole batch.  A statement that hangs is bounded by
+``statement_timeout``, not by Trio cancellation.
+
+Schema
+------
+Numbered migrations recorded in the ``aion_schema_version`` table, each in one
+transaction under a transaction-level advisory lock keyed on the schema name,
+so concurrent first opens are safe.  A schema newer than this code is refused
+with :class:`~aion_trio.DatabaseTooNew`; a schema holding another program's
+tables with :class:`~aion_trio.NotAnAionDatabase`.
+
+Ownership and fencing (DESIGN §10)
+----------------------------------
+A store opened with ``?node=NAME`` registers a row in ``nodes`` with a lease
+(``lease_expires_at``, judged by the database's ``clock_timestamp()``, never a
+client clock), renewed in the background every ``lease_ttl / 3`` seconds and
+released on close.  Each open of a node id is a new *incarnation* that fences
+every older one.  Each workflow row has ``owner_node`` and ``owner_epoch``.
+The first append of a workflow by a node (or :meth:`PostgresEventStore.claim`)
+claims it: allowed when it is unowned, owned by this node id, or owned by a
+node whose lease has expired; every claim bumps ``owner_epoch``.  Every
+append is one call of the server-side function ``aion_append``, which in one
+transaction checks the fence (:class:`~aion_trio.NotOwner`), then the expected
+seq (:class:`~aion_trio.SequenceConflict`), and writes the events (each
+stamped with the epoch), the workflow row and the timer rows the batch causes.
+A node whose workflow was claimed by another gets ``NotOwner`` on its next
+append and writes nothing, so a history never forks.  A store opened without
+``node`` does no claiming and refuses to append to workflows a node owns.
+
+Multi-node work distribution (SKIP LOCKED queues, inbox, remote activity
+workers) is not part of this package yet.
+"""
+
+from __future__ import annotations
+
+from aion_trio.plugin import StoreRegistry, hookimpl
+
+from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
+from ._store import (
+    NodeLease as NodeLease,
+    PostgresEventStore as PostgresEventStore,
+    PostgresStore as PostgresStore,
+    PostgresVisibilityStore as PostgresVisibilityStore,
+    open_postgres_store as open_postgres_store,
+)
+from ._url import PostgresUrl as PostgresUrl, parse_postgres_url as parse_postgres_url
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "NodeLease",
+    "PostgresEventStore",
+    "PostgresStore",
+    "PostgresUrl",
+    "PostgresVisibilityStore",
+    "open_postgres_store",
+    "parse_postgres_url",
+]
+
+for _obj in (NodeLease, PostgresEventStore, PostgresStore, PostgresVisibilityStore, PostgresUrl):
+    _obj.__module__ = __name__
+del _obj
+
+_DESCRIPTION = (
+    "PostgreSQL (postgresql://user@host/db?schema=NAME; ?node=NAME for per-workflow ownership with fencing)"
+)
+
+
+@hookimpl
+def aion_trio_register_stores(registry: StoreRegistry) -> None:
+    registry.add("postgresql", open_postgres_store, description=_DESCRIPTION)
+    registry.add("postgres", open_postgres_store, description=_DESCRIPTION)

@@ -1,0 +1,668 @@
+"""The store objects the opener yields, the node lease, and the opener itself."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
+from typing import Any, NoReturn, TypeVar, cast, final
+
+import attrs
+import psycopg
+import psycopg_pool
+import trio
+
+from aion_trio.plugin import (
+    BackendUnavailable,
+    Event,
+    NotOwner,
+    SequenceConflict,
+    SerializationError,
+    StoreError,
+    TimerEntry,
+    VisibilityFilter,
+    VisibilityRow,
+    status_after,
+    validate_batch,
+)
+
+from . import _codec
+from ._mapping import backend_error, cause
+from ._schema import (
+    ACTIVE_LIST,
+    SQLSTATE_NOT_OWNER,
+    SQLSTATE_SEQUENCE_CONFLICT,
+    configure,
+    migrate,
+)
+from ._url import PostgresUrl, parse_postgres_url
+
+logger = logging.getLogger("aion_trio.postgres")
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+
+# --------------------------------------------------------------------------
+# SQL (constant text; every value is bound)
+# --------------------------------------------------------------------------
+
+_SQL_APPEND = (
+    "SELECT aion_append(%s, %s, %s, %s, %s, %s::timestamptz[], %s::text[], %s::text[], %s,"
+    " %s::text[], %s::timestamptz[], %s::text[])"
+)
+_SQL_CLAIM = "SELECT aion_claim(%s, %s, %s)"
+_SQL_READ_HISTORY = (
+    "SELECT seq, recorded_at, type, data FROM events WHERE workflow_id = %s AND seq >= %s ORDER BY seq"
+)
+_SQL_LIST_ACTIVE = f"SELECT workflow_id FROM workflows WHERE status IN ({ACTIVE_LIST}) ORDER BY workflow_id"
+_SQL_LIST_WORKFLOWS = "SELECT workflow_id FROM workflows WHERE head > 0 ORDER BY workflow_id"
+_SQL_SCHEDULE_TIMER = (
+    "INSERT INTO timers (workflow_id, timer_id, fire_at) VALUES (%s, %s, %s)"
+    " ON CONFLICT (workflow_id, timer_id) DO UPDATE SET fire_at = excluded.fire_at"
+)
+_SQL_REMOVE_TIMER = "DELETE FROM timers WHERE workflow_id = %s AND timer_id = %s"
+_SQL_EXPIRED_TIMERS = "SELECT fire_at, workflow_id, timer_id FROM timers WHERE fire_at <= %s ORDER BY fire_at, workflow_id, timer_id"
+_SQL_CLEAR_SEARCH = "DELETE FROM search_attrs WHERE workflow_id = %s"
+_SQL_UPSERT_VISIBILITY = (
+    f"INSERT INTO visibility ({_codec.VISIBILITY_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT (workflow_id) DO UPDATE SET run_id = excluded.run_id,"
+    " workflow_type = excluded.workflow_type, status = excluded.status, start_time = excluded.start_time,"
+    " close_time = excluded.close_time, task_queue = excluded.task_queue,"
+    " failed_step = excluded.failed_step, failure_reason = excluded.failure_reason,"
+    " stuck_reason = excluded.stuck_reason, search_attributes = excluded.search_attributes"
+)
+_SQL_INSERT_SEARCH = (
+    "INSERT INTO search_attrs (workflow_id, key, part, kind, num, txt) VALUES (%s, %s, %s, %s, %s, %s)"
+)
+_SQL_GET_VISIBILITY = f"SELECT {_codec.VISIBILITY_COLUMNS} FROM visibility WHERE workflow_id = %s"
+# One reading of the database clock per statement, so renewed_at + ttl == lease_expires_at.
+_SQL_REGISTER_NODE = (
+    "INSERT INTO nodes (node_id, incarnation, lease_expires_at, started_at, renewed_at)"
+    " SELECT %s, 1, c.t + make_interval(secs => %s), c.t, c.t FROM (SELECT clock_timestamp() AS t) AS c"
+    " ON CONFLICT (node_id) DO UPDATE SET incarnation = nodes.incarnation + 1,"
+    " lease_expires_at = excluded.lease_expires_at, started_at = excluded.started_at,"
+    " renewed_at = excluded.renewed_at"
+    " RETURNING incarnation, lease_expires_at"
+)
+_SQL_RENEW_LEASE = (
+    "UPDATE nodes SET lease_expires_at = c.t + make_interval(secs => %s), renewed_at = c.t"
+    " FROM (SELECT clock_timestamp() AS t) AS c"
+    " WHERE node_id = %s AND incarnation = %s RETURNING lease_expires_at"
+)
+_SQL_RELEASE_LEASE = (
+    "UPDATE nodes SET lease_expires_at = clock_timestamp() WHERE node_id = %s AND incarnation = %s"
+)
+
+
+# --------------------------------------------------------------------------
+# The backend: a connection pool used from worker threads
+# --------------------------------------------------------------------------
+
+
+@final
+@attrs.define(eq=False)
+class NodeLease:
+    """This store's node identity and its lease, as last seen (times by the database clock)."""
+
+    node_id: str
+    incarnation: int
+    """Bumped each time a store opens with this node id; an older incarnation is fenced."""
+    lease_ttl: float
+    expires_at: datetime
+    superseded: bool = False
+    """True once a renewal found a newer incarnation of this node id."""
+
+
+@attrs.define(eq=False)
+class _Backend:
+    url: PostgresUrl
+    pool: psycopg_pool.ConnectionPool[Any]
+    limiter: trio.CapacityLimiter
+    node: NodeLease | None
+    closed: bool = False
+
+    @property
+    def location(self) -> str:
+        return self.url.location
+
+    async def run(self, doing: str, function: Callable[[Conn], T]) -> T:
+        """Run ``function(conn)`` in a worker thread on a pooled connection.
+
+        Never abandoned: a call cancelled before its thread started raised
+        ``trio.Cancelled`` and did nothing; once started it finishes (every
+        transaction it opens commits or rolls back) and returns normally,
+        and the cancellation arrives at the caller's next checkpoint.
+        """
+        return await trio.to_thread.run_sync(self._call, doing, function, limiter=self.limiter)
+
+    def _call(self, doing: str, function: Callable[[Conn], T]) -> T:
+        try:
+            with self.pool.connection(timeout=self.url.pool_timeout) as conn:
+                return function(conn)
+        except (StoreError, trio.ClosedResourceError):
+            raise
+        except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+            raise backend_error(exc, self.location, doing) from exc
+
+
+@final
+@attrs.define(eq=False)
+class _InCallOrder:
+    """Writes to one key apply in the order they were called (a FIFO lock per key).
+
+    Callers compute what they write at call time (the engine derives a
+    visibility row from the history it holds), so a later call must never be
+    overtaken by an earlier one still waiting for a worker thread.  trio.Lock
+    is fair: waiters acquire it in arrival order.
+    """
+
+    _locks: dict[object, tuple[trio.Lock, int]] = attrs.field(factory=dict, init=False)
+
+    def waiting(self, key: object) -> int:
+        """How many calls for ``key`` wait behind the one in progress."""
+        found = self._locks.get(key)
+        return 0 if found is None else found[0].statistics().tasks_waiting
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: object) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = trio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class _Facade:
+    _backend: _Backend
+    _closed: bool
+
+    @property
+    def location(self) -> str:
+        """The server, database and schema (never the password)."""
+        return self._backend.location
+
+    async def _enter(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._closed or self._backend.closed:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            raise trio.ClosedResourceError(f"{type(self).__name__} of {self._backend.location} is closed")
+
+    async def aclose(self) -> None:
+        """Close this half of the store (idempotent); later calls raise ``trio.ClosedResourceError``."""
+        self._closed = True
+        await trio.lowlevel.checkpoint()
+
+
+async def _refuse(error: BaseException) -> NoReturn:
+    await trio.lowlevel.cancel_shielded_checkpoint()
+    raise error
+
+
+def _check_aware(name: str, value: object) -> datetime | ValueError:
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        return ValueError(f"{name} must be a timezone-aware datetime, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------
+# Event store
+# --------------------------------------------------------------------------
+
+
+def _append_error(
+    exc: psycopg.Error, workflow_id: str, expected_seq: int, first_seq: int
+) -> Exception | None:
+    """The typed refusal the append function raised, or ``None`` for any other error."""
+    if exc.sqlstate == SQLSTATE_SEQUENCE_CONFLICT:
+        found = int(exc.diag.message_detail or "0")
+        return cause(SequenceConflict(workflow_id, expected_seq, found), exc)
+    if exc.sqlstate == SQLSTATE_NOT_OWNER:
+        return cause(NotOwner(workflow_id, exc.diag.message_primary or ""), exc)
+    if isinstance(exc, psycopg.DataError):
+        return cause(
+            SerializationError(workflow_id, first_seq, f"PostgreSQL cannot store this batch: {exc}"), exc
+        )
+    return None
+
+
+@final
+@attrs.define(eq=False)
+class PostgresEventStore(_Facade):
+    """Event histories and the timer index in one PostgreSQL schema.
+
+    Every method is a checkpoint.  Cancellation: a call cancelled before its
+    worker thread started raises ``trio.Cancelled`` and did nothing; once
+    started, its transaction commits or rolls back and the call returns (the
+    cancellation then arrives at the caller's next checkpoint).
+
+    Ownership: opened with a node identity (``?node=NAME``), the first append
+    to a workflow (or :meth:`claim`) claims it for this node, bumping its
+    fencing epoch; later appends carry that epoch and the database refuses
+    them with :class:`~aion_trio.NotOwner` once another node has claimed the
+    workflow.  Opened without one, appends are refused for workflows some
+    node owns.
+    """
+
+    _backend: _Backend = attrs.field(alias="backend")
+    _closed: bool = attrs.field(default=False, init=False)
+    _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
+    _timer_order: _InCallOrder = attrs.field(factory=_InCallOrder, init=False)
+
+    @property
+    def node(self) -> NodeLease | None:
+        """The node identity appends are fenced under (``None``: opened without ``?node=``)."""
+        return self._backend.node
+
+    def held_epoch(self, workflow_id: str) -> int | None:
+        """The fencing epoch this store holds for ``workflow_id`` (``None``: not claimed by this store)."""
+        return self._epochs.get(workflow_id)
+
+    def _remember(self, workflow_id: str, epoch: int) -> None:
+        # Epochs only grow, and concurrent claims by this store are all ours.
+        self._epochs[workflow_id] = max(epoch, self._epochs.get(workflow_id, 0))
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        """Append ``events`` after ``expected_seq``: all or nothing, committed when it returns.
+
+        One server-side call checks the fence (:class:`~aion_trio.NotOwner`)
+        and the expected seq (:class:`~aion_trio.SequenceConflict`) and writes
+        the events, the workflow row and the timer rows the batch causes
+        (``TimerStarted`` upserts, ``TimerFired``/``TimerCancelled`` removes).
+        ``BackendUnavailable`` means the outcome is unknown.
+        """
+        await self._enter()
+        try:
+            validate_batch(workflow_id, events, expected_seq)
+            batch = _codec.encode_batch(workflow_id, events)
+        except Exception as exc:
+            await _refuse(exc)
+        status = status_after(None, events)
+        node = self._backend.node
+        params = (
+            workflow_id,
+            expected_seq,
+            None if node is None else node.node_id,
+            None if node is None else node.incarnation,
+            self._epochs.get(workflow_id),
+            batch.recorded_at,
+            batch.types,
+            batch.data,
+            None if status is None else status.value,
+            batch.timer_ids,
+            batch.timer_fire_at,
+            batch.dropped_timers,
+        )
+        first_seq = events[0].seq
+
+        def run(conn: Conn) -> int:
+            try:
+                row = conn.execute(_SQL_APPEND, params).fetchone()
+            except psycopg.Error as exc:
+                refusal = _append_error(exc, workflow_id, expected_seq, first_seq)
+                if refusal is not None:
+                    raise refusal from exc
+                raise
+            except UnicodeError as exc:
+                raise SerializationError(
+                    workflow_id, first_seq, f"PostgreSQL cannot store this batch: {exc}"
+                ) from exc
+            assert row is not None
+            return int(row[0])
+
+        epoch = await self._backend.run("appending events", run)
+        if node is not None:
+            self._remember(workflow_id, epoch)
+
+    async def claim(self, workflow_id: str) -> int:
+        """Claim ``workflow_id`` for this node now and return the new fencing epoch.
+
+        Succeeds when the workflow is unowned, owned by this node id, or owned
+        by a node whose lease has expired by the database clock; otherwise
+        raises :class:`~aion_trio.NotOwner` naming the owner.  Every claim
+        bumps the epoch, fencing whoever held it before.
+        """
+        await self._enter()
+        node = self._backend.node
+        if node is None:
+            await _refuse(
+                TypeError(f"{self.location}: claim() needs a node identity; open the store with ?node=NAME")
+            )
+
+        def run(conn: Conn) -> int:
+            try:
+                row = conn.execute(_SQL_CLAIM, (workflow_id, node.node_id, node.incarnation)).fetchone()
+            except psycopg.Error as exc:
+                if exc.sqlstate == SQLSTATE_NOT_OWNER:
+                    raise NotOwner(workflow_id, exc.diag.message_primary or "") from exc
+                raise
+            assert row is not None
+            return int(row[0])
+
+        epoch = await self._backend.run("claiming a workflow", run)
+        self._remember(workflow_id, epoch)
+        return epoch
+
+    async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]:
+        await self._enter()
+        if "\x00" in workflow_id:  # PostgreSQL text cannot hold it, so no such workflow exists
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return []
+        location = self.location
+
+        def run(conn: Conn) -> list[Event]:
+            rows = conn.execute(_SQL_READ_HISTORY, (workflow_id, from_seq)).fetchall()
+            return _codec.decode_events(workflow_id, rows, location)
+
+        return await self._backend.run("reading a history", run)
+
+    async def list_active(self) -> list[str]:
+        await self._enter()
+        return await self._backend.run(
+            "listing active workflows",
+            lambda conn: [r[0] for r in conn.execute(_SQL_LIST_ACTIVE)],
+        )
+
+    async def list_workflow_ids(self) -> list[str]:
+        await self._enter()
+        return await self._backend.run(
+            "listing workflows", lambda conn: [r[0] for r in conn.execute(_SQL_LIST_WORKFLOWS)]
+        )
+
+    async def schedule_timer(self, workflow_id: str, timer_id: str, fire_at: datetime) -> None:
+        await self._enter()
+        checked = _check_aware("fire_at", fire_at)
+        if isinstance(checked, ValueError):
+            await _refuse(checked)
+        params = (workflow_id, timer_id, fire_at)
+        async with self._timer_order.hold((workflow_id, timer_id)):
+            await self._backend.run(
+                "scheduling a timer", lambda conn: conn.execute(_SQL_SCHEDULE_TIMER, params)
+            )
+
+    async def remove_timer(self, workflow_id: str, timer_id: str) -> None:
+        await self._enter()
+        params = (workflow_id, timer_id)
+        async with self._timer_order.hold((workflow_id, timer_id)):
+            await self._backend.run("removing a timer", lambda conn: conn.execute(_SQL_REMOVE_TIMER, params))
+
+    async def expired_timers(self, as_of: datetime) -> list[TimerEntry]:
+        await self._enter()
+        checked = _check_aware("as_of", as_of)
+        if isinstance(checked, ValueError):
+            await _refuse(checked)
+
+        def run(conn: Conn) -> list[TimerEntry]:
+            return [
+                TimerEntry(fire_at=_codec.utc(at), workflow_id=w, timer_id=t)
+                for at, w, t in conn.execute(_SQL_EXPIRED_TIMERS, (as_of,))
+            ]
+
+        return await self._backend.run("reading due timers", run)
+
+
+# --------------------------------------------------------------------------
+# Visibility store
+# --------------------------------------------------------------------------
+
+
+@final
+@attrs.define(eq=False)
+class PostgresVisibilityStore(_Facade):
+    """Visibility rows; filters and search predicates are evaluated in SQL. Same checkpoint and cancellation rules.
+
+    Upserts of one workflow apply in the order they were called, as with a
+    single-threaded store, even though several worker threads write at once.
+    """
+
+    _backend: _Backend = attrs.field(alias="backend")
+    _closed: bool = attrs.field(default=False, init=False)
+    _order: _InCallOrder = attrs.field(factory=_InCallOrder, init=False)
+
+    async def upsert(self, row: VisibilityRow) -> None:
+        await self._enter()
+        if not isinstance(cast(object, row), VisibilityRow):
+            await _refuse(TypeError(f"upsert needs a VisibilityRow, got {row!r}"))
+        wid = row.workflow_id
+        params = _codec.visibility_params(row)
+        search = _codec.search_rows(wid, row.search_attributes)
+
+        def run(conn: Conn) -> None:
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    # The upsert first: its row lock serialises concurrent upserts
+                    # of one workflow, so the delete below (a new snapshot, read
+                    # committed) sees and removes the search rows a racing upsert
+                    # just committed.
+                    cur.execute(_SQL_UPSERT_VISIBILITY, params)
+                    cur.execute(_SQL_CLEAR_SEARCH, (wid,))
+                    if search:
+                        cur.executemany(_SQL_INSERT_SEARCH, search)
+            except (psycopg.DataError, UnicodeError) as exc:
+                raise SerializationError(
+                    wid, None, f"PostgreSQL cannot store this visibility row: {exc}"
+                ) from exc
+
+        async with self._order.hold(wid):
+            await self._backend.run("writing a visibility row", run)
+
+    async def get(self, workflow_id: str) -> VisibilityRow | None:
+        await self._enter()
+        if "\x00" in workflow_id:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return None
+        location = self.location
+
+        def run(conn: Conn) -> VisibilityRow | None:
+            found = conn.execute(_SQL_GET_VISIBILITY, (workflow_id,)).fetchone()
+            return None if found is None else _codec.decode_visibility(found, location)
+
+        return await self._backend.run("reading a visibility row", run)
+
+    async def list(self, filter: VisibilityFilter | None = None) -> list[VisibilityRow]:
+        await self._enter()
+        query, params = _codec.list_query(filter or VisibilityFilter())
+        location = self.location
+
+        def run(conn: Conn) -> list[VisibilityRow]:
+            return [_codec.decode_visibility(r, location) for r in conn.execute(query, params)]
+
+        return await self._backend.run("listing visibility rows", run)
+
+    async def count(self, filter: VisibilityFilter | None = None) -> int:
+        await self._enter()
+        query, params = _codec.count_query(filter or VisibilityFilter())
+
+        def run(conn: Conn) -> int:
+            found = conn.execute(query, params).fetchone()
+            assert found is not None
+            return int(found[0])
+
+        return await self._backend.run("counting visibility rows", run)
+
+
+# --------------------------------------------------------------------------
+# The opened store and the opener
+# --------------------------------------------------------------------------
+
+
+@final
+@attrs.define(eq=False)
+class PostgresStore:
+    """An opened PostgreSQL store: ``events`` and ``visibility`` over one schema."""
+
+    events: PostgresEventStore
+    visibility: PostgresVisibilityStore
+    url: PostgresUrl
+    _backend: _Backend = attrs.field(alias="backend", repr=False)
+
+    @property
+    def node(self) -> NodeLease | None:
+        """This store's node identity and lease (``None``: opened without ``?node=``)."""
+        return self._backend.node
+
+    async def renew_lease(self) -> datetime:
+        """Extend this node's lease by ``lease_ttl`` from now by the database clock; return the new expiry.
+
+        Raises :class:`~aion_trio.NotOwner` when a newer incarnation of this
+        node id has been opened (this one is fenced for good).
+        """
+        await self.events._enter()
+        node = self._backend.node
+        if node is None:
+            await _refuse(TypeError(f"{self.url.location}: renew_lease() needs a node identity (?node=NAME)"))
+        if node.superseded:
+            await _refuse(NotOwner(node.node_id, f"incarnation {node.incarnation} has been superseded"))
+
+        def run(conn: Conn) -> datetime | None:
+            found = conn.execute(
+                _SQL_RENEW_LEASE, (node.lease_ttl, node.node_id, node.incarnation)
+            ).fetchone()
+            return None if found is None else _codec.utc(found[0])
+
+        expires = await self._backend.run("renewing the node lease", run)
+        if expires is None:
+            node.superseded = True
+            raise NotOwner(
+                node.node_id,
+                f"incarnation {node.incarnation} has been superseded by a newer open of this node id",
+            )
+        node.expires_at = expires
+        return expires
+
+    async def aclose(self) -> None:
+        """Close both halves, release the node lease and close the pool (idempotent)."""
+        self.events._closed = True
+        self.visibility._closed = True
+        backend = self._backend
+        if not backend.closed:
+            backend.closed = True
+            await trio.to_thread.run_sync(_close_backend, backend)
+        await trio.lowlevel.checkpoint()
+
+
+def _close_backend(backend: _Backend) -> None:
+    node = backend.node
+    try:
+        if node is not None and not node.superseded:
+            # A clean shutdown hands this node's workflows over at once.
+            with backend.pool.connection(timeout=min(backend.url.pool_timeout, 5.0)) as conn:
+                conn.execute(_SQL_RELEASE_LEASE, (node.node_id, node.incarnation))
+    except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+        logger.warning("%s: could not release the lease of node %s: %s", backend.location, node, exc)
+    finally:
+        backend.pool.close()
+
+
+def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Backend:
+    """Connect, migrate, register the node and start the pool (blocks: run in a thread)."""
+    doing = "opening the store"
+    try:
+        conn = psycopg.connect(url.conninfo, autocommit=True)
+    except psycopg.Error as exc:
+        raise cause(
+            BackendUnavailable(
+                f"{url.location}: cannot connect ({str(exc).strip()}); is the server running and reachable, "
+                "and do host, port, user, password and database name match?"
+            ),
+            exc,
+        ) from exc
+    node: NodeLease | None = None
+    try:
+        configure(conn, url)
+        migrate(conn, url)
+        if node_id is not None:
+            found = conn.execute(_SQL_REGISTER_NODE, (node_id, lease_ttl)).fetchone()
+            assert found is not None
+            node = NodeLease(
+                node_id=node_id,
+                incarnation=int(found[0]),
+                lease_ttl=lease_ttl,
+                expires_at=_codec.utc(found[1]),
+            )
+    except psycopg.Error as exc:
+        raise backend_error(exc, url.location, doing) from exc
+    finally:
+        conn.close()
+    pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+        url.conninfo,
+        min_size=1,
+        max_size=url.pool_size,
+        kwargs={"autocommit": True},
+        configure=lambda c: configure(c, url),
+        timeout=url.pool_timeout,
+        name=f"aion_trio {url.location}",
+        open=False,
+    )
+    pool.open(wait=False)
+    return _Backend(url=url, pool=pool, limiter=trio.CapacityLimiter(url.pool_size), node=node)
+
+
+async def _heartbeat(store: PostgresStore, every: float) -> None:
+    """Renew the node lease every ``every`` seconds until cancelled (errors are logged, never raised)."""
+    while True:
+        await trio.sleep(every)
+        try:
+            await store.renew_lease()
+        except NotOwner as exc:
+            logger.error("%s: %s; stopping lease renewal", store.url.location, exc)
+            return
+        except StoreError as exc:
+            logger.warning("%s: lease renewal failed (will retry): %s", store.url.location, exc)
+        except trio.ClosedResourceError:
+            return
+
+
+@contextlib.asynccontextmanager
+async def open_postgres_store(
+    url: str,
+    *,
+    node: str | None = None,
+    lease_ttl: float | None = None,
+    renew_every: float | None = -1.0,
+) -> AsyncIterator[PostgresStore]:
+    """Open the PostgreSQL store named by ``url``; close it on exit.
+
+    ``node`` / ``lease_ttl`` override the URL's ``?node=`` / ``?lease_ttl=``.
+    With a node identity the store registers the node (a new incarnation),
+    renews its lease in the background every ``renew_every`` seconds
+    (default: a third of the TTL; ``None`` turns renewal off, for tests that
+    drive :meth:`PostgresStore.renew_lease` themselves) and releases the
+    lease on exit.  Raises :class:`~aion_trio.BackendUnavailable` when the
+    server cannot be reached and the :class:`~aion_trio.StoreOpenError`
+    family for schemas it cannot use.
+    """
+    parsed = parse_postgres_url(url)
+    node_id = node if node is not None else parsed.node
+    ttl = lease_ttl if lease_ttl is not None else parsed.lease_ttl
+    if ttl <= 0:
+        raise ValueError(f"lease_ttl must be > 0 seconds, got {ttl!r}")
+    every = ttl / 3 if renew_every is not None and renew_every < 0 else renew_every
+    # Opening blocks (network, maybe a migration): off the Trio thread and
+    # never abandoned, so a cancelled open still closes what it opened.
+    backend = await trio.to_thread.run_sync(_open_sync, parsed, node_id, ttl)
+    store = PostgresStore(
+        events=PostgresEventStore(backend=backend),
+        visibility=PostgresVisibilityStore(backend=backend),
+        url=parsed,
+        backend=backend,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            if backend.node is not None and every is not None:
+                nursery.start_soon(_heartbeat, store, every)
+            try:
+                yield store
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.aclose()

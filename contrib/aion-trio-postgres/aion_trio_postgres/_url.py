@@ -1,0 +1,153 @@
+"""Parsing ``postgresql://`` store URLs (the rules are in the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import re
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import psycopg
+import psycopg.conninfo
+
+from aion_trio.plugin import InvalidStoreUrl
+
+SCHEMES = ("postgresql", "postgres")
+
+DEFAULT_SCHEMA = "aion_trio"
+DEFAULT_STATEMENT_TIMEOUT = 30.0
+DEFAULT_LOCK_TIMEOUT = 10.0
+DEFAULT_POOL_SIZE = 4
+DEFAULT_POOL_TIMEOUT = 30.0
+DEFAULT_CONNECT_TIMEOUT = 10
+DEFAULT_LEASE_TTL = 30.0
+
+_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_EXAMPLE = "postgresql://user@host:5432/dbname?schema=aion_trio"
+
+
+def _seconds(name: str, *, zero_ok: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            floor = ">= 0 (0 disables it)" if zero_ok else "> 0"
+            raise ValueError(f"{name}={text!r} must be a finite number of seconds {floor}")
+        return value
+
+    return parse
+
+
+def _size(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise ValueError(f"pool_size={text!r} must be an integer from 1 to 1000")
+    return int(text)
+
+
+def _schema(text: str) -> str:
+    if not _SCHEMA_RE.fullmatch(text) or text.startswith("pg_"):
+        raise ValueError(
+            f"schema={text!r} is not accepted: use 1-63 lowercase letters, digits and '_', "
+            "starting with a letter or '_' (and not 'pg_')"
+        )
+    return text
+
+
+def _node(text: str) -> str:
+    if not text or len(text) > 200 or not text.isprintable():
+        raise ValueError(f"node={text!r} must be 1-200 printable characters")
+    return text
+
+
+# option -> (field, parser).  Everything else in the query string goes to libpq.
+_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "schema": ("schema", _schema),
+    "statement_timeout": ("statement_timeout", _seconds("statement_timeout", zero_ok=True)),
+    "lock_timeout": ("lock_timeout", _seconds("lock_timeout", zero_ok=True)),
+    "pool_size": ("pool_size", _size),
+    "pool_timeout": ("pool_timeout", _seconds("pool_timeout", zero_ok=False)),
+    "node": ("node", _node),
+    "lease_ttl": ("lease_ttl", _seconds("lease_ttl", zero_ok=False)),
+}
+_ACCEPTED = ", ".join(_OPTIONS) + " (and any libpq connection parameter, e.g. sslmode, connect_timeout)"
+
+
+@attrs.frozen(kw_only=True)
+class PostgresUrl:
+    """A parsed ``postgresql://`` store URL."""
+
+    url: str = attrs.field(repr=False)
+    conninfo: str = attrs.field(repr=False)
+    """What libpq gets: the URL without this store's own options (it may hold a password)."""
+    location: str
+    """The server, database and schema, for messages (never the password)."""
+    schema: str = DEFAULT_SCHEMA
+    statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    pool_size: int = DEFAULT_POOL_SIZE
+    pool_timeout: float = DEFAULT_POOL_TIMEOUT
+    node: str | None = None
+    lease_ttl: float = DEFAULT_LEASE_TTL
+
+
+def parse_postgres_url(url: str) -> PostgresUrl:
+    """Parse ``url`` or raise :class:`~aion_trio.InvalidStoreUrl` saying what is wrong."""
+    if not isinstance(url, str):
+        raise InvalidStoreUrl(f"{url!r} is not a postgresql:// URL (expected e.g. {_EXAMPLE})")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        raise InvalidStoreUrl(f"{url!r} is not a postgresql:// URL (expected e.g. {_EXAMPLE})")
+    if "#" in rest:
+        raise InvalidStoreUrl(f"{url!r}: a postgresql:// URL has no #fragment (percent-encode '#' as %23)")
+    base, _, query = rest.partition("?")
+    values: dict[str, Any] = {}
+    passed: list[tuple[str, str]] = []
+    if query:
+        try:
+            pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+        except ValueError as exc:
+            raise InvalidStoreUrl(f"{url!r}: malformed query string ({exc}); accepted: {_ACCEPTED}") from None
+        seen: set[str] = set()
+        for name, value in pairs:
+            if name in seen:
+                raise InvalidStoreUrl(f"{url!r}: option {name!r} is given twice")
+            seen.add(name)
+            if name not in _OPTIONS:
+                passed.append((name, value))
+                continue
+            field, parse = _OPTIONS[name]
+            try:
+                values[field] = parse(value)
+            except ValueError as exc:
+                raise InvalidStoreUrl(f"{url!r}: {exc}") from None
+    if not any(name == "connect_timeout" for name, _ in passed):
+        passed.append(("connect_timeout", str(DEFAULT_CONNECT_TIMEOUT)))
+    conninfo = f"postgresql://{base}?{urllib.parse.urlencode(passed)}"
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.Error as exc:
+        raise InvalidStoreUrl(
+            f"{_redact(url)}: libpq refuses it ({str(exc).strip()}); accepted options: {_ACCEPTED}"
+        ) from None
+    if not params.get("dbname"):
+        raise InvalidStoreUrl(f"{_redact(url)} names no database (expected e.g. {_EXAMPLE})")
+    host = params.get("host") or "localhost"
+    port = params.get("port") or "5432"
+    user = f"{params['user']}@" if params.get("user") else ""
+    schema = values.get("schema", DEFAULT_SCHEMA)
+    location = f"postgresql://{user}{host}:{port}/{params['dbname']} (schema {schema})"
+    return PostgresUrl(url=url, conninfo=conninfo, location=location, **values)
+
+
+def _redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages)."""
+    scheme, _, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hostport = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    return f"{scheme}://{userinfo}{at}{hostport}{slash}{tail}"

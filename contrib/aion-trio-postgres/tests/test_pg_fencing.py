@@ -1,0 +1,281 @@
+"""Ownership and fencing at the store level (DESIGN §10): two store instances
+("nodes") on one schema.
+
+Leases are judged by the database clock.  A test that needs a lease to run
+out opens the node with a short ``lease_ttl`` and renewal off, then waits
+until the *database* says the lease has expired (it asks, it does not guess).
+After each scenario the history is checked in SQL: contiguous seqs from 1,
+owner epochs never decreasing along it, and no event written by the fenced
+node after the claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from aion_trio_postgres import PostgresStore, open_postgres_store
+from conftest import drop_schema, new_schema_name
+
+from aion_trio import BackendUnavailable, Event, MarkerRecorded, NotOwner, Payload, SequenceConflict
+
+T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+def markers(workflow_id: str, first: int, count: int, tag: str) -> list[Event]:
+    return [
+        Event(
+            workflow_id=workflow_id,
+            seq=seq,
+            recorded_at=T0 + timedelta(seconds=seq),
+            body=MarkerRecorded(name=tag, value=Payload.of(seq)),
+        )
+        for seq in range(first, first + count)
+    ]
+
+
+def query(url: str, schema: str, text: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        cur = conn.execute(text, params)
+        return cur.fetchall() if cur.description else []
+
+
+def history_rows(url: str, schema: str, workflow_id: str) -> list[tuple[int, int, str]]:
+    """``(seq, owner_epoch, marker name)`` of every stored event, in seq order."""
+    return [
+        (seq, epoch, data)
+        for seq, epoch, data in query(
+            url,
+            schema,
+            "SELECT seq, owner_epoch, data::json->>'name' FROM events WHERE workflow_id = %s ORDER BY seq",
+            (workflow_id,),
+        )
+    ]
+
+
+def assert_history_never_forked(url: str, schema: str, workflow_id: str) -> None:
+    """Contiguous seqs 1..head, epochs non-decreasing, the head column agreeing: checked in SQL."""
+    (gaps, decreasing, count, max_seq, head), *_ = query(
+        url,
+        schema,
+        "WITH h AS (SELECT seq, owner_epoch, lag(owner_epoch) OVER (ORDER BY seq) AS prev,"
+        " row_number() OVER (ORDER BY seq) AS n FROM events WHERE workflow_id = %s)"
+        " SELECT count(*) FILTER (WHERE seq <> n), count(*) FILTER (WHERE owner_epoch < prev),"
+        " count(*), max(seq), (SELECT head FROM workflows WHERE workflow_id = %s) FROM h",
+        (workflow_id, workflow_id),
+    )
+    assert (gaps, decreasing) == (0, 0)
+    assert count == max_seq == head
+
+
+async def wait_until_lease_expired(url: str, schema: str, node: str) -> None:
+    """Sleep (real time) until the database clock is past ``node``'s lease, then confirm it."""
+    text = (
+        "SELECT extract(epoch FROM lease_expires_at - clock_timestamp())::float FROM nodes WHERE node_id = %s"
+    )
+    with trio.fail_after(30):
+        while True:
+            (remaining,), *_ = await trio.to_thread.run_sync(query, url, schema, text, (node,))
+            if remaining < 0:
+                return
+            await trio.sleep(remaining + 0.01)
+
+
+@pytest.fixture
+async def schema(pg_url: str) -> AsyncIterator[str]:
+    name = new_schema_name()
+    try:
+        yield name
+    finally:
+        await trio.to_thread.run_sync(drop_schema, pg_url, name)
+
+
+def node_url(pg_url: str, schema: str, node: str, **options: Any) -> str:
+    extra = "".join(f"&{k}={v}" for k, v in options.items())
+    return f"{pg_url}?schema={schema}&node={node}{extra}"
+
+
+async def test_a_claim_after_lease_expiry_fences_the_old_owner(pg_url: str, schema: str) -> None:
+    """B claims a workflow A owns once A's lease has expired by the database clock; A's next
+    append raises NotOwner and writes nothing; the history never forks."""
+    async with open_postgres_store(node_url(pg_url, schema, "A", lease_ttl=0.5), renew_every=None) as a:
+        await a.events.append("wf", markers("wf", 1, 2, "A"), 0)
+        assert a.events.held_epoch("wf") == 1
+        async with open_postgres_store(node_url(pg_url, schema, "B")) as b:
+            # A's lease is still live: B may not take the workflow.
+            with pytest.raises(NotOwner, match="owned by node A") as refused:
+                await b.events.append("wf", markers("wf", 3, 1, "B"), 2)
+            assert refused.value.shard == "wf"
+            assert history_rows(pg_url, schema, "wf") == [(1, 1, "A"), (2, 1, "A")]
+
+            await wait_until_lease_expired(pg_url, schema, "A")
+            await b.events.append("wf", markers("wf", 3, 1, "B"), 2)
+            assert b.events.held_epoch("wf") == 2
+
+            # The zombie wakes up and carries on from where it was: fenced, nothing written.
+            with pytest.raises(NotOwner, match="now owned by node B with epoch 2; this node held epoch 1"):
+                await a.events.append("wf", markers("wf", 3, 1, "A-zombie"), 2)
+            # Even with the right seq it stays fenced: NotOwner is never retried here.
+            with pytest.raises(NotOwner):
+                await a.events.append("wf", markers("wf", 4, 1, "A-zombie"), 3)
+            await b.events.append("wf", markers("wf", 4, 1, "B"), 3)
+
+    assert history_rows(pg_url, schema, "wf") == [(1, 1, "A"), (2, 1, "A"), (3, 2, "B"), (4, 2, "B")]
+    assert_history_never_forked(pg_url, schema, "wf")
+    assert query(pg_url, schema, "SELECT owner_node, owner_epoch FROM workflows") == [("B", 2)]
+
+
+async def test_racing_appends_of_old_and_new_owner_never_fork(pg_url: str, schema: str) -> None:
+    """After the claim, the fenced node and the new owner append concurrently many times:
+    every append of the fenced one is refused, every one of the owner lands, in order."""
+    async with (
+        open_postgres_store(node_url(pg_url, schema, "A", lease_ttl=0.5), renew_every=None) as a,
+        open_postgres_store(node_url(pg_url, schema, "B")) as b,
+    ):
+        await a.events.append("wf", markers("wf", 1, 1, "A"), 0)
+        await wait_until_lease_expired(pg_url, schema, "A")
+        await b.events.claim("wf")
+        refused: list[type[BaseException]] = []
+
+        async def zombie(store: PostgresStore) -> None:
+            for _ in range(20):
+                head = (await store.events.read_history("wf"))[-1].seq
+                try:
+                    await store.events.append("wf", markers("wf", head + 1, 1, "A-zombie"), head)
+                except (NotOwner, SequenceConflict) as exc:
+                    refused.append(type(exc))
+
+        async def owner(store: PostgresStore) -> None:
+            for seq in range(2, 22):
+                await store.events.append("wf", markers("wf", seq, 1, "B"), seq - 1)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(zombie, a)
+            nursery.start_soon(owner, b)
+    assert refused == [NotOwner] * 20
+    rows = history_rows(pg_url, schema, "wf")
+    assert [name for _, _, name in rows] == ["A"] + ["B"] * 20
+    assert_history_never_forked(pg_url, schema, "wf")
+
+
+async def test_a_live_lease_refuses_claims_and_every_claim_bumps_the_epoch(pg_url: str, schema: str) -> None:
+    async with (
+        open_postgres_store(node_url(pg_url, schema, "A")) as a,
+        open_postgres_store(node_url(pg_url, schema, "B")) as b,
+    ):
+        assert await a.events.claim("wf") == 1
+        assert await a.events.claim("wf") == 2  # re-claiming is a claim too
+        with pytest.raises(NotOwner, match=r"owned by node A \(epoch 2\) whose lease runs until"):
+            await b.events.claim("wf")
+        # A claimed workflow without events is not listed until it has one.
+        assert await a.events.list_workflow_ids() == []
+        await a.events.append("wf", markers("wf", 1, 1, "A"), 0)
+        assert history_rows(pg_url, schema, "wf") == [(1, 2, "A")]
+
+
+async def test_a_closed_node_hands_its_workflows_over_at_once(pg_url: str, schema: str) -> None:
+    async with open_postgres_store(node_url(pg_url, schema, "A")) as a:
+        await a.events.append("wf", markers("wf", 1, 1, "A"), 0)
+    async with open_postgres_store(node_url(pg_url, schema, "B")) as b:
+        await b.events.append("wf", markers("wf", 2, 1, "B"), 1)
+    assert history_rows(pg_url, schema, "wf") == [(1, 1, "A"), (2, 2, "B")]
+
+
+async def test_reopening_a_node_id_fences_the_older_incarnation(pg_url: str, schema: str) -> None:
+    """A restarted process reuses its node id: the new incarnation fences the old one (which
+    may be a zombie) at once, without waiting for any lease."""
+    async with open_postgres_store(node_url(pg_url, schema, "A"), renew_every=None) as old:
+        await old.events.append("wf", markers("wf", 1, 1, "old"), 0)
+        async with open_postgres_store(node_url(pg_url, schema, "A")) as new:
+            assert new.node is not None
+            assert old.node is not None
+            assert new.node.incarnation == old.node.incarnation + 1
+            with pytest.raises(NotOwner, match="superseded"):
+                await old.events.append("wf", markers("wf", 2, 1, "old"), 1)
+            with pytest.raises(NotOwner, match="superseded"):
+                await old.events.append("other", markers("other", 1, 1, "old"), 0)
+            with pytest.raises(NotOwner, match="superseded"):
+                await old.renew_lease()
+            await new.events.append("wf", markers("wf", 2, 1, "new"), 1)
+    assert history_rows(pg_url, schema, "wf") == [(1, 1, "old"), (2, 2, "new")]
+    assert query(pg_url, schema, "SELECT count(*) FROM workflows WHERE workflow_id = 'other'") == [(0,)]
+
+
+async def test_a_store_without_a_node_never_writes_to_an_owned_workflow(pg_url: str, schema: str) -> None:
+    async with (
+        open_postgres_store(f"{pg_url}?schema={schema}") as plain,
+        open_postgres_store(node_url(pg_url, schema, "A")) as a,
+    ):
+        await plain.events.append("free", markers("free", 1, 1, "plain"), 0)
+        await a.events.append("owned", markers("owned", 1, 1, "A"), 0)
+        with pytest.raises(NotOwner, match="owned by node A"):
+            await plain.events.append("owned", markers("owned", 2, 1, "plain"), 1)
+        # A node may adopt a workflow nobody owns.
+        await a.events.append("free", markers("free", 2, 1, "A"), 1)
+        with pytest.raises(NotOwner):
+            await plain.events.append("free", markers("free", 3, 1, "plain"), 2)
+    assert history_rows(pg_url, schema, "owned") == [(1, 1, "A")]
+    assert history_rows(pg_url, schema, "free") == [(1, 0, "plain"), (2, 1, "A")]
+
+
+async def test_a_stale_seq_on_a_claim_writes_nothing_not_even_the_claim(pg_url: str, schema: str) -> None:
+    async with open_postgres_store(node_url(pg_url, schema, "A")) as a:
+        await a.events.append("wf", markers("wf", 1, 2, "A"), 0)
+    async with open_postgres_store(node_url(pg_url, schema, "B")) as b:
+        with pytest.raises(SequenceConflict) as info:
+            await b.events.append("wf", markers("wf", 2, 1, "B"), 1)
+        assert (info.value.expected, info.value.found) == (1, 2)
+        assert b.events.held_epoch("wf") is None
+    assert query(pg_url, schema, "SELECT owner_node, owner_epoch FROM workflows") == [("A", 1)]
+
+
+async def test_the_heartbeat_renews_the_lease_by_the_database_clock(
+    pg_url: str, schema: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Renewals happen on the Trio clock's schedule; each extends the lease from the database's now.
+
+    (While a renewal's thread runs, the autojump clock may skip ahead, so the
+    test waits on mock time for the observed renewals rather than counting sleeps.)
+    """
+    text = "SELECT lease_expires_at, renewed_at, clock_timestamp() FROM nodes WHERE node_id = 'A'"
+    async with open_postgres_store(node_url(pg_url, schema, "A", lease_ttl=30), renew_every=10) as a:
+        assert a.node is not None
+        first_expiry = a.node.expires_at
+        (expires, renewed, now), *_ = await trio.to_thread.run_sync(query, pg_url, schema, text)
+        assert expires == first_expiry
+        assert timedelta(0) < expires - now <= timedelta(seconds=30)
+        with trio.fail_after(600):
+            while True:  # mock time passes; the heartbeat's database call is real
+                if a.node.expires_at != first_expiry:
+                    break
+                await trio.sleep(1)
+        (expires, renewed_later, now), *_ = await trio.to_thread.run_sync(query, pg_url, schema, text)
+        assert renewed_later > renewed
+        assert expires > first_expiry
+        assert a.node.expires_at == expires
+        assert expires - renewed_later == timedelta(seconds=30)  # ttl from the database's clock
+
+
+async def test_renewal_trouble_is_logged_and_renewal_goes_on(
+    pg_url: str, schema: str, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal that fails is BackendUnavailable to a direct caller; the heartbeat logs it and
+    keeps trying instead of tearing down the store's user."""
+
+    def failures() -> int:
+        return sum("lease renewal failed (will retry)" in r.getMessage() for r in caplog.records)
+
+    async with open_postgres_store(node_url(pg_url, schema, "A", lease_ttl=30), renew_every=10) as a:
+        a._backend.pool.close()  # the database becomes unreachable for this store
+        with pytest.raises(BackendUnavailable):
+            await a.renew_lease()
+        with trio.fail_after(600):
+            while True:  # mock time passes; each heartbeat logs its failure
+                if failures() >= 3:
+                    break
+                await trio.sleep(1)
