@@ -1,0 +1,111 @@
+"""``aion-trio demo``: the README's main job.  It completes every order, and after a
+SIGKILL in the middle the same command resumes the same workflows instead of
+starting over."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+ORDERS = 24
+# Every 9th order's card is declined (compensated); every other order ships.
+DECLINED = sum(1 for n in range(1, ORDERS + 1) if n % 9 == 0)
+
+
+def _script() -> str:
+    script = Path(sysconfig.get_path("scripts")) / "aion-trio"
+    if not script.exists():
+        pytest.fail(f"console script {script} is not installed; run: pip install -e '.[test]'")
+    return str(script)
+
+
+def _demo(db: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [_script(), "demo", "--db", str(db), "--orders", str(ORDERS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def _events(db: Path, sql: str) -> int:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return int(conn.execute(sql).fetchone()[0])
+
+
+def _summary(out: str) -> dict[str, str]:
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│┃").split("│")]
+        if len(cells) == 2 and cells[1].isdigit():
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+@pytest.mark.slow
+def test_the_demo_completes_then_resumes_after_sigkill_instead_of_starting_over(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    first = _demo(db)
+    try:
+        assert first.stdout is not None
+        deadline = time.monotonic() + 60
+        # Kill it once some orders finished and others are still in flight.
+        while True:
+            assert time.monotonic() < deadline, "the demo made no progress"
+            line = first.stdout.readline()
+            assert line, (
+                f"the demo ended before it could be killed: {first.stderr.read() if first.stderr else ''}"
+            )
+            if line.startswith("progress:"):
+                fields = dict(part.split("=") for part in line.split()[1:])
+                if int(fields["completed"]) >= 3 and int(fields["running"]) + int(fields["waiting"]) >= 3:
+                    break
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        for stream in (first.stdout, first.stderr):
+            if stream is not None:
+                stream.close()
+    started_before = _events(db, "SELECT count(*) FROM events WHERE type = 'WorkflowStarted'")
+    completed_before = _events(db, "SELECT count(*) FROM events WHERE type = 'ActivityCompleted'")
+    assert completed_before > 0
+
+    second = _demo(db)
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    assert "Resuming from" in out, out
+    summary = _summary(out)
+    assert summary.get("shipped") == str(ORDERS - DECLINED), out
+    assert summary.get("declined, stock released") == str(DECLINED), out
+    assert summary.get("resumed from the database") == str(ORDERS), out
+    assert int(summary["retries (transient failures retried)"]) >= ORDERS // 4
+    # Nothing started over: one WorkflowStarted per order (plus one per shipment child),
+    # and every step recorded before the kill kept its single record.
+    orders_started = _events(
+        db, "SELECT count(*) FROM events WHERE type = 'WorkflowStarted' AND workflow_id LIKE 'demo-order-%'"
+    )
+    assert orders_started == ORDERS
+    assert started_before >= ORDERS
+    per_step = _events(
+        db,
+        "SELECT max(c) FROM (SELECT count(*) AS c FROM events WHERE type = 'ActivityCompleted' "
+        "GROUP BY workflow_id, json_extract(data, '$.activity_id'))",
+    )
+    assert per_step == 1
+
+    third = _demo(db)
+    out, err = third.communicate(timeout=60)
+    assert third.returncode == 0, err
+    assert f"{ORDERS} finished" in out
