@@ -303,6 +303,8 @@ class WorkflowContext:
         self._next_timer = 0
         self._next_scope = 0
         self._next_child = 0
+        #: Ids of children this execution started and whose outcome it has not consumed.
+        self._unobserved_children: set[str] = set()
         self._scopes: list[str] = []
         self._signals_taken: dict[str, int] = {}
         self._pending: list[_PendingActivity | _PendingTimer | _PendingTimerCancel | _PendingChild] = []
@@ -648,6 +650,15 @@ class WorkflowContext:
             raise ValueError(f"task_queue must be a non-empty str, got {task_queue!r}")
         ordinal = self._next_child
         child_id = workflow_id or derive_child_workflow_id(self.workflow_id, self.run_id, ordinal)
+        # Every check below decides alike live and on replay (it reads nothing that grows).
+        if child_id == self.workflow_id:
+            raise ValueError(f"a workflow cannot be its own child (child workflow_id {child_id!r})")
+        if child_id in self._unobserved_children:
+            raise ValueError(
+                f"child workflow_id {child_id!r} is already used by a child of this run whose outcome "
+                "the workflow has not awaited; await it first, or give each child its own id"
+            )
+        payload = self._core.codec.encode(list(args), what=f"input of child workflow {definition.name!r}")
         self._state.sync()
         recorded = self._state.children.get(ordinal)
         if recorded is not None:
@@ -665,19 +676,9 @@ class WorkflowContext:
                     )
                 )
             self._next_child += 1
+            self._unobserved_children.add(child_id)
             self._consume(recorded)
             return ChildHandle(self, ordinal, child_id, definition.name)
-        # ResumeLive: validate before anything is recorded.
-        if child_id == self.workflow_id:
-            raise ValueError(f"a workflow cannot be its own child (child workflow_id {child_id!r})")
-        if child_id in self._state.open_children or any(
-            isinstance(p, _PendingChild) and p.child_workflow_id == child_id for p in self._pending
-        ):
-            raise ValueError(
-                f"child workflow_id {child_id!r} is already used by a child of this run that has not "
-                "finished; give each running child its own id"
-            )
-        payload = self._core.codec.encode(list(args), what=f"input of child workflow {definition.name!r}")
         start = self._state.start
         assert start is not None
         assert isinstance(start.body, WorkflowStarted)
@@ -688,6 +689,7 @@ class WorkflowContext:
         )
         self._caught_up = True
         self._next_child += 1
+        self._unobserved_children.add(child_id)
         self._pending.append(
             _PendingChild(
                 ordinal=ordinal,
@@ -721,6 +723,7 @@ class WorkflowContext:
         body = event.body
         if isinstance(body, TimerFired):
             raise Timeout(f"a timeout scope expired while waiting for child workflow {handle.workflow_id!r}")
+        self._unobserved_children.discard(handle.workflow_id)
         if isinstance(body, ChildWorkflowCompleted):
             return self._core.codec.decode(body.result)
         if isinstance(body, ChildWorkflowFailed):
