@@ -116,6 +116,19 @@ async def parent_timeout(ctx: aion.WorkflowContext) -> str:
 
 
 @aion.workflow
+async def parent_late_child(ctx: aion.WorkflowContext) -> str:
+    handle = ctx.start_child(child_waits, "late", workflow_id=f"{ctx.workflow_id}-child")
+    try:
+        async with ctx.timeout(60):
+            value = await handle
+        REACHED.append("in time")
+    except aion.Timeout:
+        REACHED.append("timed out")
+        value = await handle  # outside the scope: waits for the child
+    return str(value)
+
+
+@aion.workflow
 async def parent_policy(ctx: aion.WorkflowContext, policy: str) -> str:
     ctx.start_child(
         child_waits,
@@ -179,6 +192,7 @@ WORKFLOWS = [
     parent_waits_for_abandoned_child,
     parent_failure,
     parent_timeout,
+    parent_late_child,
     parent_policy,
     parent_of_chain,
     parent_of_slow_child,
@@ -355,6 +369,25 @@ async def test_awaiting_a_child_inside_a_timeout_scope_raises_timeout_decided_fr
         await replay(child)
 
 
+async def test_a_child_outcome_recorded_after_the_scope_expired_replays_as_the_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(LIMIT):
+        async with aion.open_engine(url(), workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+            run = await engine.start(parent_late_child, workflow_id="late")
+            await trio.sleep(120)
+            await engine.signal("late-child", "go", "eventually")
+            assert await run.result() == "late:eventually"
+            parent = await engine.history("late")
+        names = types(parent)
+        assert names.index("TimerFired") < names.index("ChildWorkflowCompleted")
+        assert REACHED == ["timed out"]
+        # On replay both are in the snapshot: the one recorded first (the expiry) wins again.
+        REACHED.clear()
+        await replay(parent)
+        assert REACHED == ["timed out"]
+
+
 # -- parent-close policy --------------------------------------------------------------
 
 
@@ -479,11 +512,15 @@ class _FaultyEvents:
         self._error = error
         self.budget = budget
         self.refused = 0
+        #: Set at the first refusal (a thread-backed store leaves Trio idle while it works,
+        #: so wait_all_tasks_blocked alone does not say the write was attempted).
+        self.hit = trio.Event()
 
     async def append(self, workflow_id: str, events: Any, expected_seq: int) -> None:
         if self.budget > 0 and any(self._refuse(e) for e in events):
             self.budget -= 1
             self.refused += 1
+            self.hit.set()
             await trio.lowlevel.checkpoint()
             raise self._error
         await self._inner.append(workflow_id, events, expected_seq)
@@ -506,6 +543,7 @@ async def _crash_between_and_recover(name: str) -> None:
         faulty = _FaultyStore(raw, _child_start, crash, budget=1)
         async with aion.open_engine(faulty, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:  # type: ignore[arg-type]
             run = await engine.start(parent_one, 5, workflow_id="crash")
+            await faulty.events.hit.wait()
             await trio.testing.wait_all_tasks_blocked()
             half = await engine.history("crash")
             child_id = bodies(half, ev.ChildWorkflowStarted)[0].child_workflow_id
