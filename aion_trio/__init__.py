@@ -17,10 +17,12 @@ from ._activities import (
     activity_info as activity_info,
     heartbeat as heartbeat,
 )
+from ._children import ParentClosePolicy as ParentClosePolicy
 from ._clock import EngineClock as EngineClock
 from ._completion import CompletionRetryConfig as CompletionRetryConfig
 from ._context import (
     ActivityHandle as ActivityHandle,
+    ChildHandle as ChildHandle,
     TimeoutScope as TimeoutScope,
     TimerHandle as TimerHandle,
     WorkflowContext as WorkflowContext,
@@ -47,6 +49,7 @@ from ._errors import (
     AionInternalError as AionInternalError,
     BackendUnavailable as BackendUnavailable,
     CannotReopen as CannotReopen,
+    ChildWorkflowFailure as ChildWorkflowFailure,
     DatabaseCorrupt as DatabaseCorrupt,
     DatabaseTooNew as DatabaseTooNew,
     EngineEpochClosed as EngineEpochClosed,

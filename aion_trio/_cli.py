@@ -1028,6 +1028,15 @@ def worker(store: str | None, module: str, drain_timeout: float, log_level: str)
         package_log.removeHandler(handler)
 
 
+def _add_demo() -> None:
+    from ._demo import demo_command
+
+    cli.add_command(demo_command)
+
+
+_add_demo()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``aion-trio`` console script."""
     cli.main(args=list(argv) if argv is not None else None, prog_name=PROG_NAME)

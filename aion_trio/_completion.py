@@ -310,6 +310,8 @@ async def run_exit_attempt(
     # Notify as soon as the terminal is decided: bookkeeping failures below
     # must never strand a waiter.
     lease.completion.notify(recorded)
+    # Children of the run (parent-close policy) and, for a child, its parent (its outcome).
+    await core.run_closed(lease.workflow_id, lease.run_id)
 
     if resumed is not None and isinstance(resumed.body, WorkflowTimedOut):
         # The teardown owns a timed-out run's visibility and deadline.

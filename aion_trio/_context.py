@@ -27,9 +27,17 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 import attrs
 import trio
 
-from ._definitions import ActivityDefinition
+from ._children import (
+    STATUS_NOT_STARTED,
+    STATUS_TIMED_OUT,
+    ChildOptions,
+    ParentClosePolicy,
+    derive_child_workflow_id,
+)
+from ._definitions import ActivityDefinition, WorkflowDefinition
 from ._errors import (
     ActivityFailure,
+    ChildWorkflowFailure,
     NonDeterminismError,
     QueryFailed,
     QueryReadOnly,
@@ -45,6 +53,10 @@ from ._events import (
     ActivityFailed,
     ActivityScheduled,
     ActivityStarted,
+    ChildWorkflowCancelled,
+    ChildWorkflowCompleted,
+    ChildWorkflowFailed,
+    ChildWorkflowStarted,
     Event,
     FailureCause,
     MarkerRecorded,
@@ -57,7 +69,7 @@ from ._events import (
     WorkflowReopened,
     WorkflowStarted,
 )
-from ._ids import anonymous_timer, named_timer, scope_timer_id
+from ._ids import anonymous_timer, named_timer, scope_timer_id, validate_workflow_id
 from ._payload import Payload
 from ._retry import UNSET, RetryPolicy, check_layer, explicit, resolve_options
 
@@ -111,6 +123,15 @@ class _PendingActivity:
     options: Payload
 
 
+@attrs.define(eq=False)
+class _PendingChild:
+    ordinal: int
+    child_workflow_id: str
+    workflow_type: str
+    input: Payload
+    options: ChildOptions
+
+
 @final
 class RunState:
     """An incremental index of one run's segment of the recorder's history."""
@@ -129,6 +150,10 @@ class RunState:
         self.timers: dict[str, Event] = {}
         self.timer_resolutions: dict[str, Event] = {}
         self.signals: dict[str, list[Event]] = {}
+        #: Child commands by ordinal, the open ones by child id, outcomes by ordinal.
+        self.children: dict[int, Event] = {}
+        self.open_children: dict[str, int] = {}
+        self.child_resolutions: dict[int, Event] = {}
         #: The cancel request in force (a reopen withdraws earlier ones).
         self.cancel_request: Event | None = None
         #: A terminal recorded while the code still runs was written from outside
@@ -180,6 +205,14 @@ class RunState:
             elif isinstance(body, WorkflowCancelRequested):
                 if self.cancel_request is None:
                     self.cancel_request = event
+            elif isinstance(body, ChildWorkflowStarted):
+                ordinal = len(self.children)
+                self.children[ordinal] = event
+                self.open_children[body.child_workflow_id] = ordinal
+            elif isinstance(body, (ChildWorkflowCompleted, ChildWorkflowFailed, ChildWorkflowCancelled)):
+                settled = self.open_children.pop(body.child_workflow_id, None)
+                if settled is not None:
+                    self.child_resolutions[settled] = event
             elif isinstance(body, MarkerRecorded):
                 self.markers.setdefault(body.name, event)
             elif isinstance(body, TimerStarted):
@@ -264,6 +297,24 @@ class TimerHandle:
         return f"<TimerHandle {self.name!r} fires at {self.fire_at.isoformat()}>"
 
 
+@final
+class ChildHandle(Generic[T]):
+    """A started child workflow.  ``await handle`` gives its result or raises
+    :class:`aion_trio.ChildWorkflowFailure`; ``workflow_id`` is the child's id."""
+
+    def __init__(self, ctx: WorkflowContext, ordinal: int, workflow_id: str, workflow_type: str) -> None:
+        self._ctx = ctx
+        self.ordinal = ordinal
+        self.workflow_id = workflow_id
+        self.workflow_type = workflow_type
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._ctx._await_child(self).__await__()
+
+    def __repr__(self) -> str:
+        return f"<ChildHandle child:{self.ordinal} {self.workflow_type} {self.workflow_id!r}>"
+
+
 class _ReplayAwareLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     """``ctx.logger``: silent while the run replays, with workflow fields attached."""
 
@@ -310,9 +361,12 @@ class WorkflowContext:
         self._next_activity = 0
         self._next_timer = 0
         self._next_scope = 0
+        self._next_child = 0
+        #: Ids of children this execution started and whose outcome it has not consumed.
+        self._unobserved_children: set[str] = set()
         self._scopes: list[str] = []
         self._signals_taken: dict[str, int] = {}
-        self._pending: list[_PendingActivity | _PendingTimer | _PendingTimerCancel] = []
+        self._pending: list[_PendingActivity | _PendingTimer | _PendingTimerCancel | _PendingChild] = []
         self._poisoned: BaseException | None = None
         self._cleanup_depth = 0
         self._named_timers: set[str] = set()
@@ -661,6 +715,124 @@ class WorkflowContext:
         self._consume(event)
         return handle
 
+    # -- child workflows -----------------------------------------------------
+
+    def start_child(
+        self,
+        workflow: WorkflowDefinition[Any] | str,
+        *args: Any,
+        workflow_id: str | None = None,
+        parent_close_policy: ParentClosePolicy = ParentClosePolicy.CANCEL,
+        timeout: timedelta | float | None = None,
+        task_queue: str | None = None,
+    ) -> ChildHandle[Any]:
+        """Start a child workflow; returns a handle at once (``await`` it for the result).
+
+        ``workflow_id`` defaults to one derived from this run and the command's
+        ordinal (``"{workflow_id}/{run_id}/{n}"``), identical on replay.
+        ``parent_close_policy`` says what happens to the child if this run ends
+        first; ``timeout`` is the child's deadline; ``task_queue`` defaults to
+        this run's.  An unknown workflow type or bad input raises here, before
+        anything is recorded.
+        """
+        self._require_own_task("ctx.start_child()")
+        definition = self._core.workflow_definition(workflow)
+        if workflow_id is not None:
+            validate_workflow_id(workflow_id, "child workflow_id")
+        if not isinstance(parent_close_policy, ParentClosePolicy):
+            raise TypeError(f"parent_close_policy must be a ParentClosePolicy, got {parent_close_policy!r}")
+        seconds = _duration(timeout, "child timeout", allow_zero=False) if timeout is not None else None
+        if task_queue is not None and (not isinstance(task_queue, str) or not task_queue):
+            raise ValueError(f"task_queue must be a non-empty str, got {task_queue!r}")
+        ordinal = self._next_child
+        child_id = workflow_id or derive_child_workflow_id(self.workflow_id, self.run_id, ordinal)
+        # Every check below decides alike live and on replay (it reads nothing that grows).
+        if child_id == self.workflow_id:
+            raise ValueError(f"a workflow cannot be its own child (child workflow_id {child_id!r})")
+        if child_id in self._unobserved_children:
+            raise ValueError(
+                f"child workflow_id {child_id!r} is already used by a child of this run whose outcome "
+                "the workflow has not awaited; await it first, or give each child its own id"
+            )
+        payload = self._core.codec.encode(list(args), what=f"input of child workflow {definition.name!r}")
+        self._state.sync()
+        recorded = self._state.children.get(ordinal)
+        if recorded is not None:
+            body = recorded.body
+            assert isinstance(body, ChildWorkflowStarted)
+            if body.workflow_type != definition.name or body.child_workflow_id != child_id:
+                raise self._poison(
+                    NonDeterminismError(
+                        self.workflow_id,
+                        self.run_id,
+                        "child workflow",
+                        ordinal,
+                        f"child {body.workflow_type!r} with id {body.child_workflow_id!r}",
+                        f"child {definition.name!r} with id {child_id!r}",
+                    )
+                )
+            self._next_child += 1
+            self._unobserved_children.add(child_id)
+            self._consume(recorded)
+            return ChildHandle(self, ordinal, child_id, definition.name)
+        start = self._state.start
+        assert start is not None
+        assert isinstance(start.body, WorkflowStarted)
+        options = ChildOptions(
+            parent_close_policy=parent_close_policy,
+            task_queue=task_queue or start.body.task_queue,
+            timeout=seconds,
+        )
+        self._caught_up = True
+        self._next_child += 1
+        self._unobserved_children.add(child_id)
+        self._pending.append(
+            _PendingChild(
+                ordinal=ordinal,
+                child_workflow_id=child_id,
+                workflow_type=definition.name,
+                input=payload,
+                options=options,
+            )
+        )
+        return ChildHandle(self, ordinal, child_id, definition.name)
+
+    async def child(self, workflow: WorkflowDefinition[Any] | str, *args: Any, **options: Any) -> Any:
+        """Start a child workflow and wait for its result (options as for :meth:`start_child`)."""
+        return await self.start_child(workflow, *args, **options)
+
+    async def _await_child(self, handle: ChildHandle[Any]) -> Any:
+        def check() -> Event | None:
+            # The child's outcome or an expired timeout scope: whichever was recorded first.
+            candidates = []
+            outcome = self._state.child_resolutions.get(handle.ordinal)
+            if outcome is not None:
+                candidates.append(outcome)
+            for scope in self._scopes:
+                fired = self._state.timer_resolutions.get(scope)
+                if fired is not None and isinstance(fired.body, TimerFired):
+                    candidates.append(fired)
+            return min(candidates, key=lambda e: e.seq) if candidates else None
+
+        event = await self._wait_until(check)
+        self._consume(event)
+        body = event.body
+        if isinstance(body, TimerFired):
+            raise Timeout(f"a timeout scope expired while waiting for child workflow {handle.workflow_id!r}")
+        self._unobserved_children.discard(handle.workflow_id)
+        if isinstance(body, ChildWorkflowCompleted):
+            return self._core.codec.decode(body.result)
+        if isinstance(body, ChildWorkflowFailed):
+            details = body.error.details.value() if body.error.details is not None else None
+            status = details.get("status") if isinstance(details, dict) else None
+            if status not in (STATUS_TIMED_OUT, STATUS_NOT_STARTED):
+                status = "failed"
+            raise ChildWorkflowFailure(
+                handle.workflow_id, handle.workflow_type, str(status), error=body.error
+            )
+        assert isinstance(body, ChildWorkflowCancelled)
+        raise ChildWorkflowFailure(handle.workflow_id, handle.workflow_type, "cancelled", reason=body.reason)
+
     # -- timers --------------------------------------------------------------
 
     def _start_timer(self, timer_id: str, fire_at: datetime) -> None:
@@ -961,6 +1133,8 @@ class WorkflowContext:
         self._state.sync()
         if any(k >= self._next_activity for k in self._state.scheduled):
             return True
+        if any(k >= self._next_child for k in self._state.children):
+            return True
         issued = {anonymous_timer(n) for n in range(self._next_timer)} | {
             scope_timer_id(n) for n in range(self._next_scope)
         }
@@ -974,6 +1148,15 @@ class WorkflowContext:
             body = self._state.scheduled[extra[0]].body
             assert isinstance(body, ActivityScheduled)
             return ("activity", extra[0], f"activity {body.activity_type!r}")
+        children = sorted(k for k in self._state.children if k >= self._next_child)
+        if children:
+            child = self._state.children[children[0]].body
+            assert isinstance(child, ChildWorkflowStarted)
+            return (
+                "child workflow",
+                children[0],
+                f"child {child.workflow_type!r} with id {child.child_workflow_id!r}",
+            )
         return None
 
 

@@ -15,6 +15,7 @@ from typing import Any, final
 import attrs
 import trio
 
+from . import _children as children
 from ._activities import (
     ActivityDispatcher,
     ActivityDriver,
@@ -37,6 +38,7 @@ from ._context import (
     RunState,
     WorkflowContext,
     _PendingActivity,
+    _PendingChild,
     _PendingTimer,
     _PendingTimerCancel,
 )
@@ -68,6 +70,7 @@ from ._events import (
     ActivityFailed,
     ActivityScheduled,
     ActivityStarted,
+    ChildWorkflowStarted,
     ErrorInfo,
     Event,
     FailureCause,
@@ -475,7 +478,7 @@ class EngineCore:
         self,
         lease: Lease,
         state: RunState,
-        pending: Sequence[_PendingActivity | _PendingTimer | _PendingTimerCancel],
+        pending: Sequence[_PendingActivity | _PendingTimer | _PendingTimerCancel | _PendingChild],
     ) -> None:
         """Record a run's pending commands as one batch, then start what they start."""
 
@@ -501,6 +504,20 @@ class EngineCore:
                     if p.timer_id not in state.timers:
                         bodies.append(TimerStarted(timer_id=p.timer_id, fire_at=p.fire_at))
                         started_now.add(p.timer_id)
+                elif isinstance(p, _PendingChild):
+                    if p.ordinal not in state.children:
+                        bodies.append(
+                            ChildWorkflowStarted(
+                                child_workflow_id=p.child_workflow_id,
+                                workflow_type=p.workflow_type,
+                                input=p.input,
+                            )
+                        )
+                        bodies.append(
+                            MarkerRecorded(
+                                name=children.child_marker_name(p.ordinal), value=p.options.to_payload()
+                            )
+                        )
                 elif (p.timer_id in state.timers or p.timer_id in started_now) and (
                     p.timer_id not in state.timer_resolutions
                 ):
@@ -514,6 +531,8 @@ class EngineCore:
                 await self.arm_timer(lease.workflow_id, lease.run_id, p.timer_id, p.fire_at)
             elif isinstance(p, _PendingTimerCancel):
                 await self.forget_timer(lease.workflow_id, p.timer_id)
+            elif isinstance(p, _PendingChild):
+                await self.start_recorded_child(lease, p.ordinal)
             else:
                 scheduled = state.scheduled.get(p.ordinal)
                 self.dispatch(
@@ -628,6 +647,40 @@ class EngineCore:
         if isinstance(event.body, TimerCancelled):
             await self.forget_timer(lease.workflow_id, timer_id)
         return event
+
+    # -- child workflows (aion_trio/_children.py) ---------------------------------
+
+    async def start_recorded_child(self, lease: Lease, ordinal: int) -> None:
+        """Start the child whose ``ChildWorkflowStarted`` (ordinal ``ordinal``) the run just recorded."""
+        child = next(
+            (
+                c
+                for c in children.open_children(lease.recorder.history, lease.workflow_id, lease.run_id)
+                if c.ordinal == ordinal
+            ),
+            None,
+        )
+        if child is None:
+            return  # settled already (it cannot be, short of a second writer): nothing to start
+        await children.guarded(
+            self,
+            "start a child workflow",
+            {
+                "workflow_id": lease.workflow_id,
+                "run_id": lease.run_id,
+                "child_workflow_id": child.workflow_id,
+            },
+            children.start_child_run,
+            self,
+            lease.workflow_id,
+            lease.run_id,
+            child,
+        )
+
+    async def run_closed(self, workflow_id: str, run_id: str) -> None:
+        """Hook: the run's terminal is durable.  Applies its children's parent-close policy
+        and delivers a child's final outcome to its parent.  Idempotent; never raises."""
+        await children.run_closed(self, workflow_id, run_id)
 
     # -- the timer service ----------------------------------------------------
 
@@ -864,6 +917,7 @@ class EngineCore:
                 "workflow run timed out (its deadline passed); the run was stopped",
                 extra={"workflow_id": workflow_id, "run_id": run_id},
             )
+        await self.run_closed(workflow_id, run_id)
         with trio.CancelScope(shield=True), trio.move_on_after(self.config.bookkeeping_timeout):
             await self.upsert_visibility(workflow_id)
         async with recorder.lock:
@@ -996,6 +1050,8 @@ class EngineCore:
             await self.redispatch_unsettled(recorder, run_id)
             for timer in outstanding_timers(segment):
                 await self.arm_timer(workflow_id, run_id, timer.timer_id, timer.fire_at)
+            await children.repair_children(self, recorder, run_id)
+            await children.close_if_orphaned(self, recorder, run_id)
         elif status is WorkflowStatus.CONTINUED_AS_NEW:
             terminal = current_lease_terminal(segment)
             if terminal is not None and isinstance(terminal.body, WorkflowContinuedAsNew):
@@ -1271,6 +1327,7 @@ class Engine:
         )
         with trio.CancelScope(shield=True), trio.move_on_after(core.config.bookkeeping_timeout):
             await core.upsert_visibility(workflow_id)
+        await core.run_closed(workflow_id, run_id)
 
     async def reopen(self, workflow_id: str) -> RunHandle:
         """Reopen a Failed or Cancelled run: ``WorkflowReopened`` supersedes its terminal and
@@ -1326,6 +1383,8 @@ class Engine:
             for timer in outstanding_timers(run_segment(recorder.history, run_id)):
                 await core.arm_timer(workflow_id, run_id, timer.timer_id, timer.fire_at)
         logger.info("workflow run reopened", extra={"workflow_id": workflow_id, "run_id": run_id})
+        # Children that ended while the run was closed (their outcome stood down) are delivered now.
+        await children.repair_children(core, recorder, run_id)
         await core.upsert_visibility_quietly(workflow_id)
         return RunHandle(self, workflow_id, run_id)
 

@@ -473,6 +473,35 @@ class WorkflowFailure(AionError):
         )
 
 
+class ChildWorkflowFailure(AionError):
+    """Raised inside workflow code when a child workflow ended without a result.
+
+    ``status`` is how the child ended: ``"failed"`` (``error`` holds its recorded
+    error), ``"timed_out"`` (its deadline passed), ``"cancelled"`` (``reason`` says
+    why; a terminate reads ``"terminated: ..."``), or ``"not_started"`` (the child
+    id belongs to another running workflow).
+    """
+
+    def __init__(
+        self,
+        child_workflow_id: str,
+        workflow_type: str,
+        status: str,
+        error: Any = None,
+        reason: str = "",
+    ) -> None:
+        self.child_workflow_id = child_workflow_id
+        self.workflow_type = workflow_type
+        self.status = status
+        self.error = error
+        self.reason = reason
+        detail = f"{error.type}: {error.message}" if error is not None else reason
+        super().__init__(
+            f"child workflow {child_workflow_id!r} ({workflow_type}) {status}"
+            + (f": {detail}" if detail else "")
+        )
+
+
 class TerminalError(Exception):
     """Raise from activity code for a failure that must not be retried."""
 

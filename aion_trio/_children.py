@@ -1,0 +1,564 @@
+"""Child workflows: ids, starting them, delivering their outcome, parent-close policy (DESIGN §9).
+
+Ids.  A child's workflow id is the ``workflow_id`` given to ``ctx.start_child``,
+else derived from the command: ``"{parent_workflow_id}/{parent_run_id}/{ordinal}"``
+(``ordinal`` is the zero-based per-run child-command ordinal; if that text would
+exceed the workflow-id length limit, ``"child:"`` plus the SHA-256 of the three
+parts).  The child's *first run id* is derived from the same three parts (a
+UUID 5), so the command and the run it started are linked without recording
+anything extra: "already started" means the child's history holds a
+``WorkflowStarted`` with exactly that run id.  Replay derives the same ids.
+
+What is recorded.  The parent records ``ChildWorkflowStarted`` and, in the
+same batch, a ``MarkerRecorded`` named ``child:N`` holding the options the
+engine needs later without the parent's code (parent-close policy, task queue,
+timeout).  Then the engine starts the child: ``WorkflowStarted`` with
+``parent_workflow_id`` set, through the child's recorder, idempotently.  When
+the child's chain of runs (it may continue-as-new) reaches its final terminal,
+the outcome is recorded in the parent as ``ChildWorkflowCompleted`` /
+``ChildWorkflowFailed`` / ``ChildWorkflowCancelled`` through the parent's
+recorder, under its lock, with a settle check: nothing is written if the
+parent run is terminal or the child is already settled there.
+
+Repairs.  Every step is idempotent, so recovery simply redoes them: for a
+running parent it starts recorded children that never started and delivers
+outcomes of children that ended while the engine was down; for a running child
+whose parent run already ended it applies the parent-close policy.  A step that
+fails transiently is retried in the epoch with a doubling backoff capped at
+``EngineConfig.completion_retry.ceiling`` until it lands or the epoch closes;
+whatever is left then is redone by the next engine's recovery.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+
+from ._errors import BackendUnavailable, EngineEpochClosed, NotRunning, WorkflowNotFound
+from ._events import (
+    ChildWorkflowCancelled,
+    ChildWorkflowCompleted,
+    ChildWorkflowFailed,
+    ChildWorkflowStarted,
+    ErrorInfo,
+    Event,
+    EventBody,
+    MarkerRecorded,
+    TimerStarted,
+    WorkflowCancelled,
+    WorkflowCompleted,
+    WorkflowContinuedAsNew,
+    WorkflowFailed,
+    WorkflowStarted,
+    WorkflowTimedOut,
+)
+from ._ids import MAX_WORKFLOW_ID_LENGTH, deadline_timer_id
+from ._payload import Payload
+from ._projections import (
+    current_lease_terminal,
+    is_active_status,
+    latest_run_id,
+    run_ids,
+    run_segment,
+    workflow_status,
+)
+from ._retry import TransientBackoff
+
+if TYPE_CHECKING:
+    from ._engine import EngineCore
+    from ._recorder import Recorder
+
+logger = logging.getLogger("aion_trio.children")
+
+CHILD_MARKER_PREFIX = "child:"
+_RUN_ID_NAMESPACE = uuid.UUID("5b0c7d2e-6f1a-4c83-9a4e-2d1f0b7c9e61")
+
+#: ``ChildWorkflowFailed.error.details["status"]`` values other than a plain failure.
+STATUS_TIMED_OUT = "timed_out"
+STATUS_NOT_STARTED = "not_started"
+
+
+class ParentClosePolicy(enum.Enum):
+    """What happens to a child still running when its parent run ends (any terminal).
+
+    * ``CANCEL`` (default): the child is asked to cancel (as ``engine.cancel``);
+      its code sees :class:`aion_trio.WorkflowCancelled` and may compensate.
+    * ``TERMINATE``: the child is ended at once (as ``engine.terminate``).
+    * ``ABANDON``: the child runs on; its outcome is not recorded in the parent.
+    """
+
+    CANCEL = "cancel"
+    TERMINATE = "terminate"
+    ABANDON = "abandon"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ChildOptions:
+    """The options of one child command, recorded in the ``child:N`` marker."""
+
+    parent_close_policy: ParentClosePolicy
+    task_queue: str
+    timeout: float | None = None
+
+    def to_payload(self) -> Payload:
+        return Payload.of(
+            {
+                "parent_close_policy": self.parent_close_policy.value,
+                "task_queue": self.task_queue,
+                "timeout": self.timeout,
+            }
+        )
+
+    @classmethod
+    def from_payload(cls, payload: Payload | None, default_task_queue: str) -> ChildOptions:
+        data = payload.value() if payload is not None else None
+        if not isinstance(data, Mapping):
+            return cls(parent_close_policy=ParentClosePolicy.CANCEL, task_queue=default_task_queue)
+        timeout = data.get("timeout")
+        return cls(
+            parent_close_policy=ParentClosePolicy(data.get("parent_close_policy", "cancel")),
+            task_queue=str(data.get("task_queue") or default_task_queue),
+            timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
+        )
+
+
+def child_marker_name(ordinal: int) -> str:
+    return f"{CHILD_MARKER_PREFIX}{ordinal}"
+
+
+def derive_child_workflow_id(parent_workflow_id: str, parent_run_id: str, ordinal: int) -> str:
+    """The id of a child started without ``workflow_id`` (see the module docstring)."""
+    text = f"{parent_workflow_id}/{parent_run_id}/{ordinal}"
+    if len(text) <= MAX_WORKFLOW_ID_LENGTH:
+        return text
+    digest = hashlib.sha256(f"{parent_workflow_id}\x00{parent_run_id}\x00{ordinal}".encode()).hexdigest()
+    return f"child:{digest}"
+
+
+def derive_child_run_id(parent_workflow_id: str, parent_run_id: str, ordinal: int) -> str:
+    """The run id of the child's first run, derived from the command that starts it."""
+    return str(uuid.uuid5(_RUN_ID_NAMESPACE, f"{parent_workflow_id}\x00{parent_run_id}\x00{ordinal}"))
+
+
+@final
+@attrs.frozen(kw_only=True)
+class OpenChild:
+    """A child command of a run whose outcome is not recorded in that run."""
+
+    ordinal: int
+    started: ChildWorkflowStarted
+    options: ChildOptions
+    first_run_id: str
+
+    @property
+    def workflow_id(self) -> str:
+        return self.started.child_workflow_id
+
+
+_SETTLES = (ChildWorkflowCompleted, ChildWorkflowFailed, ChildWorkflowCancelled)
+
+
+def open_children(history: Sequence[Event], parent_workflow_id: str, run_id: str) -> list[OpenChild]:
+    """The run's child commands not yet settled in its segment, in ordinal order."""
+    segment = run_segment(history, run_id)
+    if not segment:
+        return []
+    start = segment[0].body
+    assert isinstance(start, WorkflowStarted)
+    started: dict[int, ChildWorkflowStarted] = {}
+    options: dict[int, Payload] = {}
+    open_by_id: dict[str, int] = {}
+    for event in segment:
+        body = event.body
+        if isinstance(body, ChildWorkflowStarted):
+            ordinal = len(started)
+            started[ordinal] = body
+            open_by_id[body.child_workflow_id] = ordinal
+        elif isinstance(body, _SETTLES):
+            open_by_id.pop(body.child_workflow_id, None)
+        elif isinstance(body, MarkerRecorded) and body.name.startswith(CHILD_MARKER_PREFIX):
+            suffix = body.name.removeprefix(CHILD_MARKER_PREFIX)
+            if suffix.isdigit():
+                options[int(suffix)] = body.value
+    return [
+        OpenChild(
+            ordinal=n,
+            started=started[n],
+            options=ChildOptions.from_payload(options.get(n), start.task_queue),
+            first_run_id=derive_child_run_id(parent_workflow_id, run_id, n),
+        )
+        for n in sorted(open_by_id.values())
+    ]
+
+
+def _successor(history: Sequence[Event], run_id: str) -> str | None:
+    return next(
+        (
+            e.body.run_id
+            for e in history
+            if isinstance(e.body, WorkflowStarted) and e.body.parent_run_id == run_id
+        ),
+        None,
+    )
+
+
+def chain_position(history: Sequence[Event], first_run_id: str) -> tuple[str | None, Event | None]:
+    """Follow a child's runs from ``first_run_id`` through continue-as-new.
+
+    Returns ``(running_run_id, None)`` while a run of the chain runs,
+    ``(None, terminal)`` once the chain's final run ended, ``(None, None)`` if
+    the chain never started (or a successor's start is still owed).
+    """
+    current = first_run_id
+    for _ in range(len(history) + 1):
+        segment = run_segment(history, current)
+        if not segment:
+            return None, None
+        terminal = current_lease_terminal(segment)
+        if terminal is None:
+            return current, None
+        if not isinstance(terminal.body, WorkflowContinuedAsNew):
+            return None, terminal
+        successor = _successor(history, current)
+        if successor is None:
+            return None, None
+        current = successor
+    return None, None  # pragma: no cover - a chain longer than its history cannot exist
+
+
+def outcome_body(child_workflow_id: str, terminal: Event) -> EventBody:
+    """What a child's final terminal is recorded as in its parent."""
+    body = terminal.body
+    if isinstance(body, WorkflowCompleted):
+        return ChildWorkflowCompleted(child_workflow_id=child_workflow_id, result=body.result)
+    if isinstance(body, WorkflowFailed):
+        return ChildWorkflowFailed(child_workflow_id=child_workflow_id, error=body.error)
+    if isinstance(body, WorkflowTimedOut):
+        return ChildWorkflowFailed(
+            child_workflow_id=child_workflow_id,
+            error=ErrorInfo(
+                type="WorkflowTimedOut",
+                message=f"child workflow {child_workflow_id!r} timed out ({body.timeout_kind.value})",
+                details=Payload.of({"status": STATUS_TIMED_OUT}),
+            ),
+        )
+    if isinstance(body, WorkflowCancelled):
+        reason = f"terminated: {body.reason}" if body.terminated else body.reason
+        return ChildWorkflowCancelled(child_workflow_id=child_workflow_id, reason=reason)
+    raise AssertionError(f"not a final terminal: {terminal!r}")  # pragma: no cover
+
+
+# -- the steps (each idempotent; store errors propagate to ``guarded``) ------------------
+
+
+async def settle_in_parent(
+    core: EngineCore, parent_workflow_id: str, parent_run_id: str, child_workflow_id: str, body: EventBody
+) -> bool:
+    """Record a child's outcome in the parent run: under the parent's lock, standing down
+    (writing nothing) if the parent run is terminal or the child is already settled there."""
+    recorder = await core.recorder_for(parent_workflow_id)
+    async with recorder.lock:
+        core.epoch.gate(parent_workflow_id, parent_run_id, "record a child workflow's outcome")
+        history = await recorder.current_history()
+        segment = run_segment(history, parent_run_id)
+        if not segment or current_lease_terminal(segment) is not None:
+            return False
+        if not any(
+            c.workflow_id == child_workflow_id
+            for c in open_children(history, parent_workflow_id, parent_run_id)
+        ):
+            return False
+        await recorder.append(
+            [body], action=f"record the outcome of child workflow {child_workflow_id!r}", run_id=parent_run_id
+        )
+        return True
+
+
+async def deliver_to_parent(core: EngineCore, parent_workflow_id: str, child_workflow_id: str) -> bool:
+    """If the child's chain ended, record its outcome in the parent's latest run (settle-checked)."""
+    parent = await core.recorder_for(parent_workflow_id)
+    run_id = latest_run_id(parent.history)
+    if run_id is None:
+        return False
+    child = next(
+        (
+            c
+            for c in open_children(parent.history, parent_workflow_id, run_id)
+            if c.workflow_id == child_workflow_id
+        ),
+        None,
+    )
+    if child is None:
+        return False
+    recorder = await core.recorder_for(child_workflow_id)
+    _, terminal = chain_position(recorder.history, child.first_run_id)
+    if terminal is None:
+        return False
+    return await settle_in_parent(
+        core, parent_workflow_id, run_id, child_workflow_id, outcome_body(child_workflow_id, terminal)
+    )
+
+
+async def start_child_run(
+    core: EngineCore, parent_workflow_id: str, parent_run_id: str, child: OpenChild
+) -> None:
+    """Start the child's first run unless it started already (then append nothing).
+
+    An id held by another active workflow settles the command in the parent as
+    ``ChildWorkflowFailed`` (status ``not_started``).
+    """
+    child_id = child.workflow_id
+    run_id = child.first_run_id
+    recorder = await core.recorder_for(child_id)
+    conflict: str | None = None
+    started = False
+    async with recorder.lock:
+        core.epoch.gate(child_id, run_id, "start a child workflow")
+        history = await recorder.current_history()
+        if any(isinstance(e.body, WorkflowStarted) and e.body.run_id == run_id for e in history):
+            return
+        status = workflow_status(history)
+        if is_active_status(status):
+            assert status is not None
+            conflict = (
+                f"workflow id {child_id!r} is already used by run {latest_run_id(history)}, which is "
+                f"{status.value}; give the child another workflow_id"
+            )
+        else:
+            timeout = timedelta(seconds=child.options.timeout) if child.options.timeout is not None else None
+            now = core.clock.now()
+            bodies: list[EventBody] = [
+                WorkflowStarted(
+                    workflow_type=child.started.workflow_type,
+                    input=child.started.input,
+                    run_id=run_id,
+                    parent_workflow_id=parent_workflow_id,
+                    task_queue=child.options.task_queue,
+                    timeout=timeout,
+                )
+            ]
+            if timeout is not None:
+                bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + timeout))
+            await recorder.append(bodies, action="start a child workflow", run_id=run_id, at=now)
+            lease = core.new_lease(recorder, run_id, child.started.workflow_type)
+            core.spawn_run(lease)
+            if timeout is not None:
+                await core.arm_timer(child_id, run_id, deadline_timer_id(run_id), now + timeout)
+            started = True
+    if conflict is not None:
+        await settle_in_parent(
+            core,
+            parent_workflow_id,
+            parent_run_id,
+            child_id,
+            ChildWorkflowFailed(
+                child_workflow_id=child_id,
+                error=ErrorInfo(
+                    type="WorkflowAlreadyStarted",
+                    message=conflict,
+                    details=Payload.of({"status": STATUS_NOT_STARTED}),
+                ),
+            ),
+        )
+        return
+    if started:
+        logger.info(
+            "child workflow started",
+            extra={"workflow_id": child_id, "run_id": run_id, "parent_workflow_id": parent_workflow_id},
+        )
+        await core.upsert_visibility_quietly(child_id)
+    # The parent may have ended while its child was being started: its policy applies now.
+    parent = core.loaded_recorder(parent_workflow_id)
+    if parent is not None and current_lease_terminal(run_segment(parent.history, parent_run_id)) is not None:
+        await close_children(core, parent_workflow_id, parent_run_id)
+
+
+async def _close_child(core: EngineCore, parent_workflow_id: str, child: OpenChild) -> None:
+    from ._engine import Engine
+
+    recorder = await core.recorder_for(child.workflow_id)
+    running, _ = chain_position(recorder.history, child.first_run_id)
+    if running is None:
+        return
+    policy = child.options.parent_close_policy
+    reason = f"parent workflow {parent_workflow_id!r} closed (parent_close_policy={policy.value})"
+    try:
+        if policy is ParentClosePolicy.TERMINATE:
+            await Engine(core).terminate(child.workflow_id, reason)
+        else:
+            await Engine(core).cancel(child.workflow_id, reason)
+    except (NotRunning, WorkflowNotFound):
+        pass  # it ended meanwhile
+
+
+async def close_children(core: EngineCore, parent_workflow_id: str, run_id: str) -> None:
+    """Apply the parent-close policy to every open child of an ended parent run."""
+    recorder = await core.recorder_for(parent_workflow_id)
+    history = recorder.history
+    if current_lease_terminal(run_segment(history, run_id)) is None:
+        return
+    for child in open_children(history, parent_workflow_id, run_id):
+        if child.options.parent_close_policy is ParentClosePolicy.ABANDON:
+            continue
+        await guarded(
+            core,
+            f"apply the parent-close policy to child workflow {child.workflow_id!r}",
+            {"workflow_id": parent_workflow_id, "run_id": run_id},
+            _close_child,
+            core,
+            parent_workflow_id,
+            child,
+        )
+
+
+# -- hooks -----------------------------------------------------------------------
+
+
+async def run_closed(core: EngineCore, workflow_id: str, run_id: str) -> None:
+    """A run's terminal is durable: apply its children's parent-close policy, and if it is
+    a child's final run, deliver its outcome to the parent.  Idempotent; never raises."""
+    recorder = core.loaded_recorder(workflow_id)
+    if recorder is None:
+        return
+    segment = run_segment(recorder.history, run_id)
+    terminal = current_lease_terminal(segment)
+    if terminal is None:
+        return
+    fields = {"workflow_id": workflow_id, "run_id": run_id}
+    if any(isinstance(e.body, ChildWorkflowStarted) for e in segment):
+        await guarded(
+            core, "close the children of an ended run", fields, close_children, core, workflow_id, run_id
+        )
+    start = segment[0].body
+    assert isinstance(start, WorkflowStarted)
+    if start.parent_workflow_id is not None and not isinstance(terminal.body, WorkflowContinuedAsNew):
+        await guarded(
+            core,
+            "deliver a child workflow's outcome to its parent",
+            fields,
+            deliver_to_parent,
+            core,
+            start.parent_workflow_id,
+            workflow_id,
+        )
+
+
+async def repair_children(core: EngineCore, recorder: Recorder, run_id: str) -> None:
+    """Recovery (and reopen) of a running parent run: start recorded children that never
+    started, deliver outcomes of children that ended meanwhile.  Never raises."""
+    workflow_id = recorder.workflow_id
+    for child in open_children(recorder.history, workflow_id, run_id):
+        fields = {"workflow_id": workflow_id, "run_id": run_id, "child_workflow_id": child.workflow_id}
+        await guarded(
+            core, "start a child workflow", fields, start_child_run, core, workflow_id, run_id, child
+        )
+        await guarded(
+            core,
+            "deliver a child workflow's outcome",
+            fields,
+            deliver_to_parent,
+            core,
+            workflow_id,
+            child.workflow_id,
+        )
+
+
+async def close_if_orphaned(core: EngineCore, recorder: Recorder, run_id: str) -> None:
+    """Recovery of a running child: if the parent run that started it has ended (the engine
+    stopped before applying the policy), apply the parent-close policy now.  Never raises."""
+    history = recorder.history
+    segment = run_segment(history, run_id)
+    if not segment:
+        return
+    start = segment[0].body
+    assert isinstance(start, WorkflowStarted)
+    parent_workflow_id = start.parent_workflow_id
+    if parent_workflow_id is None:
+        return
+    root = run_id
+    for _ in range(len(history)):
+        first = run_segment(history, root)[0].body
+        assert isinstance(first, WorkflowStarted)
+        if first.parent_run_id is None:
+            break
+        root = first.parent_run_id
+    parent = await core.recorder_for(parent_workflow_id)
+    for parent_run in run_ids(parent.history):
+        for child in open_children(parent.history, parent_workflow_id, parent_run):
+            if child.workflow_id == recorder.workflow_id and child.first_run_id == root:
+                await guarded(
+                    core,
+                    "close the children of an ended run",
+                    {"workflow_id": parent_workflow_id, "run_id": parent_run},
+                    close_children,
+                    core,
+                    parent_workflow_id,
+                    parent_run,
+                )
+                return
+
+
+# -- retrying transient failures in the epoch ---------------------------------------
+
+
+async def guarded(
+    core: EngineCore,
+    what: str,
+    fields: Mapping[str, Any],
+    fn: Callable[..., Awaitable[Any]],
+    *args: Any,
+) -> None:
+    """One attempt of an idempotent child step.  A transient failure retries it in the
+    epoch (backoff doubling up to the completion-retry ceiling, until it lands or the
+    epoch closes); anything else is logged and left to the next engine's recovery."""
+    try:
+        await fn(*args)
+    except BackendUnavailable as exc:
+        try:
+            core.epoch.spawn(_retry, core, what, fields, fn, args, exc, name=f"child-step:{what}")
+        except EngineEpochClosed:
+            logger.warning(
+                "could not %s (the engine is shutting down; recovery redoes it): %s", what, exc, extra=fields
+            )
+    except EngineEpochClosed:
+        logger.info("did not %s: the engine is shutting down; recovery redoes it", what, extra=fields)
+    except Exception as exc:
+        logger.error(
+            "could not %s (not retried here; the next engine's recovery redoes it): %s: %s",
+            what,
+            type(exc).__name__,
+            exc,
+            extra=fields,
+        )
+
+
+async def _retry(
+    core: EngineCore,
+    what: str,
+    fields: Mapping[str, Any],
+    fn: Callable[..., Awaitable[Any]],
+    args: tuple[Any, ...],
+    first: BaseException,
+) -> None:
+    ladder = core.config.completion_retry
+    backoff = TransientBackoff(ladder.initial, ladder.ceiling, logger, fields)
+    await backoff.failed(what, first)
+    while True:
+        try:
+            await fn(*args)
+            return
+        except BackendUnavailable as exc:
+            await backoff.failed(what, exc)
+        except EngineEpochClosed:
+            return
+        except Exception as exc:
+            logger.error("could not %s: %s: %s", what, type(exc).__name__, exc, extra=dict(fields))
+            return
