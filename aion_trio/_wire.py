@@ -235,14 +235,18 @@ def _encode_attrs(value: Any) -> dict[str, Any]:
     return out
 
 
-_TEXT_PLANS: dict[type, tuple[tuple[str, str, _FieldCodec], ...]] = {}
+_TextStep = tuple[str, str, Callable[[Any], str], bool]
+_TEXT_PLANS: dict[type, tuple[_TextStep, ...]] = {}
 
 
-def _text_plan(cls: type) -> tuple[tuple[str, str, _FieldCodec], ...]:
-    """``(key text with its colon, field name, codec)`` per field, in field order."""
+def _text_plan(cls: type) -> tuple[_TextStep, ...]:
+    """``(key text with its colon, field name, to-text function, omit None?)`` per field, in order."""
     found = _TEXT_PLANS.get(cls)
     if found is None:
-        found = tuple((_encode_str(name) + ":", name, codec) for name, codec in _codecs(cls).items())
+        found = tuple(
+            (_encode_str(name) + ":", name, codec.text or codec.to_text, codec.omit_none)
+            for name, codec in _codecs(cls).items()
+        )
         _TEXT_PLANS[cls] = found
     return found
 
@@ -250,11 +254,11 @@ def _text_plan(cls: type) -> tuple[tuple[str, str, _FieldCodec], ...]:
 def _attrs_text(value: Any) -> str:
     """Compact JSON text of ``_encode_attrs(value)``, payload text spliced in unparsed."""
     parts: list[str] = []
-    for key, name, codec in _text_plan(type(value)):
+    for key, name, to_text, omit_none in _text_plan(type(value)):
         field_value = getattr(value, name)
-        if field_value is None and codec.omit_none:
+        if field_value is None and omit_none:
             continue
-        parts.append(key + codec.to_text(field_value))
+        parts.append(key + to_text(field_value))
     return "{" + ",".join(parts) + "}"
 
 

@@ -147,12 +147,19 @@ def apply_group(conn: apsw.Connection, group: Sequence[WriteOp]) -> None:
             op.apply(conn)
 
 
-def _apply_appends(conn: apsw.Connection, appends: list[AppendOp]) -> None:
+def _heads(conn: apsw.Connection, appends: list[AppendOp]) -> dict[str, int]:
+    if len(appends) == 1:
+        # One writer's group: a plain seek, no JSON either way.
+        wid = appends[0].workflow_id
+        return {wid: stored_head(conn, wid)}
     wids = list(dict.fromkeys(op.workflow_id for op in appends))
     text = conn.execute(SQL_HEADS, (_json(wids),)).fetchall()[0][0]
     assert isinstance(text, str)
-    found = json.loads(text)
-    heads: dict[str, int] = {wid: head or 0 for wid, head in found}
+    return {wid: head or 0 for wid, head in json.loads(text)}
+
+
+def _apply_appends(conn: apsw.Connection, appends: list[AppendOp]) -> None:
+    heads = _heads(conn, appends)
     statuses: dict[str, str | None] = {}
     rows: list[EventRow] = []
     for op in appends:
