@@ -235,31 +235,44 @@ def _encode_attrs(value: Any) -> dict[str, Any]:
     return out
 
 
-_TextStep = tuple[str, str, Callable[[Any], str], bool]
-_TEXT_PLANS: dict[type, tuple[_TextStep, ...]] = {}
+_TEXT_ENCODERS: dict[type, Callable[[Any], str]] = {}
 
 
-def _text_plan(cls: type) -> tuple[_TextStep, ...]:
-    """``(key text with its colon, field name, to-text function, omit None?)`` per field, in order."""
-    found = _TEXT_PLANS.get(cls)
-    if found is None:
-        found = tuple(
-            (_encode_str(name) + ":", name, codec.text or codec.to_text, codec.omit_none)
-            for name, codec in _codecs(cls).items()
-        )
-        _TEXT_PLANS[cls] = found
-    return found
+def _compile_text_encoder(cls: type) -> Callable[[Any], str]:
+    """Build ``value -> compact JSON text`` for the attrs class ``cls``.
+
+    The generated function concatenates, in field order, each key and its
+    value's text (``'{"a":' + f0(v.a) + ',"b":' + f1(v.b) + '}'``); an
+    optional payload field that is ``None`` is left out.  Field names come
+    from ``attrs.fields`` (identifiers) and every key is embedded with ``repr``.
+    """
+    codecs = _codecs(cls)
+    namespace: dict[str, Any] = {}
+    for i, codec in enumerate(codecs.values()):
+        namespace[f"f{i}"] = codec.text or codec.to_text
+    keys = [_encode_str(name) + ":" for name in codecs]
+    if any(codec.omit_none for codec in codecs.values()):
+        lines = ["def encode(v):", "    parts = []"]
+        for i, (name, codec) in enumerate(codecs.items()):
+            append = f"parts.append({keys[i]!r} + f{i}(v.{name}))"
+            lines.append(f"    if v.{name} is not None: {append}" if codec.omit_none else f"    {append}")
+        lines.append('    return "{" + ",".join(parts) + "}"')
+    else:
+        # Every key always present: one concatenation.
+        pieces = [f"{('{' if i == 0 else ',') + keys[i]!r} + f{i}(v.{name})" for i, name in enumerate(codecs)]
+        lines = ["def encode(v):", "    return " + (" + ".join(pieces) or "'{'") + " + '}'"]
+    exec("\n".join(lines), namespace)
+    encode: Callable[[Any], str] = namespace["encode"]
+    return encode
 
 
 def _attrs_text(value: Any) -> str:
     """Compact JSON text of ``_encode_attrs(value)``, payload text spliced in unparsed."""
-    parts: list[str] = []
-    for key, name, to_text, omit_none in _text_plan(type(value)):
-        field_value = getattr(value, name)
-        if field_value is None and omit_none:
-            continue
-        parts.append(key + to_text(field_value))
-    return "{" + ",".join(parts) + "}"
+    cls = type(value)
+    encode = _TEXT_ENCODERS.get(cls)
+    if encode is None:
+        encode = _TEXT_ENCODERS[cls] = _compile_text_encoder(cls)
+    return encode(value)
 
 
 def _decode_attrs(cls: type, data: Any) -> Any:
