@@ -103,7 +103,15 @@ class _Service:
     def _enqueue(self, request: Any) -> None:
         with self._lock:
             self._pending[request] = None
-            self._wake.notify()
+            self._notify()
+
+    def _notify(self) -> None:
+        # Called with the lock held: a request was queued.
+        self._wake.notify()
+
+    def _notify_all(self) -> None:
+        # Called with the lock held: stopping.
+        self._wake.notify_all()
 
     def _withdraw(self, request: Any) -> bool:
         with self._lock:
@@ -141,7 +149,7 @@ class _Service:
         """Finish every queued request, then end the threads (shielded from cancellation)."""
         with self._lock:
             self._stopping = True
-            self._wake.notify_all()
+            self._notify_all()
         with trio.CancelScope(shield=True):
             if self._running:
                 await self._stopped.wait()
@@ -157,6 +165,12 @@ class Writer(_Service):
 
     def __init__(self, conn: apsw.Connection, location: str, token: trio.lowlevel.TrioToken) -> None:
         super().__init__(token)
+        # The one writer thread sleeps on ``_gate`` (held while it sleeps)
+        # instead of the condition: waking it is one lock release, and a
+        # write queued while it is busy costs no wake-up call at all.
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._sleeping = False
         self._conn = conn
         self._location = location
         self._commits = 0
@@ -183,16 +197,32 @@ class Writer(_Service):
             largest_group=self._largest,
         )
 
+    def _notify(self) -> None:
+        if self._sleeping:
+            self._sleeping = False
+            self._gate.release()
+
+    _notify_all = _notify
+
+    def _next_group(self) -> list[WriteOp] | None:
+        """Every queued write (``None``: stopping and nothing left), sleeping until there is one."""
+        while True:
+            with self._lock:
+                if self._pending:
+                    group: list[WriteOp] = list(self._pending)
+                    self._pending.clear()
+                    return group
+                if self._stopping:
+                    return None
+                self._sleeping = True
+            self._gate.acquire()
+
     def _run(self) -> None:
         try:
             while True:
-                with self._lock:
-                    while not self._pending and not self._stopping:
-                        self._wake.wait()
-                    if not self._pending:
-                        return
-                    group: list[WriteOp] = list(self._pending)
-                    self._pending.clear()
+                group = self._next_group()
+                if group is None:
+                    return
                 try:
                     self._commit(group)
                 except BaseException as exc:  # pragma: no cover - a bug in this package
