@@ -15,6 +15,13 @@ and on one file system (``--dir``, default a fresh temporary directory):
     workflows, each appending 3-event batches in a loop (each ``append``
     awaited before the next, as the recorder does).
 
+(c) ``floor``: round trips of an empty write (``remove_timer`` of a timer
+    that does not exist: a ``BEGIN IMMEDIATE`` ... ``COMMIT`` that writes no
+    page, so no fsync) through the store's writer thread: what handing a
+    write to the thread and waking the caller costs on this machine.  One
+    writer's append pays it on top of its commit, so
+    ``raw period / (raw period + floor period)`` bounds the 1-writer ratio.
+
 Prints one JSON line per result: events/s, appends/s, commits/s and the
 ratios to (a).  The disk's fsync latency drifts while other processes use it,
 so (a) is sampled right before and right after each (b) run and each ratio
@@ -127,6 +134,21 @@ async def store_run(path: str, synchronous: str, writers: int, seconds: float) -
     }
 
 
+async def floor_run(path: str, synchronous: str, seconds: float) -> float:
+    """Empty-write round trips per second through the store's writer thread."""
+    url = "sqlite:///" + path + ("?synchronous=NORMAL" if synchronous == "NORMAL" else "")
+    async with open_sqlite_store(url) as store:
+        n = 0
+        start = trio.current_time()
+        deadline = start + seconds
+        while True:
+            await store.events.remove_timer("floor", "named:absent")
+            n += 1
+            if n % 64 == 0 and trio.current_time() >= deadline:
+                break
+        return n / (trio.current_time() - start)
+
+
 async def raw_slice(
     directory: str, synchronous: str, seconds: float, tag: str, samples: list[float]
 ) -> float:
@@ -163,6 +185,7 @@ async def main_async(directory: str, seconds: float) -> None:
             result = await store_run(path, synchronous, writers, seconds)
             after = await raw_slice(directory, synchronous, seconds / 2, f"{writers}-after", raw_samples)
             results.append((writers, result, (before + after) / 2))
+        floor = await floor_run(os.path.join(directory, f"floor-{level}.db"), synchronous, seconds / 2)
         emit(
             {
                 "kind": "raw",
@@ -171,6 +194,17 @@ async def main_async(directory: str, seconds: float) -> None:
                 "min": round(min(raw_samples), 1),
                 "max": round(max(raw_samples), 1),
                 "slices": len(raw_samples),
+            }
+        )
+        raw_mean = sum(raw_samples) / len(raw_samples)
+        emit(
+            {
+                "kind": "floor",
+                "synchronous": synchronous,
+                "empty_writes_per_s": round(floor, 1),
+                "empty_write_us": round(1e6 / floor, 1),
+                # One writer cannot beat raw commits + this round trip.
+                "appends_ratio_bound": round((1 / raw_mean) / (1 / raw_mean + 1 / floor), 2),
             }
         )
         for writers, result, reference in results:
