@@ -6,7 +6,8 @@ batch writes nothing), then all accepted events go in with one more statement
 and the new or changed workflow rows with a third.  The heads come back as one
 JSON value (one SQLite step, so the GIL is released and retaken once, not
 once per workflow: a writer thread that gives the GIL up often spends most
-of its time waiting to get it back from the busy Trio thread).  Events go in
+of its time waiting to get it back from the busy Trio thread); a group with
+a single append (one writer) reads its head with a plain seek.  Events go in
 with ``executemany``: measured, a ``json_each`` insert or multi-row
 ``VALUES`` costs SQLite twice the CPU and was slower overall.  If any statement fails
 for a reason that is not the transaction's (a value SQLite refuses), the
