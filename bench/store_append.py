@@ -24,21 +24,25 @@ and on one file system (``--dir``, default a fresh temporary directory):
 
 Prints one JSON line per result: events/s, appends/s, commits/s and the
 ratios to (a).  The disk's fsync latency drifts while other processes use it,
-so (a) is sampled right before and right after each (b) run and each ratio
-uses the mean of those two samples (``raw_commits_per_s`` in the line); the
-``raw`` line summarises every sample of that level.  Targets (FULL): 256 writers: events/s >= 5x raw commits/s;
+so each (b) measurement runs in ROUNDS slices with (a) sampled before, between
+and after them (the store stays open, idle, meanwhile), and each ratio uses
+the mean of those samples (``raw_commits_per_s`` in the line); the ``raw``
+line summarises every sample of that level.  Targets (FULL): 256 writers: events/s >= 5x raw commits/s;
 1 writer: appends/s >= 0.7x raw commits/s.  Not part of the test run.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
 import apsw
@@ -50,6 +54,8 @@ from aion_trio_sqlite import DEFAULT_BUSY_TIMEOUT, open_sqlite_store
 
 WRITERS = (1, 16, 256)
 BATCH = 3
+# Store slices per measurement, each bracketed by raw slices (ROUNDS + 1 of them).
+ROUNDS = 3
 TARGETS = {1: ("appends_ratio", 0.7), 256: ("events_ratio", 5.0)}
 
 
@@ -96,42 +102,58 @@ def _bodies(i: int) -> tuple[ActivityScheduled, ActivityStarted, ActivityComplet
     )
 
 
-async def store_run(path: str, synchronous: str, writers: int, seconds: float) -> dict[str, float]:
+async def store_run(
+    path: str, synchronous: str, writers: int, seconds: float, between: Callable[[], Awaitable[float]]
+) -> tuple[dict[str, float], list[float]]:
+    """Append for ``seconds`` in ROUNDS slices, calling ``between`` (a raw slice) before, between and after.
+
+    Returns the store's rates and the raw rates ``between`` returned.  The
+    store stays open across slices; each workflow keeps its head (a cancelled
+    append either wrote nothing or returned normally, so the head stays right).
+    """
     url = "sqlite:///" + path + ("?synchronous=NORMAL" if synchronous == "NORMAL" else "")
     appended = 0
     bodies = [_bodies(i) for i in range(64)]
     now = datetime.now(timezone.utc)
+    heads = [0] * writers
 
-    async def workflow(wid: str) -> None:
+    async def workflow(w: int) -> None:
         nonlocal appended
-        head = 0
-        step = 0
+        wid = f"wf-{w}"
         while True:
+            head = heads[w]
             batch = [
                 Event(workflow_id=wid, seq=head + k + 1, recorded_at=now, body=body)
-                for k, body in enumerate(bodies[step % 64])
+                for k, body in enumerate(bodies[(head // BATCH) % 64])
             ]
             await store.events.append(wid, batch, head)
-            head += BATCH
-            step += 1
+            heads[w] = head + BATCH
             appended += 1
 
+    raw: list[float] = []
+    elapsed = 0.0
+    commits = events = 0
     async with open_sqlite_store(url) as store:
-        before = store.events.statistics()
-        start = trio.current_time()
-        with trio.move_on_after(seconds):
-            async with trio.open_nursery() as nursery:
-                for w in range(writers):
-                    nursery.start_soon(workflow, f"wf-{w}")
-        elapsed = trio.current_time() - start
-        after = store.events.statistics()
-    commits = after.commits - before.commits
-    return {
-        "events_per_s": (after.events - before.events) / elapsed,
+        raw.append(await between())
+        for _ in range(ROUNDS):
+            before = store.events.statistics()
+            start = trio.current_time()
+            with trio.move_on_after(seconds / ROUNDS):
+                async with trio.open_nursery() as nursery:
+                    for w in range(writers):
+                        nursery.start_soon(workflow, w)
+            elapsed += trio.current_time() - start
+            after = store.events.statistics()
+            commits += after.commits - before.commits
+            events += after.events - before.events
+            raw.append(await between())
+    result = {
+        "events_per_s": events / elapsed,
         "appends_per_s": appended / elapsed,
         "commits_per_s": commits / elapsed,
         "appends_per_commit": appended / max(commits, 1),
     }
+    return result, raw
 
 
 async def floor_run(path: str, synchronous: str, seconds: float) -> float:
@@ -159,6 +181,18 @@ async def raw_slice(
     return rate
 
 
+def raw_slicer(
+    directory: str, synchronous: str, seconds: float, prefix: str, samples: list[float]
+) -> Callable[[], Awaitable[float]]:
+    """A function measuring one more raw slice each call."""
+    numbers = itertools.count()
+
+    async def between() -> float:
+        return await raw_slice(directory, synchronous, seconds, f"{prefix}-{next(numbers)}", samples)
+
+    return between
+
+
 async def main_async(directory: str, seconds: float) -> None:
     emit(
         {
@@ -180,11 +214,10 @@ async def main_async(directory: str, seconds: float) -> None:
         # store measurement is bracketed by raw slices and compared with their mean.
         results = []
         for writers in WRITERS:
-            before = await raw_slice(directory, synchronous, seconds / 2, f"{writers}-before", raw_samples)
+            between = raw_slicer(directory, synchronous, seconds / (ROUNDS + 1), str(writers), raw_samples)
             path = os.path.join(directory, f"store-{level}-{writers}.db")
-            result = await store_run(path, synchronous, writers, seconds)
-            after = await raw_slice(directory, synchronous, seconds / 2, f"{writers}-after", raw_samples)
-            results.append((writers, result, (before + after) / 2))
+            result, raw = await store_run(path, synchronous, writers, seconds, between)
+            results.append((writers, result, sum(raw) / len(raw)))
         floor = await floor_run(os.path.join(directory, f"floor-{level}.db"), synchronous, seconds / 2)
         emit(
             {
@@ -236,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         directory = tempfile.mkdtemp(prefix="aion-bench-", dir=args.dir)
     else:
         directory = tempfile.mkdtemp(prefix="aion-bench-")
-    trio.run(main_async, directory, args.seconds)
+    try:
+        trio.run(main_async, directory, args.seconds)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 
