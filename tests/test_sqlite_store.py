@@ -67,6 +67,7 @@ from aion_trio_sqlite import (
     parse_sqlite_url,
 )
 from aion_trio_sqlite._threads import Writer
+from aion_trio_sqlite._writes import AppendOp
 
 UTC = timezone.utc
 T0 = datetime(2041, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
@@ -679,6 +680,66 @@ async def test_cancelling_at_every_point_is_all_or_nothing_with_a_known_outcome(
             # The store stays usable and the head is exactly what the outcome says.
             await store.events.append(wid, markers(wid, len(history) + 1, 1, tag="after"), len(history))
     assert False in outcomes  # n=0 always cancels before the writer can take it
+
+
+async def test_the_listener_and_the_others_of_one_group_are_each_woken_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One waiting append at a time (the listener) is woken through the
+    # writer's socket, the others through run_sync_soon.  Build a group that
+    # holds both: the listener's own write must not be rescheduled as well
+    # (Trio refuses to reschedule a task waiting on a socket), and the others
+    # must all be woken.
+    entered = threading.Semaphore(0)
+    proceed = threading.Semaphore(0)
+    original = Writer._transaction
+
+    def stepped(self: Writer, ops: Any, fast: bool) -> Any:
+        entered.release()
+        assert proceed.acquire(timeout=10), "the test never let the writer proceed"
+        return original(self, ops, fast)
+
+    monkeypatch.setattr(Writer, "_transaction", stepped)
+
+    async def writer_entered() -> None:
+        assert await trio.to_thread.run_sync(entered.acquire, True, 10), "the writer never took a group"
+
+    done: list[str] = []
+
+    async def append(wid: str) -> None:
+        await store.events.append(wid, markers(wid, 1, 2), 0)
+        done.append(wid)
+
+    async with opened(tmp_path / "l.db") as store:
+        writer = store._backend.writer
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(append, "x")  # the listener; group 1 is {x}
+                await writer_entered()
+                for wid in ("y1", "y2"):
+                    nursery.start_soon(append, wid)  # queued behind x, woken by run_sync_soon
+                await trio.testing.wait_all_tasks_blocked()
+                proceed.release()
+                await writer_entered()  # group 2 is {y1, y2}; x has its answer
+                await trio.testing.wait_all_tasks_blocked()
+                assert done == ["x"]
+                nursery.start_soon(append, "z")  # no listener left: z becomes it
+                await trio.testing.wait_all_tasks_blocked()
+                listener = writer._listener
+                assert isinstance(listener, AppendOp)
+                assert listener.workflow_id == "z"
+                for wid in ("w1", "w2"):
+                    nursery.start_soon(append, wid)
+                await trio.testing.wait_all_tasks_blocked()
+                proceed.release()
+                await writer_entered()  # group 3 is {z, w1, w2}
+                proceed.release()
+        assert sorted(done) == ["w1", "w2", "x", "y1", "y2", "z"]
+        assert writer._listener is None
+        stats = store.events.statistics()
+        assert (stats.commits, stats.appends, stats.largest_group) == (3, 6, 3)
+        for wid in done:
+            assert await store.events.read_history(wid) == markers(wid, 1, 2)
 
 
 # --------------------------------------------------------------------------

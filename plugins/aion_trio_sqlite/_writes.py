@@ -53,13 +53,15 @@ def stored_head(conn: apsw.Connection, workflow_id: str) -> int:
 class WriteOp:
     """One write request.  The writer thread fills in ``error`` (``None``: written)."""
 
-    __slots__ = ("error", "task")
+    __slots__ = ("done", "error", "task")
     doing = "writing"
     is_append = False
 
     def __init__(self) -> None:
         self.task: Any = None
         self.error: BaseException | None = None
+        #: Set by the writer thread once ``error`` is final (read by a listener, see ``Writer.submit``).
+        self.done = False
 
     def apply(self, conn: apsw.Connection) -> None:
         """Write inside the open transaction, or set ``error`` to a refusal and write nothing."""
