@@ -182,6 +182,12 @@ class Writer(_Service):
         # trip.  One writer is always the listener; in a group, the others
         # are delivered as before.  Written by the Trio thread only.
         self._listener: WriteOp | None = None
+        # Only while writes come one at a time (the last group held one
+        # write): a listener's wait registers its socket with epoll, which
+        # lets the writer thread take the GIL in the middle of the scheduler
+        # batch that is resubmitting a whole group, so the group would be
+        # split in two commits.  Written by the writer thread.
+        self._solo = True
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._conn = conn
@@ -197,7 +203,7 @@ class Writer(_Service):
 
     async def submit(self, op: WriteOp) -> None:
         """Queue ``op`` and wait until it is committed (or refused, or failed)."""
-        if self._listener is not None:
+        if self._listener is not None or not self._solo:
             await self._submit(op)
             return
         op.task = trio.lowlevel.current_task()
@@ -236,6 +242,15 @@ class Writer(_Service):
             except BlockingIOError:  # pragma: no cover - another reader drained it
                 pass
 
+    def _deliver_with_listener(self, others: Sequence[WriteOp]) -> None:
+        # Runs in the Trio thread.  The listener's byte is sent from here, not
+        # from the writer thread, so the whole group wakes in one scheduler
+        # batch and its next writes reach the writer together: a listener
+        # woken ahead of its group would commit its next write alone and
+        # split every later group in two (twice the fsyncs).
+        self._deliver(others)
+        self._wake_w.send(b"\0")
+
     async def stop(self) -> None:
         await super().stop()
         with trio.CancelScope(shield=True):
@@ -270,6 +285,7 @@ class Writer(_Service):
                 if self._pending:
                     group: list[WriteOp] = list(self._pending)
                     self._pending.clear()
+                    self._solo = len(group) == 1
                     return group, self._listener
                 if self._stopping:
                     return None
@@ -294,11 +310,12 @@ class Writer(_Service):
                             exc,
                         )
                 if listener is not None and listener in group:
-                    others = [op for op in group if op is not listener]
                     listener.done = True
-                    self._wake_w.send(b"\0")
-                    if others:
-                        self._call_soon(self._deliver, others)
+                    if len(group) == 1:
+                        self._wake_w.send(b"\0")
+                    else:
+                        others = [op for op in group if op is not listener]
+                        self._call_soon(self._deliver_with_listener, others)
                 else:
                     self._call_soon(self._deliver, group)
         finally:
