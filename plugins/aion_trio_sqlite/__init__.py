@@ -45,29 +45,34 @@ Throughput (``bench/store_append.py``, 2 vCPUs shared with other jobs, ext4
 on a virtio disk; 3-event batches; ratios against raw single-row commits with
 the same pragmas on a warmed file, sampled before, between and after three
 store slices).  Two runs while other jobs loaded both CPUs (load 5-6) and
-the disk (fsync ~3-4 ms)::
+the disk (fsync ~2-5 ms)::
 
-    synchronous=FULL   raw 256 / 295 commits/s
-      1 writer       201 / 261 appends/s   0.82x / 1.11x raw
-      256 writers 10,420 / 10,809 events/s  37.5x / 33.0x raw
-    synchronous=NORMAL raw 11,060 / 11,260 commits/s
-      1 writer     1,760 / 1,641 appends/s; 256 writers 9,590 / 11,183 events/s
+    synchronous=FULL   raw 404 / 338 commits/s
+      1 writer       400 / 369 appends/s    0.82x / 0.98x raw
+      16 writers   5,361 / 6,417 events/s   13.2x / 21.0x raw
+      256 writers 11,361 / 10,325 events/s  35.9x / 31.1x raw
+    synchronous=NORMAL raw 12,516 / 10,483 commits/s
+      1 writer     2,495 / 1,917 appends/s; 256 writers 12,363 / 10,571 events/s
 
 Those ratios are easy because fsync was slow.  What the store controls is
-its CPU per event and its per-append latency.  Group commit makes 256
-writers CPU-bound on the Trio thread: measured A/B in one sitting (NORMAL,
-fixed work, user+sys), 31.5 us per event against 54 us before the encoder
-wrote JSON text directly; about a third of what is left is the benchmark
-building its ``Event`` objects, the store's ``append`` about two fifths
-(encoding a quarter of that), Trio parking and waking each caller the rest.
-One writer is latency-bound: every append pays a round trip through the
-writer thread (the bench's ``floor`` line, an empty write: 230-450 us on
-the loaded VM above; 70-100 us was measured earlier on a quieter one) on
+its CPU per event and its per-append latency.  Measured A/B against the code
+before this tuning, in one sitting (NORMAL, fixed work, user+sys CPU):
+256 writers 60 -> 33 us per event; one writer 153 -> 84 us per event and
+1.2 ms -> 0.33-0.44 ms per append.  The gains: the wire encoder writes JSON
+text directly (one generated concatenation per event type), the writer
+thread sleeps on a lock of its own, a lone writer's head is a plain seek,
+and a lone writer is woken by a byte on a socket it waits on rather than
+through ``run_sync_soon`` (see ``_threads``).  At 256 writers the Trio
+thread is the bottleneck: about a third is the benchmark building its
+``Event`` objects, the store's ``append`` about two fifths (encoding a
+quarter of that), Trio parking and waking each caller the rest.  One writer
+is latency-bound: every append pays a round trip through the writer thread
+(the bench's ``floor`` line, an empty write: 110-450 us on the loaded VM) on
 top of a commit, so appends/raw is at most raw period / (raw period + floor
-period): about 0.9 with the slow fsync above, but about 0.55 with a quiet
-disk's ~110 us fsync and a 90 us round trip.  There the 0.7x target is out
-of reach while every append needs two cross-thread wake-ups (to the writer
-thread and back), which keeping SQLite off the Trio thread requires.
+period): about 0.9 with the slow fsync above, but only about 0.5-0.6 with a
+quiet disk's ~110 us fsync.  There the 0.7x target is out of reach while
+every append needs two cross-thread wake-ups (to the writer thread and
+back), which keeping SQLite off the Trio thread requires.
 """
 
 from __future__ import annotations
