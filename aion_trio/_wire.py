@@ -20,10 +20,8 @@ from __future__ import annotations
 import enum
 import json
 import math
-import threading
 import types
 import typing
-import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Union
@@ -36,6 +34,11 @@ from ._payload import Payload
 
 _SEPARATORS = (",", ":")
 _MISSING = object()
+# Compact JSON text, exactly as ``json.dumps(value, separators=_SEPARATORS,
+# ensure_ascii=False, allow_nan=False)`` writes it (one encoder, built once).
+_ENCODER = json.JSONEncoder(separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+_encode_json = _ENCODER.encode
+_encode_str: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def _refuse_constant(name: str) -> Any:
@@ -77,6 +80,14 @@ class _FieldCodec:
     decode: Callable[[Any], Any]
     #: Encode ``None`` by omitting the key (only for optional payloads).
     omit_none: bool = False
+    #: The value straight to compact JSON text: the same text as dumping ``encode(value)``,
+    #: except that payload text is spliced in as it is (the append hot path).
+    text: Callable[[Any], str] | None = None
+
+    def to_text(self, value: Any) -> str:
+        if self.text is not None:
+            return self.text(value)
+        return _encode_json(self.encode(value))
 
 
 def _expect(kind: type | tuple[type, ...], name: str) -> Callable[[Any], Any]:
@@ -94,28 +105,24 @@ def _identity(value: Any) -> Any:
     return value
 
 
-class _RawSink(threading.local):
-    items: list[str] | None = None
-
-
-_raw_sink = _RawSink()
-_RAW_NONCE = uuid.uuid4().hex
-
-
-def _raw_token(index: int) -> str:
-    return f"\x00{_RAW_NONCE}:{index}\x00"
-
-
-def _raw_token_text(index: int) -> str:
-    return json.dumps(_raw_token(index), ensure_ascii=False)
-
-
 def _encode_payload(payload: Payload) -> Any:
-    items = _raw_sink.items
-    if items is None:
-        return json.loads(payload.json)
-    items.append(payload.json)
-    return _raw_token(len(items) - 1)
+    return json.loads(payload.json)
+
+
+def _payload_text(payload: Payload) -> str:
+    return payload.json
+
+
+def _int_text(value: int) -> str:
+    return int.__repr__(value) if type(value) is int else _encode_json(value)
+
+
+def _bool_text(value: bool) -> str:
+    return ("true" if value else "false") if type(value) is bool else _encode_json(value)
+
+
+def _datetime_text(value: datetime) -> str:
+    return _encode_str(_format_dt(value))
 
 
 def _codec_for(tp: Any) -> _FieldCodec:
@@ -131,10 +138,13 @@ def _codec_for(tp: Any) -> _FieldCodec:
         def dec_opt(value: Any) -> Any:
             return None if value is None else inner_codec.decode(value)
 
+        def text_opt(value: Any) -> str:
+            return "null" if value is None else inner_codec.to_text(value)
+
         if inner is Payload:
             # None is an absent key, so a present null is the JSON payload null.
-            return _FieldCodec(enc_opt, inner_codec.decode, omit_none=True)
-        return _FieldCodec(enc_opt, dec_opt)
+            return _FieldCodec(enc_opt, inner_codec.decode, omit_none=True, text=text_opt)
+        return _FieldCodec(enc_opt, dec_opt, text=text_opt)
     if tp is Payload:
 
         def dec_payload(value: Any) -> Payload:
@@ -142,15 +152,15 @@ def _codec_for(tp: Any) -> _FieldCodec:
                 json.dumps(value, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
             )
 
-        return _FieldCodec(_encode_payload, dec_payload)
+        return _FieldCodec(_encode_payload, dec_payload, text=_payload_text)
     if tp is str:
-        return _FieldCodec(_identity, _expect(str, "a string"))
+        return _FieldCodec(_identity, _expect(str, "a string"), text=_encode_str)
     if tp is bool:
-        return _FieldCodec(_identity, _expect(bool, "a boolean"))
+        return _FieldCodec(_identity, _expect(bool, "a boolean"), text=_bool_text)
     if tp is int:
-        return _FieldCodec(_identity, _expect(int, "an integer"))
+        return _FieldCodec(_identity, _expect(int, "an integer"), text=_int_text)
     if tp is datetime:
-        return _FieldCodec(_format_dt, _parse_dt)
+        return _FieldCodec(_format_dt, _parse_dt, text=_datetime_text)
     if tp is timedelta:
 
         def dec_td(value: Any) -> timedelta:
@@ -176,7 +186,7 @@ def _codec_for(tp: Any) -> _FieldCodec:
 
         return _FieldCodec(lambda e: e.value, dec_enum)
     if tp in (ErrorInfo, ActivityError):
-        return _FieldCodec(lambda v: _encode_attrs(v), lambda v: _decode_attrs(tp, v))
+        return _FieldCodec(lambda v: _encode_attrs(v), lambda v: _decode_attrs(tp, v), text=_attrs_text)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = _codec_for(args[0])
 
@@ -223,6 +233,46 @@ def _encode_attrs(value: Any) -> dict[str, Any]:
             continue
         out[name] = codec.encode(field_value)
     return out
+
+
+_TEXT_ENCODERS: dict[type, Callable[[Any], str]] = {}
+
+
+def _compile_text_encoder(cls: type) -> Callable[[Any], str]:
+    """Build ``value -> compact JSON text`` for the attrs class ``cls``.
+
+    The generated function concatenates, in field order, each key and its
+    value's text (``'{"a":' + f0(v.a) + ',"b":' + f1(v.b) + '}'``); an
+    optional payload field that is ``None`` is left out.  Field names come
+    from ``attrs.fields`` (identifiers) and every key is embedded with ``repr``.
+    """
+    codecs = _codecs(cls)
+    namespace: dict[str, Any] = {}
+    for i, codec in enumerate(codecs.values()):
+        namespace[f"f{i}"] = codec.text or codec.to_text
+    keys = [_encode_str(name) + ":" for name in codecs]
+    if any(codec.omit_none for codec in codecs.values()):
+        lines = ["def encode(v):", "    parts = []"]
+        for i, (name, codec) in enumerate(codecs.items()):
+            append = f"parts.append({keys[i]!r} + f{i}(v.{name}))"
+            lines.append(f"    if v.{name} is not None: {append}" if codec.omit_none else f"    {append}")
+        lines.append('    return "{" + ",".join(parts) + "}"')
+    else:
+        # Every key always present: one concatenation.
+        pieces = [f"{('{' if i == 0 else ',') + keys[i]!r} + f{i}(v.{name})" for i, name in enumerate(codecs)]
+        lines = ["def encode(v):", "    return " + (" + ".join(pieces) or "'{'") + " + '}'"]
+    exec("\n".join(lines), namespace)
+    encode: Callable[[Any], str] = namespace["encode"]
+    return encode
+
+
+def _attrs_text(value: Any) -> str:
+    """Compact JSON text of ``_encode_attrs(value)``, payload text spliced in unparsed."""
+    cls = type(value)
+    encode = _TEXT_ENCODERS.get(cls)
+    if encode is None:
+        encode = _TEXT_ENCODERS[cls] = _compile_text_encoder(cls)
+    return encode(value)
 
 
 def _decode_attrs(cls: type, data: Any) -> Any:
@@ -283,16 +333,7 @@ def body_data_json(body: EventBody) -> tuple[str, str]:
     name = type(body).__name__
     if EVENT_TYPES.get(name) is not type(body):
         raise TypeError(f"{type(body).__qualname__} is not an event body type")
-    raws: list[str] = []
-    _raw_sink.items = raws
-    try:
-        data = _encode_attrs(body)
-    finally:
-        _raw_sink.items = None
-    text = json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
-    for index, raw in enumerate(raws):
-        text = text.replace(_raw_token_text(index), raw, 1)
-    return name, text
+    return name, _attrs_text(body)
 
 
 def body_from_data_json(type_name: object, data_text: str | bytes) -> EventBody:

@@ -15,23 +15,34 @@ and on one file system (``--dir``, default a fresh temporary directory):
     workflows, each appending 3-event batches in a loop (each ``append``
     awaited before the next, as the recorder does).
 
+(c) ``floor``: round trips of an empty write (``remove_timer`` of a timer
+    that does not exist: a ``BEGIN IMMEDIATE`` ... ``COMMIT`` that writes no
+    page, so no fsync) through the store's writer thread: what handing a
+    write to the thread and waking the caller costs on this machine.  One
+    writer's append pays it on top of its commit, so
+    ``raw period / (raw period + floor period)`` bounds the 1-writer ratio.
+
 Prints one JSON line per result: events/s, appends/s, commits/s and the
 ratios to (a).  The disk's fsync latency drifts while other processes use it,
-so (a) is sampled right before and right after each (b) run and each ratio
-uses the mean of those two samples (``raw_commits_per_s`` in the line); the
-``raw`` line summarises every sample of that level.  Targets (FULL): 256 writers: events/s >= 5x raw commits/s;
+so each (b) measurement runs in ROUNDS slices with (a) sampled before, between
+and after them (the store stays open, idle, meanwhile), and each ratio uses
+the mean of those samples (``raw_commits_per_s`` in the line); the ``raw``
+line summarises every sample of that level.  Targets (FULL): 256 writers: events/s >= 5x raw commits/s;
 1 writer: appends/s >= 0.7x raw commits/s.  Not part of the test run.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
 import apsw
@@ -43,6 +54,8 @@ from aion_trio_sqlite import DEFAULT_BUSY_TIMEOUT, open_sqlite_store
 
 WRITERS = (1, 16, 256)
 BATCH = 3
+# Store slices per measurement, each bracketed by raw slices (ROUNDS + 1 of them).
+ROUNDS = 3
 TARGETS = {1: ("appends_ratio", 0.7), 256: ("events_ratio", 5.0)}
 
 
@@ -51,16 +64,20 @@ def emit(record: dict[str, object]) -> None:
 
 
 def raw_commits_per_s(path: str, synchronous: str, seconds: float) -> float:
-    """Single-row commits per second with the store's pragmas."""
+    """Single-row commits per second with the store's pragmas, appending to the file at ``path``."""
     conn = apsw.Connection(path)
     conn.set_busy_timeout(round(DEFAULT_BUSY_TIMEOUT * 1000))
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL" if synchronous == "FULL" else "PRAGMA synchronous = NORMAL")
     conn.execute(
-        "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER NOT NULL, recorded_at INTEGER NOT NULL,"
-        " type TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (workflow_id, seq)) WITHOUT ROWID"
+        "CREATE TABLE IF NOT EXISTS events (workflow_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " recorded_at INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL,"
+        " PRIMARY KEY (workflow_id, seq)) WITHOUT ROWID"
     )
     data = '{"activity_id":0,"result":"receipt-1","attempt":1}'
+    first = conn.execute("SELECT coalesce(max(seq), 0) FROM events WHERE workflow_id = 'raw'").fetchall()[0][
+        0
+    ]
     n = 0
     start = time.perf_counter()
     deadline = start + seconds
@@ -69,7 +86,7 @@ def raw_commits_per_s(path: str, synchronous: str, seconds: float) -> float:
         n += 1
         conn.execute(
             "INSERT INTO events VALUES (?, ?, ?, ?, ?)",
-            ("raw", n, 1_700_000_000_000_000 + n, "ActivityCompleted", data),
+            ("raw", first + n, 1_700_000_000_000_000 + n, "ActivityCompleted", data),
         )
         conn.execute("COMMIT")
         if n % 64 == 0 and time.perf_counter() >= deadline:
@@ -89,49 +106,81 @@ def _bodies(i: int) -> tuple[ActivityScheduled, ActivityStarted, ActivityComplet
     )
 
 
-async def store_run(path: str, synchronous: str, writers: int, seconds: float) -> dict[str, float]:
+async def store_run(
+    path: str, synchronous: str, writers: int, seconds: float, between: Callable[[], Awaitable[float]]
+) -> tuple[dict[str, float], list[float]]:
+    """Append for ``seconds`` in ROUNDS slices, calling ``between`` (a raw slice) before, between and after.
+
+    Returns the store's rates and the raw rates ``between`` returned.  The
+    store stays open across slices; each workflow keeps its head (a cancelled
+    append either wrote nothing or returned normally, so the head stays right).
+    """
     url = "sqlite:///" + path + ("?synchronous=NORMAL" if synchronous == "NORMAL" else "")
     appended = 0
     bodies = [_bodies(i) for i in range(64)]
     now = datetime.now(timezone.utc)
+    heads = [0] * writers
 
-    async def workflow(wid: str) -> None:
+    async def workflow(w: int) -> None:
         nonlocal appended
-        head = 0
-        step = 0
+        wid = f"wf-{w}"
         while True:
+            head = heads[w]
             batch = [
                 Event(workflow_id=wid, seq=head + k + 1, recorded_at=now, body=body)
-                for k, body in enumerate(bodies[step % 64])
+                for k, body in enumerate(bodies[(head // BATCH) % 64])
             ]
             await store.events.append(wid, batch, head)
-            head += BATCH
-            step += 1
+            heads[w] = head + BATCH
             appended += 1
 
+    raw: list[float] = []
+    elapsed = 0.0
+    commits = events = 0
     async with open_sqlite_store(url) as store:
-        before = store.events.statistics()
-        start = trio.current_time()
-        with trio.move_on_after(seconds):
-            async with trio.open_nursery() as nursery:
-                for w in range(writers):
-                    nursery.start_soon(workflow, f"wf-{w}")
-        elapsed = trio.current_time() - start
-        after = store.events.statistics()
-    commits = after.commits - before.commits
-    return {
-        "events_per_s": (after.events - before.events) / elapsed,
+        raw.append(await between())
+        for _ in range(ROUNDS):
+            before = store.events.statistics()
+            start = trio.current_time()
+            with trio.move_on_after(seconds / ROUNDS):
+                async with trio.open_nursery() as nursery:
+                    for w in range(writers):
+                        nursery.start_soon(workflow, w)
+            elapsed += trio.current_time() - start
+            after = store.events.statistics()
+            commits += after.commits - before.commits
+            events += after.events - before.events
+            raw.append(await between())
+    result = {
+        "events_per_s": events / elapsed,
         "appends_per_s": appended / elapsed,
         "commits_per_s": commits / elapsed,
         "appends_per_commit": appended / max(commits, 1),
     }
+    return result, raw
 
 
-async def raw_slice(
-    directory: str, synchronous: str, seconds: float, tag: str, samples: list[float]
-) -> float:
-    # A fresh file per slice, like the store's fresh file per run.
-    path = os.path.join(directory, f"raw-{synchronous.lower()}-{tag}.db")
+async def floor_run(path: str, synchronous: str, seconds: float) -> float:
+    """Empty-write round trips per second through the store's writer thread."""
+    url = "sqlite:///" + path + ("?synchronous=NORMAL" if synchronous == "NORMAL" else "")
+    async with open_sqlite_store(url) as store:
+        n = 0
+        start = trio.current_time()
+        deadline = start + seconds
+        while True:
+            await store.events.remove_timer("floor", "named:absent")
+            n += 1
+            if n % 64 == 0 and trio.current_time() >= deadline:
+                break
+        return n / (trio.current_time() - start)
+
+
+async def raw_slice(directory: str, synchronous: str, seconds: float, samples: list[float]) -> float:
+    # One file per durability level, appended to by every slice: past its
+    # first slices its WAL has grown and is reused after each checkpoint, so
+    # commits no longer extend the file (an fsync that also has to persist
+    # a new file size is slower).  The store's file gets there during its run.
+    path = os.path.join(directory, f"raw-{synchronous.lower()}.db")
     rate = await trio.to_thread.run_sync(raw_commits_per_s, path, synchronous, seconds)
     samples.append(rate)
     return rate
@@ -158,11 +207,13 @@ async def main_async(directory: str, seconds: float) -> None:
         # store measurement is bracketed by raw slices and compared with their mean.
         results = []
         for writers in WRITERS:
-            before = await raw_slice(directory, synchronous, seconds / 2, f"{writers}-before", raw_samples)
+            between = functools.partial(
+                raw_slice, directory, synchronous, seconds / (ROUNDS + 1), raw_samples
+            )
             path = os.path.join(directory, f"store-{level}-{writers}.db")
-            result = await store_run(path, synchronous, writers, seconds)
-            after = await raw_slice(directory, synchronous, seconds / 2, f"{writers}-after", raw_samples)
-            results.append((writers, result, (before + after) / 2))
+            result, raw = await store_run(path, synchronous, writers, seconds, between)
+            results.append((writers, result, sum(raw) / len(raw)))
+        floor = await floor_run(os.path.join(directory, f"floor-{level}.db"), synchronous, seconds / 2)
         emit(
             {
                 "kind": "raw",
@@ -171,6 +222,17 @@ async def main_async(directory: str, seconds: float) -> None:
                 "min": round(min(raw_samples), 1),
                 "max": round(max(raw_samples), 1),
                 "slices": len(raw_samples),
+            }
+        )
+        raw_mean = sum(raw_samples) / len(raw_samples)
+        emit(
+            {
+                "kind": "floor",
+                "synchronous": synchronous,
+                "empty_writes_per_s": round(floor, 1),
+                "empty_write_us": round(1e6 / floor, 1),
+                # One writer cannot beat raw commits + this round trip.
+                "appends_ratio_bound": round((1 / raw_mean) / (1 / raw_mean + 1 / floor), 2),
             }
         )
         for writers, result, reference in results:
@@ -202,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         directory = tempfile.mkdtemp(prefix="aion-bench-", dir=args.dir)
     else:
         directory = tempfile.mkdtemp(prefix="aion-bench-")
-    trio.run(main_async, directory, args.seconds)
+    try:
+        trio.run(main_async, directory, args.seconds)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 

@@ -67,6 +67,7 @@ from aion_trio_sqlite import (
     parse_sqlite_url,
 )
 from aion_trio_sqlite._threads import Writer
+from aion_trio_sqlite._writes import AppendOp
 
 UTC = timezone.utc
 T0 = datetime(2041, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
@@ -679,6 +680,111 @@ async def test_cancelling_at_every_point_is_all_or_nothing_with_a_known_outcome(
             # The store stays usable and the head is exactly what the outcome says.
             await store.events.append(wid, markers(wid, len(history) + 1, 1, tag="after"), len(history))
     assert False in outcomes  # n=0 always cancels before the writer can take it
+
+
+@attrs.define
+class SteppedWriter:
+    """Holds the writer thread before every transaction until the test lets it go."""
+
+    entered: threading.Semaphore = attrs.Factory(lambda: threading.Semaphore(0))
+    proceed: threading.Semaphore = attrs.Factory(lambda: threading.Semaphore(0))
+
+    async def took_group(self) -> None:
+        assert await trio.to_thread.run_sync(self.entered.acquire, True, 10), "the writer never took a group"
+
+
+@pytest.fixture
+def stepped_writer(monkeypatch: pytest.MonkeyPatch) -> Iterator[SteppedWriter]:
+    stepped = SteppedWriter()
+    original = Writer._transaction
+
+    def held(self: Writer, ops: Any, fast: bool) -> Any:
+        stepped.entered.release()
+        assert stepped.proceed.acquire(timeout=10), "the test never let the writer proceed"
+        return original(self, ops, fast)
+
+    monkeypatch.setattr(Writer, "_transaction", held)
+    yield stepped
+    for _ in range(10):
+        stepped.proceed.release()
+
+
+async def test_the_listener_and_the_others_of_one_group_are_each_woken_once(
+    tmp_path: Path, stepped_writer: SteppedWriter
+) -> None:
+    # While writes come one at a time, one waiting append (the listener) is
+    # woken through the writer's socket, the others through run_sync_soon.
+    # Build a group that holds both: the listener's own write must not be
+    # rescheduled as well (Trio refuses to reschedule a task waiting on a
+    # socket), and the others must all be woken.
+    done: list[str] = []
+
+    async def append(wid: str) -> None:
+        await store.events.append(wid, markers(wid, 1, 2), 0)
+        done.append(wid)
+
+    async with opened(tmp_path / "l.db") as store:
+        writer = store._backend.writer
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(append, "x")  # the listener; group 1 is {x}
+                await stepped_writer.took_group()
+                nursery.start_soon(append, "y")  # queued behind x, woken by run_sync_soon
+                await trio.testing.wait_all_tasks_blocked()
+                stepped_writer.proceed.release()
+                await stepped_writer.took_group()  # group 2 is {y}: still one at a time; x has its answer
+                await trio.testing.wait_all_tasks_blocked()
+                assert done == ["x"]
+                nursery.start_soon(append, "z")  # no listener left: z becomes it
+                await trio.testing.wait_all_tasks_blocked()
+                listener = writer._listener
+                assert isinstance(listener, AppendOp)
+                assert listener.workflow_id == "z"
+                for wid in ("w1", "w2"):
+                    nursery.start_soon(append, wid)
+                await trio.testing.wait_all_tasks_blocked()
+                stepped_writer.proceed.release()
+                await stepped_writer.took_group()  # group 3 is {z, w1, w2}
+                stepped_writer.proceed.release()
+        assert sorted(done) == ["w1", "w2", "x", "y", "z"]
+        assert writer._listener is None
+        stats = store.events.statistics()
+        assert (stats.commits, stats.appends, stats.largest_group) == (3, 5, 3)
+        for wid in done:
+            assert await store.events.read_history(wid) == markers(wid, 1, 2)
+
+
+async def test_after_a_group_of_several_writes_no_append_listens_on_the_socket(
+    tmp_path: Path, stepped_writer: SteppedWriter
+) -> None:
+    # A listener's wait lets the writer thread in mid-batch, which would split
+    # a group being resubmitted; so once writes come several at a time, every
+    # append waits the ordinary way until a group holds one write again.
+    async with opened(tmp_path / "s.db") as store:
+        writer = store._backend.writer
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.events.append, "x", markers("x", 1, 1), 0)
+                await stepped_writer.took_group()
+                assert writer._listener is not None  # alone: x listens
+                for wid in ("y1", "y2"):
+                    nursery.start_soon(store.events.append, wid, markers(wid, 1, 1), 0)
+                await trio.testing.wait_all_tasks_blocked()
+                stepped_writer.proceed.release()
+                await stepped_writer.took_group()  # group 2 is {y1, y2}
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(store.events.append, "z", markers("z", 1, 1), 0)
+                await trio.testing.wait_all_tasks_blocked()
+                assert writer._listener is None  # z waits the ordinary way
+                stepped_writer.proceed.release()
+                await stepped_writer.took_group()  # group 3 is {z}: one at a time again
+                stepped_writer.proceed.release()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.events.append, "v", markers("v", 1, 1), 0)
+                await trio.testing.wait_all_tasks_blocked()
+                assert writer._listener is not None  # v, alone after a one-write group, listens
+                stepped_writer.proceed.release()
+        assert store.events.statistics().largest_group == 2
 
 
 # --------------------------------------------------------------------------

@@ -302,6 +302,29 @@ def test_any_constructible_event_round_trips(event: Event) -> None:
     assert event_to_json(decoded) == text
     name, data_text = body_data_json(event.body)
     assert body_from_data_json(name, data_text) == event.body
+    # The direct-to-text encoder writes exactly what dumping the wire data writes.
+    assert data_text == _compact(body_to_wire(event.body)[1])
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@pytest.mark.parametrize("event", sample_events(), ids=lambda e: f"{e.seq}-{e.type}")
+def test_body_data_json_is_the_compact_dump_of_the_wire_data(event: Event) -> None:
+    # Samples hold canonical (compact) payload text, so splicing it in unparsed
+    # must give the same bytes as parsing and re-dumping it.
+    name, text = body_data_json(event.body)
+    assert (name, text) == (event.type, _compact(body_to_wire(event.body)[1]))
+
+
+def test_body_data_json_refuses_a_value_json_cannot_hold_with_a_type_error() -> None:
+    # Stores map TypeError/ValueError from encoding to SerializationError.
+    for field in ("workflow_type", "task_queue", "parent_run_id"):
+        body = attrs.evolve(FULL_BODIES["WorkflowStarted"])
+        object.__setattr__(body, field, object())  # bypasses the validators
+        with pytest.raises(TypeError):
+            body_data_json(body)
 
 
 # --------------------------------------------------------------------------

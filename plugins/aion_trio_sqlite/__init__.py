@@ -46,25 +46,38 @@ its cancellation interrupts the statement in progress, which breaks the
 append contract and would let one caller's cancellation abort a transaction
 that a whole group shares.
 
-Throughput (``bench/store_append.py``, 2 vCPUs, ext4 on a virtio disk shared
-with other jobs; 3-event batches; ratios against raw single-row commits with
-the same pragmas, sampled right before and after each run)::
+Throughput (``bench/store_append.py``, 2 vCPUs shared with other jobs, ext4
+on a virtio disk; 3-event batches; ratios against raw single-row commits with
+the same pragmas on a warmed file, sampled before, between and after three
+store slices).  Two runs while other jobs loaded both CPUs (load 5-6) and
+the disk (fsync ~2-5 ms)::
 
-    synchronous=FULL   raw 7,900 commits/s (5,900-8,800 across the run)
-      1 writer     2,520 appends/s   0.33x raw    (1 append per commit)
-      16 writers  10,000 appends/s   30,000 events/s   3.4x raw
-      256 writers 11,200 appends/s   33,500 events/s   4.6x raw  (4.2x-7.0x over runs)
-    synchronous=NORMAL raw 72,000 commits/s
-      1 writer     6,500 appends/s;  256 writers 35,700 events/s
+    synchronous=FULL   raw 404 / 338 commits/s
+      1 writer       400 / 369 appends/s    0.82x / 0.98x raw
+      16 writers   5,361 / 6,417 events/s   13.2x / 21.0x raw
+      256 writers 11,361 / 10,325 events/s  35.9x / 31.1x raw
+    synchronous=NORMAL raw 12,516 / 10,483 commits/s
+      1 writer     2,495 / 1,917 appends/s; 256 writers 12,363 / 10,571 events/s
 
-Group commit makes 256 writers CPU-bound (~35,000 events/s whatever the
-disk); about half of the Trio thread's time then goes to encoding events
-(``body_data_json``).  One writer is latency-bound: an append waits for
-two cross-thread wake-ups (measured 70-100 us per round trip on this VM,
-against 115 us for a whole raw commit) plus encoding and its own, larger
-commit (three larger rows: about twice the WAL bytes of a raw one-row
-commit), so it reaches 0.33x of raw here, short of the 0.7x target; it was
-0.56x in a run where other jobs slowed fsync to ~4 ms.
+Those ratios are easy because fsync was slow.  What the store controls is
+its CPU per event and its per-append latency.  Measured A/B against the code
+before this tuning, in one sitting (NORMAL, fixed work, user+sys CPU):
+256 writers 60 -> 33 us per event; one writer 153 -> 84 us per event and
+1.2 ms -> 0.33-0.44 ms per append.  The gains: the wire encoder writes JSON
+text directly (one generated concatenation per event type), the writer
+thread sleeps on a lock of its own, a lone writer's head is a plain seek,
+and a lone writer is woken by a byte on a socket it waits on rather than
+through ``run_sync_soon`` (see ``_threads``).  At 256 writers the Trio
+thread is the bottleneck: about a third is the benchmark building its
+``Event`` objects, the store's ``append`` about two fifths (encoding a
+quarter of that), Trio parking and waking each caller the rest.  One writer
+is latency-bound: every append pays a round trip through the writer thread
+(the bench's ``floor`` line, an empty write: 110-450 us on the loaded VM) on
+top of a commit, so appends/raw is at most raw period / (raw period + floor
+period): about 0.9 with the slow fsync above, but only about 0.5-0.6 with a
+quiet disk's ~110 us fsync.  There the 0.7x target is out of reach while
+every append needs two cross-thread wake-ups (to the writer thread and
+back), which keeping SQLite off the Trio thread requires.
 """
 
 from __future__ import annotations

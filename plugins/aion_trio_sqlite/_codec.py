@@ -64,12 +64,19 @@ EventRow = tuple[str, int, int, str, str]
 def event_rows(workflow_id: str, events: Sequence[Event]) -> list[EventRow]:
     """The ``events`` table rows of a validated batch."""
     rows: list[EventRow] = []
+    # The events of one batch usually share their timestamp: convert it once.
+    last_at: datetime | None = None
+    last_us = 0
     for event in events:
         try:
             type_name, data = body_data_json(event.body)
         except (TypeError, ValueError) as exc:
             raise SerializationError(workflow_id, event.seq, f"cannot encode the event: {exc}") from exc
-        rows.append((workflow_id, event.seq, to_us(event.recorded_at), type_name, data))
+        at = event.recorded_at
+        if at is not last_at:
+            last_at = at
+            last_us = to_us(at)
+        rows.append((workflow_id, event.seq, last_us, type_name, data))
     return rows
 
 

@@ -2,7 +2,10 @@
 
 A Trio task hands a request to a thread and parks in
 :func:`trio.lowlevel.wait_task_rescheduled`; the thread runs it and wakes the
-task through the run's :class:`trio.lowlevel.TrioToken`.  A request still
+task through the run's :class:`trio.lowlevel.TrioToken`.  One write at a
+time (the *listener*; always the write of a lone writer) instead waits on a
+socket the writer thread sends one byte to: that skips ``run_sync_soon``'s
+wake-up socket and extra task step, about halving the round trip.  A request still
 waiting in the queue when its task is cancelled is withdrawn (Abort.SUCCEEDED):
 nothing of it ran.  Once a thread has taken it, the abort fails and the task
 waits for the real outcome; Trio then delivers the cancellation at the
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, final
@@ -103,7 +107,15 @@ class _Service:
     def _enqueue(self, request: Any) -> None:
         with self._lock:
             self._pending[request] = None
-            self._wake.notify()
+            self._notify()
+
+    def _notify(self) -> None:
+        # Called with the lock held: a request was queued.
+        self._wake.notify()
+
+    def _notify_all(self) -> None:
+        # Called with the lock held: stopping.
+        self._wake.notify_all()
 
     def _withdraw(self, request: Any) -> bool:
         with self._lock:
@@ -141,7 +153,7 @@ class _Service:
         """Finish every queued request, then end the threads (shielded from cancellation)."""
         with self._lock:
             self._stopping = True
-            self._wake.notify_all()
+            self._notify_all()
         with trio.CancelScope(shield=True):
             if self._running:
                 await self._stopped.wait()
@@ -157,6 +169,27 @@ class Writer(_Service):
 
     def __init__(self, conn: apsw.Connection, location: str, token: trio.lowlevel.TrioToken) -> None:
         super().__init__(token)
+        # The one writer thread sleeps on ``_gate`` (held while it sleeps)
+        # instead of the condition: waking it is one lock release, and a
+        # write queued while it is busy costs no wake-up call at all.
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._sleeping = False
+        # The listener: at most one waiting append at a time is woken through
+        # this socket (the thread sends one byte once its write is done) and
+        # waits on it directly, not through ``run_sync_soon``, whose extra
+        # task step and wake-up socket about double the cost of a round
+        # trip.  One writer is always the listener; in a group, the others
+        # are delivered as before.  Written by the Trio thread only.
+        self._listener: WriteOp | None = None
+        # Only while writes come one at a time (the last group held one
+        # write): a listener's wait registers its socket with epoll, which
+        # lets the writer thread take the GIL in the middle of the scheduler
+        # batch that is resubmitting a whole group, so the group would be
+        # split in two commits.  Written by the writer thread.
+        self._solo = True
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
         self._conn = conn
         self._location = location
         self._commits = 0
@@ -170,7 +203,62 @@ class Writer(_Service):
 
     async def submit(self, op: WriteOp) -> None:
         """Queue ``op`` and wait until it is committed (or refused, or failed)."""
-        await self._submit(op)
+        if self._listener is not None or not self._solo:
+            await self._submit(op)
+            return
+        op.task = trio.lowlevel.current_task()
+        if self._stopping:
+            raise trio.ClosedResourceError("the store is closed")
+        with self._lock:
+            self._pending[op] = None
+            self._listener = op
+            self._notify()
+        try:
+            try:
+                await self._signalled(op)
+            except trio.Cancelled:
+                # Still queued: withdrawn, nothing of it ran.  Taken: wait for
+                # it (the cancellation then arrives at the next checkpoint).
+                if self._withdraw(op):
+                    raise
+                with trio.CancelScope(shield=True):
+                    await self._signalled(op)
+        finally:
+            if not op.done:
+                # Leaving early (withdrawn above, or another exception): make
+                # sure the thread never takes it without knowing it was ours.
+                self._withdraw(op)
+            self._listener = None
+        if op.error is not None:
+            raise op.error
+
+    async def _signalled(self, op: WriteOp) -> None:
+        # ``done`` decides, not the byte: a byte left over by a listener that
+        # went away early (an exception while waiting) only costs a loop.
+        while not op.done:
+            await trio.lowlevel.wait_readable(self._wake_r)
+            try:
+                self._wake_r.recv(64)
+            except BlockingIOError:  # pragma: no cover - another reader drained it
+                pass
+
+    def _deliver_with_listener(self, others: Sequence[WriteOp]) -> None:
+        # Runs in the Trio thread.  The listener's byte is sent from here, not
+        # from the writer thread, so the whole group wakes in one scheduler
+        # batch and its next writes reach the writer together: a listener
+        # woken ahead of its group would commit its next write alone and
+        # split every later group in two (twice the fsyncs).
+        self._deliver(others)
+        self._wake_w.send(b"\0")
+
+    async def stop(self) -> None:
+        await super().stop()
+        with trio.CancelScope(shield=True):
+            # The thread has sent its last byte; let a woken listener read it.
+            while self._listener is not None:
+                await trio.lowlevel.checkpoint()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def statistics(self) -> WriterStatistics:
         return WriterStatistics(
@@ -183,16 +271,34 @@ class Writer(_Service):
             largest_group=self._largest,
         )
 
+    def _notify(self) -> None:
+        if self._sleeping:
+            self._sleeping = False
+            self._gate.release()
+
+    _notify_all = _notify
+
+    def _next_group(self) -> tuple[list[WriteOp], WriteOp | None] | None:
+        """Every queued write and the listener then (``None``: stopping, nothing left); sleeps until there is one."""
+        while True:
+            with self._lock:
+                if self._pending:
+                    group: list[WriteOp] = list(self._pending)
+                    self._pending.clear()
+                    self._solo = len(group) == 1
+                    return group, self._listener
+                if self._stopping:
+                    return None
+                self._sleeping = True
+            self._gate.acquire()
+
     def _run(self) -> None:
         try:
             while True:
-                with self._lock:
-                    while not self._pending and not self._stopping:
-                        self._wake.wait()
-                    if not self._pending:
-                        return
-                    group: list[WriteOp] = list(self._pending)
-                    self._pending.clear()
+                taken = self._next_group()
+                if taken is None:
+                    return
+                group, listener = taken
                 try:
                     self._commit(group)
                 except BaseException as exc:  # pragma: no cover - a bug in this package
@@ -203,7 +309,15 @@ class Writer(_Service):
                             ),
                             exc,
                         )
-                self._call_soon(self._deliver, group)
+                if listener is not None and listener in group:
+                    listener.done = True
+                    if len(group) == 1:
+                        self._wake_w.send(b"\0")
+                    else:
+                        others = [op for op in group if op is not listener]
+                        self._call_soon(self._deliver_with_listener, others)
+                else:
+                    self._call_soon(self._deliver, group)
         finally:
             self._conn.close()
 

@@ -6,7 +6,8 @@ batch writes nothing), then all accepted events go in with one more statement
 and the new or changed workflow rows with a third.  The heads come back as one
 JSON value (one SQLite step, so the GIL is released and retaken once, not
 once per workflow: a writer thread that gives the GIL up often spends most
-of its time waiting to get it back from the busy Trio thread).  Events go in
+of its time waiting to get it back from the busy Trio thread); a group with
+a single append (one writer) reads its head with a plain seek.  Events go in
 with ``executemany``: measured, a ``json_each`` insert or multi-row
 ``VALUES`` costs SQLite twice the CPU and was slower overall.  If any statement fails
 for a reason that is not the transaction's (a value SQLite refuses), the
@@ -52,13 +53,15 @@ def stored_head(conn: apsw.Connection, workflow_id: str) -> int:
 class WriteOp:
     """One write request.  The writer thread fills in ``error`` (``None``: written)."""
 
-    __slots__ = ("error", "task")
+    __slots__ = ("done", "error", "task")
     doing = "writing"
     is_append = False
 
     def __init__(self) -> None:
         self.task: Any = None
         self.error: BaseException | None = None
+        #: Set by the writer thread once ``error`` is final (read by a listener, see ``Writer.submit``).
+        self.done = False
 
     def apply(self, conn: apsw.Connection) -> None:
         """Write inside the open transaction, or set ``error`` to a refusal and write nothing."""
@@ -147,12 +150,19 @@ def apply_group(conn: apsw.Connection, group: Sequence[WriteOp]) -> None:
             op.apply(conn)
 
 
-def _apply_appends(conn: apsw.Connection, appends: list[AppendOp]) -> None:
+def _heads(conn: apsw.Connection, appends: list[AppendOp]) -> dict[str, int]:
+    if len(appends) == 1:
+        # One writer's group: a plain seek, no JSON either way.
+        wid = appends[0].workflow_id
+        return {wid: stored_head(conn, wid)}
     wids = list(dict.fromkeys(op.workflow_id for op in appends))
     text = conn.execute(SQL_HEADS, (_json(wids),)).fetchall()[0][0]
     assert isinstance(text, str)
-    found = json.loads(text)
-    heads: dict[str, int] = {wid: head or 0 for wid, head in found}
+    return {wid: head or 0 for wid, head in json.loads(text)}
+
+
+def _apply_appends(conn: apsw.Connection, appends: list[AppendOp]) -> None:
+    heads = _heads(conn, appends)
     statuses: dict[str, str | None] = {}
     rows: list[EventRow] = []
     for op in appends:
