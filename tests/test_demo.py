@@ -83,7 +83,12 @@ def test_the_demo_completes_then_resumes_after_sigkill_instead_of_starting_over(
     assert completed_before > 0
 
     second = _demo(db)
-    out, err = second.communicate(timeout=120)
+    try:
+        out, err = second.communicate(timeout=120)
+    finally:
+        if second.poll() is None:  # a hang must not outlive the test
+            second.kill()
+            second.communicate()
     assert second.returncode == 0, err
     assert "Resuming from" in out, out
     summary = _summary(out)
@@ -107,6 +112,11 @@ def test_the_demo_completes_then_resumes_after_sigkill_instead_of_starting_over(
     assert per_step == 1
 
     third = _demo(db)
-    out, err = third.communicate(timeout=60)
+    try:
+        out, err = third.communicate(timeout=60)
+    finally:
+        if third.poll() is None:  # a hang must not outlive the test
+            third.kill()
+            third.communicate()
     assert third.returncode == 0, err
     assert f"{ORDERS} finished" in out

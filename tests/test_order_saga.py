@@ -138,7 +138,12 @@ def test_the_saga_resumes_after_a_sigkill_in_the_middle(tmp_path: Path) -> None:
     assert active > 0, "control: the kill left orders in flight (waiting for shipment or a retry)"
 
     second = _saga(db)
-    out, _ = second.communicate(timeout=120)
+    try:
+        out, _ = second.communicate(timeout=120)
+    finally:
+        if second.poll() is None:  # a hang must not outlive the test
+            second.kill()
+            second.communicate()
     assert second.returncode == 0
     assert f"resumed {ORDERS} orders" in out
     summary: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
