@@ -17,6 +17,7 @@ import enum
 import functools
 import json
 import logging
+import math
 import traceback
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -254,8 +255,8 @@ class InProcessDispatcher:
         value: Any = None
         try:
             if options.heartbeat_timeout is None:
-                with scope:
-                    value, outcome = await self._guarded_call(definition, args, options)
+                # No watchdog can cancel the attempt: no scope needed.
+                value, outcome = await self._guarded_call(definition, args, options)
             else:
                 watch = trio.CancelScope()
                 async with trio.open_nursery() as nursery:
@@ -431,7 +432,7 @@ class ActivityDriver:
 
     async def _final(self, attempt: int, body: EventBody) -> RecordOutcome:
         """The settling record: retried on transient store failures until it lands."""
-        request = attrs.evolve(self.request, attempt=attempt)
+        request = self.request if self.request.attempt == attempt else attrs.evolve(self.request, attempt=attempt)
         return await _record_outcome(self.recorder, request, body, self.record_backoff, self.log)
 
     async def _advisory(self, attempt: int, reason: str) -> None:
@@ -478,7 +479,7 @@ class ActivityDriver:
 
     def _attempt_bound(self) -> float:
         """Trio-time deadline of the next attempt (per-attempt and schedule-to-close)."""
-        bounds = [float("inf")]
+        bounds = [math.inf]
         if self.options.timeout is not None:
             bounds.append(trio.current_time() + self.options.timeout)
         deadline = self._deadline()
@@ -493,8 +494,14 @@ class ActivityDriver:
     # -- one attempt -------------------------------------------------------------
 
     async def _attempt(self, state: _LoopState) -> ActivityOutcome:
-        request = attrs.evolve(self.request, attempt=state.attempt, task_queue=state.current_queue)
-        with trio.move_on_at(self._attempt_bound()) as scope:
+        request = self.request
+        if request.attempt != state.attempt or request.task_queue != state.current_queue:
+            request = attrs.evolve(request, attempt=state.attempt, task_queue=state.current_queue)
+        bound = self._attempt_bound()
+        if bound == math.inf:
+            # Nothing bounds the attempt: no cancel scope to pay for.
+            return await self.dispatcher.dispatch(request)
+        with trio.move_on_at(bound) as scope:
             return await self.dispatcher.dispatch(request)
         assert scope.cancelled_caught
         if self._past_deadline():

@@ -97,7 +97,7 @@ from ._projections import (
 )
 from ._recorder import Recorder
 from ._registry import Lease, Registry, Residency
-from ._retry import TransientBackoff, check_layer
+from ._retry import TransientBackoff, check_layer, resolve_options
 from ._store import EventStore, Store, VisibilityFilter, VisibilityRow, VisibilityStore
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -234,6 +234,7 @@ class EngineCore:
         self._timer_seq = 0
         self._timers_changed = trio.Event()
         self._loading: dict[str, trio.Event] = {}
+        self._default_options: dict[str, tuple[str, Payload]] = {}
 
     # -- definitions -------------------------------------------------------
 
@@ -250,6 +251,27 @@ class EngineCore:
         if found is None:
             raise UnknownActivityType(str(name if name is not None else activity), sorted(self.activities))
         return found
+
+    def resolved_activity_options(
+        self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
+    ) -> tuple[str, Payload]:
+        """A call's resolved options: its task queue and the recorded form.
+
+        Calls passing no options of their own resolve alike for one activity,
+        so that result is computed once per activity type.
+        """
+        cached = None if call_layer else self._default_options.get(definition.name)
+        if cached is None:
+            options = resolve_options(
+                call_layer,
+                definition.options,
+                self.config.activity_defaults,
+                default_task_queue=self.config.default_task_queue,
+            )
+            cached = (options.task_queue, Payload.of(options.to_json()))
+            if not call_layer:
+                self._default_options[definition.name] = cached
+        return cached
 
     # -- recorders ---------------------------------------------------------
 
@@ -276,6 +298,27 @@ class EngineCore:
 
     def loaded_recorder(self, workflow_id: str) -> Recorder | None:
         return self._recorders.get(workflow_id)
+
+    def claim_unloaded(self, workflow_id: str) -> Recorder | None:
+        """An empty recorder for an id this engine has neither loaded nor is loading, or ``None``.
+
+        For a start that expects a brand-new id: it appends at expected seq 0
+        instead of reading a history that is almost always empty.  Until
+        :meth:`release_unloaded`, :meth:`recorder_for` callers wait as for a load.
+        """
+        if workflow_id in self._recorders or workflow_id in self._loading:
+            return None
+        self._loading[workflow_id] = trio.Event()
+        return Recorder(workflow_id, self.events, self.epoch, self.clock)
+
+    def release_unloaded(self, recorder: Recorder, *, adopt: bool) -> None:
+        """End a :meth:`claim_unloaded`: install the recorder (its append landed) or drop it.
+
+        Dropped, the next :meth:`recorder_for` loads the stored history.
+        """
+        if adopt:
+            self._recorders[recorder.workflow_id] = recorder
+        self._loading.pop(recorder.workflow_id).set()
 
     # -- runs --------------------------------------------------------------
 
@@ -949,6 +992,39 @@ class Engine:
             raise TypeError(f"id_reuse must be an IdReusePolicy, got {id_reuse!r}")
         if not core.epoch.admitting:
             raise epoch_closed(wid, None, "start a workflow")
+
+        def started(run_id: str) -> WorkflowStarted:
+            return WorkflowStarted(
+                workflow_type=definition.name,
+                input=payload,
+                run_id=run_id,
+                task_queue=queue,
+                search_attributes=attributes,
+            )
+
+        fresh = core.claim_unloaded(wid)
+        if fresh is not None:
+            # Most starts name a new id: append at expected seq 0 without reading
+            # first.  A conflict means the id has history: load it and decide below.
+            adopted = False
+            try:
+                async with fresh.lock:
+                    run_id = new_run_id()
+                    try:
+                        await fresh.append([started(run_id)], action="start a workflow", run_id=run_id)
+                    except SequenceConflict:
+                        pass
+                    else:
+                        core.release_unloaded(fresh, adopt=True)
+                        adopted = True
+                        lease = core.new_lease(fresh, run_id, definition.name)
+                        core.spawn_run(lease)
+            finally:
+                if not adopted:
+                    core.release_unloaded(fresh, adopt=False)
+            if adopted:
+                await core.upsert_visibility_quietly(wid)
+                return RunHandle(self, wid, run_id)
         recorder = await core.recorder_for(wid)
         async with recorder.lock:
             history = await recorder.current_history()
@@ -962,19 +1038,7 @@ class Engine:
                 if not reuse:
                     raise WorkflowAlreadyStarted(wid, existing_run, status.value, id_reuse.value)
             run_id = new_run_id()
-            await recorder.append(
-                [
-                    WorkflowStarted(
-                        workflow_type=definition.name,
-                        input=payload,
-                        run_id=run_id,
-                        task_queue=queue,
-                        search_attributes=attributes,
-                    )
-                ],
-                action="start a workflow",
-                run_id=run_id,
-            )
+            await recorder.append([started(run_id)], action="start a workflow", run_id=run_id)
             lease = core.new_lease(recorder, run_id, definition.name)
             core.spawn_run(lease)
         await core.upsert_visibility_quietly(wid)
