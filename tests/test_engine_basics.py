@@ -211,6 +211,104 @@ async def test_id_reuse_policies(
             assert projections.run_ids(await engine.history("same")) == [first.run_id, second.run_id]
 
 
+@pytest.mark.parametrize(
+    ("policy", "after_completion"),
+    [
+        (aion.IdReusePolicy.ALLOW_DUPLICATE, "new_run"),
+        (aion.IdReusePolicy.ALLOW_IF_FAILED, "refused"),
+        (aion.IdReusePolicy.REJECT_DUPLICATE, "refused"),
+        (aion.IdReusePolicy.USE_EXISTING, "existing"),
+    ],
+)
+async def test_id_reuse_policies_hold_for_an_id_this_engine_never_loaded(
+    store_url: Callable[[], str], policy: aion.IdReusePolicy, after_completion: str
+) -> None:
+    # A start appends at expected seq 0 without reading first; an id with
+    # stored history (here: made by an earlier engine) must still get its policy.
+    url = store_url()
+    async with aion.open_engine(url, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+        first = await engine.start(returns_input, 1, workflow_id="same")
+        assert await first.result() == 1
+    async with aion.open_engine(url, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+        if after_completion == "refused":
+            with pytest.raises(aion.WorkflowAlreadyStarted, match=policy.value):
+                await engine.start(returns_input, 2, workflow_id="same", id_reuse=policy)
+            assert projections.run_ids(await engine.history("same")) == [first.run_id]
+        elif after_completion == "existing":
+            again = await engine.start(returns_input, 2, workflow_id="same", id_reuse=policy)
+            assert again.run_id == first.run_id
+            assert await again.result() == 1
+            assert projections.run_ids(await engine.history("same")) == [first.run_id]
+        else:
+            second = await engine.start(returns_input, 2, workflow_id="same", id_reuse=policy)
+            assert second.run_id != first.run_id
+            assert await second.result() == 2
+            assert projections.run_ids(await engine.history("same")) == [first.run_id, second.run_id]
+        # The engine's own view of the id is its whole stored history.
+        assert (await engine.describe("same")).history_length == len(await engine.history("same"))
+
+
+class _FirstAppendHeld:
+    """A store whose first append waits for ``release`` (a slow commit), so a test can act
+    while a start on a new id is in flight."""
+
+    def __init__(self, inner: aion.Store) -> None:
+        self._inner = inner
+        self.waiting = trio.Event()
+        self.release = trio.Event()
+
+    @property
+    def events(self) -> Any:
+        return self
+
+    @property
+    def visibility(self) -> aion.VisibilityStore:
+        return self._inner.visibility
+
+    async def append(self, workflow_id: str, events: Any, expected_seq: int) -> None:
+        if not self.waiting.is_set():
+            self.waiting.set()
+            await self.release.wait()
+        await self._inner.events.append(workflow_id, events, expected_seq)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner.events, name)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_callers_wait_for_a_start_in_flight_on_a_new_id(store_url: Callable[[], str]) -> None:
+    async with aion.open_store(store_url()) as inner:
+        held = _FirstAppendHeld(inner)
+        async with aion.open_engine(held, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+            outcomes: dict[str, Any] = {}
+
+            async def start(name: str, value: int) -> None:
+                try:
+                    outcomes[name] = await engine.start(
+                        returns_input, value, workflow_id="twice", id_reuse=aion.IdReusePolicy.REJECT_DUPLICATE
+                    )
+                except aion.WorkflowAlreadyStarted as exc:
+                    outcomes[name] = exc
+
+            async def result() -> None:
+                outcomes["result"] = await engine.result("twice")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(start, "first", 1)
+                await held.waiting.wait()  # the first start's append is in flight
+                nursery.start_soon(start, "second", 2)
+                nursery.start_soon(result)
+                await trio.testing.wait_all_tasks_blocked()
+                assert set(outcomes) == set(), "control: both wait for the start in flight"
+                held.release.set()
+            assert isinstance(outcomes["first"], aion.RunHandle)
+            assert isinstance(outcomes["second"], aion.WorkflowAlreadyStarted)
+            assert outcomes["result"] == 1
+            assert projections.run_ids(await engine.history("twice")) == [outcomes["first"].run_id]
+
+
 @aion.workflow
 async def waits_forever(ctx: aion.WorkflowContext) -> None:
     await ctx.run(block_forever)
