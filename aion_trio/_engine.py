@@ -235,6 +235,8 @@ class EngineCore:
         self._timers_changed = trio.Event()
         self._loading: dict[str, trio.Event] = {}
         self._default_options: dict[str, tuple[str, Payload]] = {}
+        # Background visibility refreshes in flight, by workflow id.
+        self._visibility_owed: dict[str, _Refresh] = {}
 
     # -- definitions -------------------------------------------------------
 
@@ -801,6 +803,48 @@ class EngineCore:
                 extra={"workflow_id": workflow_id},
             )
 
+    async def refresh_visibility_soon(self, workflow_id: str) -> None:
+        """Refresh the workflow's visibility row in a background task instead of waiting for it.
+
+        One refresh task per workflow at a time (a request while one runs makes
+        it go round again, building the row from the history of that moment),
+        shielded and bounded like the terminal's bookkeeping, so a closing
+        engine still writes it.  The engine's own visibility queries first wait
+        for the refreshes owed when they are called (:meth:`visibility_settled`).
+        If no task can be spawned (the epoch is closing), the refresh runs here.
+        """
+        owed = self._visibility_owed.get(workflow_id)
+        if owed is not None:
+            owed.again = True
+            return
+        try:
+            self.epoch.spawn(
+                self._refresh_visibility,
+                workflow_id,
+                name=f"visibility:{workflow_id}",
+                workflow_id=workflow_id,
+            )
+        except EngineEpochClosed:
+            await self.upsert_visibility_quietly(workflow_id)
+            return
+        self._visibility_owed[workflow_id] = _Refresh()
+
+    async def _refresh_visibility(self, workflow_id: str) -> None:
+        owed = self._visibility_owed[workflow_id]
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(self.config.bookkeeping_timeout):
+                while owed.again:
+                    owed.again = False
+                    await self.upsert_visibility_quietly(workflow_id)
+        finally:
+            del self._visibility_owed[workflow_id]
+            owed.done.set()
+
+    async def visibility_settled(self) -> None:
+        """Wait for the background visibility refreshes owed now (read-your-writes for queries)."""
+        for owed in list(self._visibility_owed.values()):
+            await owed.done.wait()
+
     # -- continue-as-new -----------------------------------------------------
 
     async def start_successor(self, lease: Lease, terminal: WorkflowContinuedAsNew) -> Lease | None:
@@ -1023,7 +1067,7 @@ class Engine:
                 if not adopted:
                     core.release_unloaded(fresh, adopt=False)
             if adopted:
-                await core.upsert_visibility_quietly(wid)
+                await core.refresh_visibility_soon(wid)
                 return RunHandle(self, wid, run_id)
         recorder = await core.recorder_for(wid)
         async with recorder.lock:
@@ -1041,7 +1085,7 @@ class Engine:
             await recorder.append([started(run_id)], action="start a workflow", run_id=run_id)
             lease = core.new_lease(recorder, run_id, definition.name)
             core.spawn_run(lease)
-        await core.upsert_visibility_quietly(wid)
+        await core.refresh_visibility_soon(wid)
         return RunHandle(self, wid, run_id)
 
     async def _existing_recorder(self, workflow_id: str) -> Recorder:
@@ -1185,11 +1229,28 @@ class Engine:
         )
 
     async def list(self, filter: VisibilityFilter | None = None, **criteria: Any) -> list[VisibilityRow]:
-        """Visibility rows matching ``filter`` (or ``VisibilityFilter(**criteria)``)."""
-        return await self._core.visibility.list(_filter(filter, criteria))
+        """Visibility rows matching ``filter`` (or ``VisibilityFilter(**criteria)``).
+
+        Rows this engine owes (a start's row is written in the background) are
+        written first, so a run this engine started is always listed.
+        """
+        query = _filter(filter, criteria)
+        await self._core.visibility_settled()
+        return await self._core.visibility.list(query)
 
     async def count(self, filter: VisibilityFilter | None = None, **criteria: Any) -> int:
-        return await self._core.visibility.count(_filter(filter, criteria))
+        """How many visibility rows match (after the rows this engine owes are written)."""
+        query = _filter(filter, criteria)
+        await self._core.visibility_settled()
+        return await self._core.visibility.count(query)
+
+
+@attrs.define(eq=False)
+class _Refresh:
+    """A background visibility refresh of one workflow."""
+
+    again: bool = True
+    done: trio.Event = attrs.field(factory=trio.Event)
 
 
 def _ends_or_starts(event: Event) -> bool:

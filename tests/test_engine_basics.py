@@ -309,6 +309,71 @@ async def test_callers_wait_for_a_start_in_flight_on_a_new_id(store_url: Callabl
             assert projections.run_ids(await engine.history("twice")) == [outcomes["first"].run_id]
 
 
+class _VisibilityHeld:
+    """A store whose visibility upserts wait for ``release`` (a slow index write)."""
+
+    def __init__(self, inner: aion.Store) -> None:
+        self._inner = inner
+        self.release = trio.Event()
+        self.upserts = 0
+
+    @property
+    def events(self) -> aion.EventStore:
+        return self._inner.events
+
+    @property
+    def visibility(self) -> Any:
+        return self
+
+    async def upsert(self, row: aion.VisibilityRow) -> None:
+        await self.release.wait()
+        await self._inner.visibility.upsert(row)
+        self.upserts += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner.visibility, name)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_start_does_not_wait_for_the_visibility_row_but_list_and_count_do(
+    store_url: Callable[[], str],
+) -> None:
+    async with aion.open_store(store_url()) as inner:
+        held = _VisibilityHeld(inner)
+        async with aion.open_engine(held, workflows=[waits_forever], activities=[block_forever]) as engine:
+            # start returns while the row's write is still held.
+            with trio.fail_after(5):
+                await engine.start(waits_forever, workflow_id="listed")
+            assert held.upserts == 0
+            assert await inner.visibility.get("listed") is None, "control: the row is not written yet"
+            listed: list[aion.VisibilityRow] = []
+            counted: list[int] = []
+
+            async def query() -> None:
+                listed.extend(await engine.list())
+                counted.append(await engine.count(status=aion.WorkflowStatus.RUNNING))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(query)
+                await trio.testing.wait_all_tasks_blocked()
+                assert listed == [], "list waits for the row this engine owes"
+                held.release.set()
+            assert [row.workflow_id for row in listed] == ["listed"]
+            assert listed[0].status is aion.WorkflowStatus.RUNNING
+            assert counted == [1]
+
+
+async def test_a_start_row_is_written_even_if_the_engine_closes_at_once(store_url: Callable[[], str]) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[waits_forever], activities=[block_forever]) as engine:
+        await engine.start(waits_forever, workflow_id="closing")
+    async with aion.open_store(url) as store:
+        row = await store.visibility.get("closing")
+    assert row is not None and row.status is aion.WorkflowStatus.RUNNING
+
+
 @aion.workflow
 async def waits_forever(ctx: aion.WorkflowContext) -> None:
     await ctx.run(block_forever)
