@@ -432,7 +432,9 @@ class ActivityDriver:
 
     async def _final(self, attempt: int, body: EventBody) -> RecordOutcome:
         """The settling record: retried on transient store failures until it lands."""
-        request = self.request if self.request.attempt == attempt else attrs.evolve(self.request, attempt=attempt)
+        request = (
+            self.request if self.request.attempt == attempt else attrs.evolve(self.request, attempt=attempt)
+        )
         return await _record_outcome(self.recorder, request, body, self.record_backoff, self.log)
 
     async def _advisory(self, attempt: int, reason: str) -> None:

@@ -287,7 +287,10 @@ async def test_callers_wait_for_a_start_in_flight_on_a_new_id(store_url: Callabl
             async def start(name: str, value: int) -> None:
                 try:
                     outcomes[name] = await engine.start(
-                        returns_input, value, workflow_id="twice", id_reuse=aion.IdReusePolicy.REJECT_DUPLICATE
+                        returns_input,
+                        value,
+                        workflow_id="twice",
+                        id_reuse=aion.IdReusePolicy.REJECT_DUPLICATE,
                     )
                 except aion.WorkflowAlreadyStarted as exc:
                     outcomes[name] = exc
@@ -371,7 +374,8 @@ async def test_a_start_row_is_written_even_if_the_engine_closes_at_once(store_ur
         await engine.start(waits_forever, workflow_id="closing")
     async with aion.open_store(url) as store:
         row = await store.visibility.get("closing")
-    assert row is not None and row.status is aion.WorkflowStatus.RUNNING
+    assert row is not None
+    assert row.status is aion.WorkflowStatus.RUNNING
 
 
 @aion.workflow
