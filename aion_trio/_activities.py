@@ -49,7 +49,7 @@ from ._events import (
     FailureCause,
 )
 from ._payload import Payload, PayloadCodec
-from ._projections import activity_settled, current_lease_terminal, retry_trail, run_segment
+from ._projections import activity_settled_or_run_ended, retry_trail, run_segment
 from ._retry import ActivityOptions, TransientBackoff
 
 if TYPE_CHECKING:
@@ -348,8 +348,7 @@ async def record_activity_event(
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
         history = await recorder.current_history()
-        segment = run_segment(history, run_id)
-        if activity_settled(segment, activity_id) is not None or current_lease_terminal(segment) is not None:
+        if activity_settled_or_run_ended(history, run_id, activity_id):
             return RecordOutcome.SETTLED_ELSEWHERE
         try:
             await recorder.append([body], action=f"record {type(body).__name__}", run_id=run_id)
@@ -466,11 +465,7 @@ class ActivityDriver:
                 history = await self.recorder.current_history()
             except StoreError:
                 return False  # the guarded appends still refuse a post-terminal write
-            segment = run_segment(history, self.request.run_id)
-            return (
-                activity_settled(segment, self.request.activity_id) is not None
-                or current_lease_terminal(segment) is not None
-            )
+            return activity_settled_or_run_ended(history, self.request.run_id, self.request.activity_id)
 
     # -- the deadline ----------------------------------------------------------
 
