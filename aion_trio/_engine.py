@@ -1110,7 +1110,7 @@ class Engine:
             if checked and not any(_ends_or_starts(e) for e in history[checked:]):
                 # Nothing that could end (or continue) the run was appended: keep waiting.
                 checked = len(history)
-                await recorder.wait_changed()
+                await recorder.wait_lifecycle()
                 continue
             checked = len(history)
             segment = run_segment(history, current)
@@ -1145,7 +1145,7 @@ class Engine:
                         status.value if status else "closed",
                         reason=getattr(body, "reason", ""),
                     )
-            await recorder.wait_changed()
+            await recorder.wait_lifecycle()
 
     async def signal(self, workflow_id: str, name: str, payload: Any = None) -> None:
         """Record a signal for the workflow's running run and wake it.

@@ -25,7 +25,7 @@ import trio
 from ._clock import EngineClock
 from ._epoch import EngineEpoch
 from ._errors import AionInternalError, SequenceConflict
-from ._events import Event, EventBody, make_batch
+from ._events import Event, EventBody, WorkflowReopened, WorkflowStarted, make_batch
 from ._store import EventStore
 
 logger = logging.getLogger("aion_trio.recorder")
@@ -53,6 +53,7 @@ class Recorder:
         self._stale = False
         self._pending: list[Event] | None = None
         self._changed = trio.lowlevel.ParkingLot()
+        self._lifecycle = trio.lowlevel.ParkingLot()
         self.appends = 0
         self.rereads = 0
 
@@ -146,7 +147,7 @@ class Recorder:
         self._head = stored_head
         self._stale = False
         self._pending = None
-        self._changed.unpark_all()
+        self._grew(extra)
 
     # -- writing -----------------------------------------------------------
 
@@ -189,15 +190,32 @@ class Recorder:
         self._history.extend(events)
         self._head = events[-1].seq
         self.appends += 1
-        self._changed.unpark_all()
+        self._grew(events)
         return events
 
     # -- waiting -----------------------------------------------------------
+
+    def _grew(self, events: Sequence[Event]) -> None:
+        self._changed.unpark_all()
+        if self._lifecycle and any(_is_lifecycle(e.body) for e in events):
+            self._lifecycle.unpark_all()
 
     async def wait_changed(self) -> None:
         """Park until the history grows (or the caller is cancelled)."""
         await self._changed.park()
 
+    async def wait_lifecycle(self) -> None:
+        """Park until a lifecycle event (a terminal, a start or a reopen) is appended,
+        or :meth:`notify` is called: what a wait for a run's end needs, without
+        waking for every activity record."""
+        await self._lifecycle.park()
+
     def notify(self) -> None:
-        """Wake everything parked in :meth:`wait_changed` (e.g. a status mark changed)."""
+        """Wake everything parked in :meth:`wait_changed` or :meth:`wait_lifecycle`
+        (e.g. a status mark changed)."""
         self._changed.unpark_all()
+        self._lifecycle.unpark_all()
+
+
+def _is_lifecycle(body: EventBody) -> bool:
+    return body.TERMINAL or isinstance(body, (WorkflowStarted, WorkflowReopened))

@@ -399,6 +399,48 @@ async def test_a_running_workflow_id_is_refused_by_default(store_url: Callable[[
         assert [p.activity_type for p in description.pending_activities] == ["block_forever"]
 
 
+@aion.workflow
+async def doubles(ctx: aion.WorkflowContext, steps: int) -> int:
+    value = 1
+    for _ in range(steps):
+        value = await ctx.run(double, value)
+    return value
+
+
+class _TaskSteps(trio.abc.Instrument):
+    """Counts the scheduler steps of the tasks named in ``names``."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name in self.names:
+            self.steps += 1
+
+
+async def test_a_result_waiter_is_not_woken_by_activity_records(store_url: Callable[[], str]) -> None:
+    async with aion.open_engine(store_url(), workflows=[doubles], activities=[double]) as engine:
+        counter = _TaskSteps("result-waiter")
+        outcome: list[int] = []
+
+        async def wait() -> None:
+            outcome.append(await engine.result("long"))
+
+        run = await engine.start(doubles, 20, workflow_id="long")
+        trio.lowlevel.add_instrument(counter)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait, name="result-waiter")
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+        assert outcome == [2**20]
+        history = await engine.history(run.workflow_id)
+        assert len(history) == 1 + 20 * 3 + 1, "control: every activity was recorded while it waited"
+        # A few steps to start, park and return -- not one or more per activity record.
+        assert counter.steps <= 6, counter.steps
+
+
 # --------------------------------------------------------------------------
 # Activities: threads, asyncio, concurrency inside a workflow
 # --------------------------------------------------------------------------
