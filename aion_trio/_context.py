@@ -373,12 +373,16 @@ class WorkflowContext:
         """Schedule an activity and wait for its result (options as for :meth:`start`)."""
         return await self.start(activity, *args, **options)
 
-    async def _flush(self) -> None:
-        """Record pending commands (one batch) and dispatch what they start."""
+    async def _flush(self) -> bool:
+        """Record pending commands (one batch) and dispatch what they start.
+
+        Returns whether there were any (recording them passed a checkpoint).
+        """
         if not self._pending:
-            return
+            return False
         pending, self._pending = self._pending, []
         await self._core.record_commands(self._lease, self._state, pending)
+        return True
 
     def _activity_resolution(self, activity_id: int) -> Event | None:
         return self._state.settled.get(activity_id)
@@ -415,8 +419,8 @@ class WorkflowContext:
         returns what was recorded (or what won the race under the lock).
         """
         self._require_own_task("awaiting a workflow handle")
-        await self._flush()
-        await trio.lowlevel.checkpoint()
+        if not await self._flush():
+            await trio.lowlevel.checkpoint()
         while True:
             self._state.sync()
             found = check()
