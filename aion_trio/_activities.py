@@ -342,7 +342,7 @@ async def record_activity_event(
     if stale): if the activity or the run already has a terminal, stand down.
     Store errors propagate (the caller decides whether to retry).
     """
-    async with recorder.lock:
+    async with recorder.hold():
         try:
             recorder.epoch.gate(recorder.workflow_id, run_id, f"record {type(body).__name__}")
         except EngineEpochClosed:

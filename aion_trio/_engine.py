@@ -474,7 +474,7 @@ class EngineCore:
                 logger.info("run parked: the engine is shutting down (%s not recorded)", what, extra=fields)
                 raise RunAborted()
             try:
-                async with recorder.lock:
+                async with recorder.hold():
                     history = await recorder.current_history()
                     bodies = build(history)
                     if bodies:

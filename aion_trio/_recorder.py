@@ -82,6 +82,12 @@ class Recorder:
     def lock(self) -> trio.Lock:
         return self._lock
 
+    def hold(self) -> _Hold:
+        """``async with recorder.hold():`` -- the lock, taken without a scheduler
+        round trip when it is free (the append that follows is the checkpoint);
+        a cancelled caller still raises here, and a busy lock waits as usual."""
+        return _Hold(self._lock)
+
     @property
     def head(self) -> int:
         return self._head
@@ -219,3 +225,21 @@ class Recorder:
 
 def _is_lifecycle(body: EventBody) -> bool:
     return body.TERMINAL or isinstance(body, (WorkflowStarted, WorkflowReopened))
+
+
+@final
+class _Hold:
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: trio.Lock) -> None:
+        self._lock = lock
+
+    async def __aenter__(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
