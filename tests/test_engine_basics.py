@@ -17,6 +17,7 @@ import trio.testing
 
 import aion_trio as aion
 from aion_trio import projections
+from aion_trio.testing import FlakyStoreBundle
 
 # --------------------------------------------------------------------------
 # Definitions used below
@@ -246,6 +247,22 @@ async def test_id_reuse_policies_hold_for_an_id_this_engine_never_loaded(
             assert projections.run_ids(await engine.history("same")) == [first.run_id, second.run_id]
         # The engine's own view of the id is its whole stored history.
         assert (await engine.describe("same")).history_length == len(await engine.history("same"))
+
+
+async def test_a_new_id_start_whose_commit_landed_unacknowledged_is_not_started_twice(
+    store_url: Callable[[], str],
+) -> None:
+    async with aion.open_store(store_url()) as inner:
+        flaky = FlakyStoreBundle(inner)
+        async with aion.open_engine(flaky, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+            flaky.events.commit_then_fail_next_appends(1)
+            with pytest.raises(aion.BackendUnavailable):
+                await engine.start(returns_input, 1, workflow_id="lost-ack")
+            assert flaky.events.faults["append"] == 1, "control: the start's commit landed unacknowledged"
+            with pytest.raises(aion.WorkflowAlreadyStarted, match="running"):
+                await engine.start(returns_input, 2, workflow_id="lost-ack")
+            history = await inner.events.read_history("lost-ack")
+            assert [e.type for e in history] == ["WorkflowStarted"]
 
 
 class _FirstAppendHeld:
