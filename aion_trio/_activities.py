@@ -17,6 +17,7 @@ import enum
 import functools
 import json
 import logging
+import math
 import traceback
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -48,7 +49,7 @@ from ._events import (
     FailureCause,
 )
 from ._payload import Payload, PayloadCodec
-from ._projections import activity_settled, current_lease_terminal, retry_trail, run_segment
+from ._projections import activity_settled_or_run_ended, retry_trail, run_segment
 from ._retry import ActivityOptions, TransientBackoff
 
 if TYPE_CHECKING:
@@ -254,8 +255,8 @@ class InProcessDispatcher:
         value: Any = None
         try:
             if options.heartbeat_timeout is None:
-                with scope:
-                    value, outcome = await self._guarded_call(definition, args, options)
+                # No watchdog can cancel the attempt: no scope needed.
+                value, outcome = await self._guarded_call(definition, args, options)
             else:
                 watch = trio.CancelScope()
                 async with trio.open_nursery() as nursery:
@@ -341,14 +342,13 @@ async def record_activity_event(
     if stale): if the activity or the run already has a terminal, stand down.
     Store errors propagate (the caller decides whether to retry).
     """
-    async with recorder.lock:
+    async with recorder.hold():
         try:
             recorder.epoch.gate(recorder.workflow_id, run_id, f"record {type(body).__name__}")
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
         history = await recorder.current_history()
-        segment = run_segment(history, run_id)
-        if activity_settled(segment, activity_id) is not None or current_lease_terminal(segment) is not None:
+        if activity_settled_or_run_ended(history, run_id, activity_id):
             return RecordOutcome.SETTLED_ELSEWHERE
         try:
             await recorder.append([body], action=f"record {type(body).__name__}", run_id=run_id)
@@ -431,7 +431,9 @@ class ActivityDriver:
 
     async def _final(self, attempt: int, body: EventBody) -> RecordOutcome:
         """The settling record: retried on transient store failures until it lands."""
-        request = attrs.evolve(self.request, attempt=attempt)
+        request = (
+            self.request if self.request.attempt == attempt else attrs.evolve(self.request, attempt=attempt)
+        )
         return await _record_outcome(self.recorder, request, body, self.record_backoff, self.log)
 
     async def _advisory(self, attempt: int, reason: str) -> None:
@@ -463,11 +465,7 @@ class ActivityDriver:
                 history = await self.recorder.current_history()
             except StoreError:
                 return False  # the guarded appends still refuse a post-terminal write
-            segment = run_segment(history, self.request.run_id)
-            return (
-                activity_settled(segment, self.request.activity_id) is not None
-                or current_lease_terminal(segment) is not None
-            )
+            return activity_settled_or_run_ended(history, self.request.run_id, self.request.activity_id)
 
     # -- the deadline ----------------------------------------------------------
 
@@ -478,7 +476,7 @@ class ActivityDriver:
 
     def _attempt_bound(self) -> float:
         """Trio-time deadline of the next attempt (per-attempt and schedule-to-close)."""
-        bounds = [float("inf")]
+        bounds = [math.inf]
         if self.options.timeout is not None:
             bounds.append(trio.current_time() + self.options.timeout)
         deadline = self._deadline()
@@ -493,8 +491,14 @@ class ActivityDriver:
     # -- one attempt -------------------------------------------------------------
 
     async def _attempt(self, state: _LoopState) -> ActivityOutcome:
-        request = attrs.evolve(self.request, attempt=state.attempt, task_queue=state.current_queue)
-        with trio.move_on_at(self._attempt_bound()) as scope:
+        request = self.request
+        if request.attempt != state.attempt or request.task_queue != state.current_queue:
+            request = attrs.evolve(request, attempt=state.attempt, task_queue=state.current_queue)
+        bound = self._attempt_bound()
+        if bound == math.inf:
+            # Nothing bounds the attempt: no cancel scope to pay for.
+            return await self.dispatcher.dispatch(request)
+        with trio.move_on_at(bound) as scope:
             return await self.dispatcher.dispatch(request)
         assert scope.cancelled_caught
         if self._past_deadline():

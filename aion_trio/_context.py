@@ -71,7 +71,7 @@ from ._events import (
 )
 from ._ids import anonymous_timer, named_timer, scope_timer_id, validate_workflow_id
 from ._payload import Payload
-from ._retry import UNSET, RetryPolicy, check_layer, explicit, resolve_options
+from ._retry import UNSET, RetryPolicy, check_layer, explicit
 
 if TYPE_CHECKING:
     from ._engine import EngineCore
@@ -477,18 +477,17 @@ class WorkflowContext:
         """
         self._require_own_task("ctx.start()")
         definition = self._core.activity_definition(activity)
-        call_layer = check_layer(
-            explicit(
-                retry=retry,
-                timeout=timeout,
-                schedule_to_close=schedule_to_close,
-                heartbeat_timeout=heartbeat_timeout,
-                task_queue=task_queue,
-                fallback_queues=fallback_queues,
-                advisory=advisory,
-            ),
-            f"ctx.start({definition.name})",
+        call_layer = explicit(
+            retry=retry,
+            timeout=timeout,
+            schedule_to_close=schedule_to_close,
+            heartbeat_timeout=heartbeat_timeout,
+            task_queue=task_queue,
+            fallback_queues=fallback_queues,
+            advisory=advisory,
         )
+        if call_layer:
+            call_layer = check_layer(call_layer, f"ctx.start({definition.name})")
         ordinal = self._next_activity
         self._state.sync()
         recorded = self._state.scheduled.get(ordinal)
@@ -511,12 +510,7 @@ class WorkflowContext:
             return ActivityHandle(self, ordinal, definition.name)
         # ResumeLive: validate the input before anything is recorded.
         payload = self._core.codec.encode(list(args), what=f"input of activity {definition.name!r}")
-        options = resolve_options(
-            call_layer,
-            definition.options,
-            self._core.config.activity_defaults,
-            default_task_queue=self._core.config.default_task_queue,
-        )
+        queue, recorded_options = self._core.resolved_activity_options(definition, call_layer)
         self._caught_up = True
         self._next_activity += 1
         self._pending.append(
@@ -524,8 +518,8 @@ class WorkflowContext:
                 ordinal=ordinal,
                 definition=definition,
                 input=payload,
-                task_queue=options.task_queue,
-                options=Payload.of(options.to_json()),
+                task_queue=queue,
+                options=recorded_options,
             )
         )
         return ActivityHandle(self, ordinal, definition.name)
@@ -535,12 +529,16 @@ class WorkflowContext:
         """Schedule an activity and wait for its result (options as for :meth:`start`)."""
         return await self.start(activity, *args, **options)
 
-    async def _flush(self) -> None:
-        """Record pending commands (one batch) and dispatch what they start."""
+    async def _flush(self) -> bool:
+        """Record pending commands (one batch) and dispatch what they start.
+
+        Returns whether there were any (recording them passed a checkpoint).
+        """
         if not self._pending:
-            return
+            return False
         pending, self._pending = self._pending, []
         await self._core.record_commands(self._lease, self._state, pending)
+        return True
 
     def _activity_resolution(self, activity_id: int) -> Event | None:
         return self._state.settled.get(activity_id)
@@ -578,8 +576,8 @@ class WorkflowContext:
         returns what was recorded (or what won the race under the lock).
         """
         self._require_own_task("awaiting a workflow handle")
-        await self._flush()
-        await trio.lowlevel.checkpoint()
+        if not await self._flush():
+            await trio.lowlevel.checkpoint()
         while True:
             self._state.sync()
             ended = self._state.ended

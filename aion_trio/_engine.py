@@ -111,7 +111,7 @@ from ._projections import (
 )
 from ._recorder import Recorder
 from ._registry import Lease, Registry, Residency
-from ._retry import TransientBackoff, check_layer
+from ._retry import TransientBackoff, check_layer, resolve_options
 from ._store import EventStore, Store, VisibilityFilter, VisibilityRow, VisibilityStore
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -248,6 +248,9 @@ class EngineCore:
         self._timer_seq = 0
         self._timers_changed = trio.Event()
         self._loading: dict[str, trio.Event] = {}
+        self._default_options: dict[str, tuple[str, Payload]] = {}
+        # Background visibility refreshes in flight, by workflow id.
+        self._visibility_owed: dict[str, _Refresh] = {}
 
     # -- definitions -------------------------------------------------------
 
@@ -264,6 +267,27 @@ class EngineCore:
         if found is None:
             raise UnknownActivityType(str(name if name is not None else activity), sorted(self.activities))
         return found
+
+    def resolved_activity_options(
+        self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
+    ) -> tuple[str, Payload]:
+        """A call's resolved options: its task queue and the recorded form.
+
+        Calls passing no options of their own resolve alike for one activity,
+        so that result is computed once per activity type.
+        """
+        cached = None if call_layer else self._default_options.get(definition.name)
+        if cached is None:
+            options = resolve_options(
+                call_layer,
+                definition.options,
+                self.config.activity_defaults,
+                default_task_queue=self.config.default_task_queue,
+            )
+            cached = (options.task_queue, Payload.of(options.to_json()))
+            if not call_layer:
+                self._default_options[definition.name] = cached
+        return cached
 
     # -- recorders ---------------------------------------------------------
 
@@ -290,6 +314,27 @@ class EngineCore:
 
     def loaded_recorder(self, workflow_id: str) -> Recorder | None:
         return self._recorders.get(workflow_id)
+
+    def claim_unloaded(self, workflow_id: str) -> Recorder | None:
+        """An empty recorder for an id this engine has neither loaded nor is loading, or ``None``.
+
+        For a start that expects a brand-new id: it appends at expected seq 0
+        instead of reading a history that is almost always empty.  Until
+        :meth:`release_unloaded`, :meth:`recorder_for` callers wait as for a load.
+        """
+        if workflow_id in self._recorders or workflow_id in self._loading:
+            return None
+        self._loading[workflow_id] = trio.Event()
+        return Recorder(workflow_id, self.events, self.epoch, self.clock)
+
+    def release_unloaded(self, recorder: Recorder, *, adopt: bool) -> None:
+        """End a :meth:`claim_unloaded`: install the recorder (its append landed) or drop it.
+
+        Dropped, the next :meth:`recorder_for` loads the stored history.
+        """
+        if adopt:
+            self._recorders[recorder.workflow_id] = recorder
+        self._loading.pop(recorder.workflow_id).set()
 
     # -- runs --------------------------------------------------------------
 
@@ -454,7 +499,7 @@ class EngineCore:
                 logger.info("run parked: the engine is shutting down (%s not recorded)", what, extra=fields)
                 raise RunAborted()
             try:
-                async with recorder.lock:
+                async with recorder.hold():
                     history = await recorder.current_history()
                     bodies = build(history)
                     if bodies and current_lease_terminal(run_segment(history, lease.run_id)) is not None:
@@ -931,6 +976,48 @@ class EngineCore:
         await self.forget_timer(workflow_id, deadline)
         return timed_out
 
+    async def refresh_visibility_soon(self, workflow_id: str) -> None:
+        """Refresh the workflow's visibility row in a background task instead of waiting for it.
+
+        One refresh task per workflow at a time (a request while one runs makes
+        it go round again, building the row from the history of that moment),
+        shielded and bounded like the terminal's bookkeeping, so a closing
+        engine still writes it.  The engine's own visibility queries first wait
+        for the refreshes owed when they are called (:meth:`visibility_settled`).
+        If no task can be spawned (the epoch is closing), the refresh runs here.
+        """
+        owed = self._visibility_owed.get(workflow_id)
+        if owed is not None:
+            owed.again = True
+            return
+        try:
+            self.epoch.spawn(
+                self._refresh_visibility,
+                workflow_id,
+                name=f"visibility:{workflow_id}",
+                workflow_id=workflow_id,
+            )
+        except EngineEpochClosed:
+            await self.upsert_visibility_quietly(workflow_id)
+            return
+        self._visibility_owed[workflow_id] = _Refresh()
+
+    async def _refresh_visibility(self, workflow_id: str) -> None:
+        owed = self._visibility_owed[workflow_id]
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(self.config.bookkeeping_timeout):
+                while owed.again:
+                    owed.again = False
+                    await self.upsert_visibility_quietly(workflow_id)
+        finally:
+            del self._visibility_owed[workflow_id]
+            owed.done.set()
+
+    async def visibility_settled(self) -> None:
+        """Wait for the background visibility refreshes owed now (read-your-writes for queries)."""
+        for owed in list(self._visibility_owed.values()):
+            await owed.done.wait()
+
     # -- continue-as-new -----------------------------------------------------
 
     async def start_successor(self, lease: Lease, terminal: WorkflowContinuedAsNew) -> Lease | None:
@@ -1147,6 +1234,50 @@ class Engine:
         deadline_after = _deadline(timeout)
         if not core.epoch.admitting:
             raise epoch_closed(wid, None, "start a workflow")
+
+        def started(run_id: str, now: datetime) -> list[Any]:
+            bodies: list[Any] = [
+                WorkflowStarted(
+                    workflow_type=definition.name,
+                    input=payload,
+                    run_id=run_id,
+                    task_queue=queue,
+                    search_attributes=attributes,
+                    timeout=deadline_after,
+                )
+            ]
+            if deadline_after is not None:
+                bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + deadline_after))
+            return bodies
+
+        fresh = core.claim_unloaded(wid)
+        if fresh is not None:
+            # Most starts name a new id: append at expected seq 0 without reading
+            # first.  A conflict means the id has history: load it and decide below.
+            adopted = False
+            try:
+                async with fresh.lock:
+                    run_id = new_run_id()
+                    now = core.clock.now()
+                    try:
+                        await fresh.append(
+                            started(run_id, now), action="start a workflow", run_id=run_id, at=now
+                        )
+                    except SequenceConflict:
+                        pass
+                    else:
+                        core.release_unloaded(fresh, adopt=True)
+                        adopted = True
+                        lease = core.new_lease(fresh, run_id, definition.name)
+                        core.spawn_run(lease)
+            finally:
+                if not adopted:
+                    core.release_unloaded(fresh, adopt=False)
+            if adopted:
+                if deadline_after is not None:
+                    await core.arm_timer(wid, run_id, deadline_timer_id(run_id), now + deadline_after)
+                await core.refresh_visibility_soon(wid)
+                return RunHandle(self, wid, run_id)
         recorder = await core.recorder_for(wid)
         async with recorder.lock:
             history = await recorder.current_history()
@@ -1160,25 +1291,13 @@ class Engine:
                 if not reuse:
                     raise WorkflowAlreadyStarted(wid, existing_run, status.value, id_reuse.value)
             run_id = new_run_id()
-            bodies: list[Any] = [
-                WorkflowStarted(
-                    workflow_type=definition.name,
-                    input=payload,
-                    run_id=run_id,
-                    task_queue=queue,
-                    search_attributes=attributes,
-                    timeout=deadline_after,
-                )
-            ]
             now = core.clock.now()
-            if deadline_after is not None:
-                bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + deadline_after))
-            await recorder.append(bodies, action="start a workflow", run_id=run_id, at=now)
+            await recorder.append(started(run_id, now), action="start a workflow", run_id=run_id, at=now)
             lease = core.new_lease(recorder, run_id, definition.name)
             core.spawn_run(lease)
             if deadline_after is not None:
                 await core.arm_timer(wid, run_id, deadline_timer_id(run_id), now + deadline_after)
-        await core.upsert_visibility_quietly(wid)
+        await core.refresh_visibility_soon(wid)
         return RunHandle(self, wid, run_id)
 
     async def _existing_recorder(self, workflow_id: str) -> Recorder:
@@ -1203,7 +1322,7 @@ class Engine:
             if checked and not any(_ends_or_starts(e) for e in history[checked:]):
                 # Nothing that could end (or continue) the run was appended: keep waiting.
                 checked = len(history)
-                await recorder.wait_changed()
+                await recorder.wait_lifecycle()
                 continue
             checked = len(history)
             segment = run_segment(history, current)
@@ -1239,7 +1358,7 @@ class Engine:
                         status.value if status else "closed",
                         reason=getattr(body, "reason", ""),
                     )
-            await recorder.wait_changed()
+            await recorder.wait_lifecycle()
 
     async def signal(self, workflow_id: str, name: str, payload: Any = None) -> None:
         """Record a signal for the workflow's running run and wake it.
@@ -1475,11 +1594,28 @@ class Engine:
         )
 
     async def list(self, filter: VisibilityFilter | None = None, **criteria: Any) -> list[VisibilityRow]:
-        """Visibility rows matching ``filter`` (or ``VisibilityFilter(**criteria)``)."""
-        return await self._core.visibility.list(_filter(filter, criteria))
+        """Visibility rows matching ``filter`` (or ``VisibilityFilter(**criteria)``).
+
+        Rows this engine owes (a start's row is written in the background) are
+        written first, so a run this engine started is always listed.
+        """
+        query = _filter(filter, criteria)
+        await self._core.visibility_settled()
+        return await self._core.visibility.list(query)
 
     async def count(self, filter: VisibilityFilter | None = None, **criteria: Any) -> int:
-        return await self._core.visibility.count(_filter(filter, criteria))
+        """How many visibility rows match (after the rows this engine owes are written)."""
+        query = _filter(filter, criteria)
+        await self._core.visibility_settled()
+        return await self._core.visibility.count(query)
+
+
+@attrs.define(eq=False)
+class _Refresh:
+    """A background visibility refresh of one workflow."""
+
+    again: bool = True
+    done: trio.Event = attrs.field(factory=trio.Event)
 
 
 def _commands_after_cancel(segment: Sequence[Event], terminal_seq: int) -> int:

@@ -26,6 +26,9 @@ RESERVED_TIMER_PREFIXES = ("deadline:", "scope:")
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 
 
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def validate_workflow_id(workflow_id: object, what: str = "workflow_id") -> WorkflowId:
     """Return ``workflow_id`` if it is usable, else raise ``ValueError`` saying why.
 
@@ -37,7 +40,7 @@ def validate_workflow_id(workflow_id: object, what: str = "workflow_id") -> Work
         raise ValueError(f"{what} must not be empty")
     if len(workflow_id) > MAX_WORKFLOW_ID_LENGTH:
         raise ValueError(f"{what} is {len(workflow_id)} characters; the limit is {MAX_WORKFLOW_ID_LENGTH}")
-    if _CONTROL_CHARACTER.search(workflow_id) is not None:
+    if _CONTROL_CHARACTER.search(workflow_id):
         raise ValueError(f"{what} {workflow_id!r} contains control characters")
     return workflow_id
 

@@ -152,13 +152,51 @@ def activity_settled(segment: Sequence[Event], activity_id: int) -> Event | None
     return settled
 
 
+def activity_settled_or_run_ended(events: Sequence[Event], run_id: str, activity_id: int) -> bool:
+    """Whether, in ``run_id``'s segment of ``events``, the activity is settled or the current
+    lease has a terminal: ``activity_settled(seg, id) is not None or current_lease_terminal(seg)
+    is not None`` with ``seg = run_segment(events, run_id)``, in one backward pass that stops
+    at the run's start (the recorder's check before every activity record)."""
+    ended: bool | None = None
+    settled: bool | None = None
+    for event in reversed(events):
+        body = event.body
+        if isinstance(body, WorkflowStarted):
+            if body.run_id == run_id:
+                return bool(ended) or bool(settled)
+            ended = settled = None  # what was seen so far belongs to a later run
+            continue
+        if ended is None:
+            if body.TERMINAL:
+                ended = True
+            elif isinstance(body, WorkflowReopened):
+                ended = False
+        if settled is None:
+            if _settles(body) and body.activity_id == activity_id:
+                settled = True
+            elif isinstance(body, WorkflowReopened) and activity_id in body.reopened_activity_ids:
+                settled = False
+    return False
+
+
 def scheduled_activities(segment: Sequence[Event]) -> dict[int, ActivityScheduled]:
     return {e.body.activity_id: e.body for e in segment if isinstance(e.body, ActivityScheduled)}
 
 
 def unsettled_activities(segment: Sequence[Event]) -> list[int]:
-    """Scheduled activity ids with no settling event, ascending."""
-    return sorted(a for a in scheduled_activities(segment) if activity_settled(segment, a) is None)
+    """Scheduled activity ids with no settling event, ascending (the fold of :func:`activity_settled`
+    for every activity at once)."""
+    scheduled: set[int] = set()
+    settled: set[int] = set()
+    for event in segment:
+        body = event.body
+        if isinstance(body, ActivityScheduled):
+            scheduled.add(body.activity_id)
+        elif _settles(body):
+            settled.add(body.activity_id)
+        elif isinstance(body, WorkflowReopened):
+            settled.difference_update(body.reopened_activity_ids)
+    return sorted(scheduled - settled)
 
 
 @attrs.frozen(kw_only=True)

@@ -25,7 +25,7 @@ import trio
 from ._clock import EngineClock
 from ._epoch import EngineEpoch
 from ._errors import AionInternalError, SequenceConflict
-from ._events import Event, EventBody, make_batch
+from ._events import Event, EventBody, WorkflowReopened, WorkflowStarted, make_batch
 from ._store import EventStore
 
 logger = logging.getLogger("aion_trio.recorder")
@@ -53,6 +53,7 @@ class Recorder:
         self._stale = False
         self._pending: list[Event] | None = None
         self._changed = trio.lowlevel.ParkingLot()
+        self._lifecycle = trio.lowlevel.ParkingLot()
         self.appends = 0
         self.rereads = 0
 
@@ -80,6 +81,12 @@ class Recorder:
     @property
     def lock(self) -> trio.Lock:
         return self._lock
+
+    def hold(self) -> _Hold:
+        """``async with recorder.hold():`` -- the lock, taken without a scheduler
+        round trip when it is free (the append that follows is the checkpoint);
+        a cancelled caller still raises here, and a busy lock waits as usual."""
+        return _Hold(self._lock)
 
     @property
     def head(self) -> int:
@@ -146,7 +153,7 @@ class Recorder:
         self._head = stored_head
         self._stale = False
         self._pending = None
-        self._changed.unpark_all()
+        self._grew(extra)
 
     # -- writing -----------------------------------------------------------
 
@@ -189,15 +196,50 @@ class Recorder:
         self._history.extend(events)
         self._head = events[-1].seq
         self.appends += 1
-        self._changed.unpark_all()
+        self._grew(events)
         return events
 
     # -- waiting -----------------------------------------------------------
+
+    def _grew(self, events: Sequence[Event]) -> None:
+        self._changed.unpark_all()
+        if self._lifecycle and any(_is_lifecycle(e.body) for e in events):
+            self._lifecycle.unpark_all()
 
     async def wait_changed(self) -> None:
         """Park until the history grows (or the caller is cancelled)."""
         await self._changed.park()
 
+    async def wait_lifecycle(self) -> None:
+        """Park until a lifecycle event (a terminal, a start or a reopen) is appended,
+        or :meth:`notify` is called: what a wait for a run's end needs, without
+        waking for every activity record."""
+        await self._lifecycle.park()
+
     def notify(self) -> None:
-        """Wake everything parked in :meth:`wait_changed` (e.g. a status mark changed)."""
+        """Wake everything parked in :meth:`wait_changed` or :meth:`wait_lifecycle`
+        (e.g. a status mark changed)."""
         self._changed.unpark_all()
+        self._lifecycle.unpark_all()
+
+
+def _is_lifecycle(body: EventBody) -> bool:
+    return body.TERMINAL or isinstance(body, (WorkflowStarted, WorkflowReopened))
+
+
+@final
+class _Hold:
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: trio.Lock) -> None:
+        self._lock = lock
+
+    async def __aenter__(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()

@@ -17,6 +17,7 @@ import trio.testing
 
 import aion_trio as aion
 from aion_trio import projections
+from aion_trio.testing import FlakyStoreBundle
 
 # --------------------------------------------------------------------------
 # Definitions used below
@@ -211,6 +212,189 @@ async def test_id_reuse_policies(
             assert projections.run_ids(await engine.history("same")) == [first.run_id, second.run_id]
 
 
+@pytest.mark.parametrize(
+    ("policy", "after_completion"),
+    [
+        (aion.IdReusePolicy.ALLOW_DUPLICATE, "new_run"),
+        (aion.IdReusePolicy.ALLOW_IF_FAILED, "refused"),
+        (aion.IdReusePolicy.REJECT_DUPLICATE, "refused"),
+        (aion.IdReusePolicy.USE_EXISTING, "existing"),
+    ],
+)
+async def test_id_reuse_policies_hold_for_an_id_this_engine_never_loaded(
+    store_url: Callable[[], str], policy: aion.IdReusePolicy, after_completion: str
+) -> None:
+    # A start appends at expected seq 0 without reading first; an id with
+    # stored history (here: made by an earlier engine) must still get its policy.
+    url = store_url()
+    async with aion.open_engine(url, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+        first = await engine.start(returns_input, 1, workflow_id="same")
+        assert await first.result() == 1
+    async with aion.open_engine(url, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+        if after_completion == "refused":
+            with pytest.raises(aion.WorkflowAlreadyStarted, match=policy.value):
+                await engine.start(returns_input, 2, workflow_id="same", id_reuse=policy)
+            assert projections.run_ids(await engine.history("same")) == [first.run_id]
+        elif after_completion == "existing":
+            again = await engine.start(returns_input, 2, workflow_id="same", id_reuse=policy)
+            assert again.run_id == first.run_id
+            assert await again.result() == 1
+            assert projections.run_ids(await engine.history("same")) == [first.run_id]
+        else:
+            second = await engine.start(returns_input, 2, workflow_id="same", id_reuse=policy)
+            assert second.run_id != first.run_id
+            assert await second.result() == 2
+            assert projections.run_ids(await engine.history("same")) == [first.run_id, second.run_id]
+        # The engine's own view of the id is its whole stored history.
+        assert (await engine.describe("same")).history_length == len(await engine.history("same"))
+
+
+async def test_a_new_id_start_whose_commit_landed_unacknowledged_is_not_started_twice(
+    store_url: Callable[[], str],
+) -> None:
+    async with aion.open_store(store_url()) as inner:
+        flaky = FlakyStoreBundle(inner)
+        async with aion.open_engine(flaky, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+            flaky.events.commit_then_fail_next_appends(1)
+            with pytest.raises(aion.BackendUnavailable):
+                await engine.start(returns_input, 1, workflow_id="lost-ack")
+            assert flaky.events.faults["append"] == 1, "control: the start's commit landed unacknowledged"
+            with pytest.raises(aion.WorkflowAlreadyStarted, match="running"):
+                await engine.start(returns_input, 2, workflow_id="lost-ack")
+            history = await inner.events.read_history("lost-ack")
+            assert [e.type for e in history] == ["WorkflowStarted"]
+
+
+class _FirstAppendHeld:
+    """A store whose first append waits for ``release`` (a slow commit), so a test can act
+    while a start on a new id is in flight."""
+
+    def __init__(self, inner: aion.Store) -> None:
+        self._inner = inner
+        self.waiting = trio.Event()
+        self.release = trio.Event()
+
+    @property
+    def events(self) -> Any:
+        return self
+
+    @property
+    def visibility(self) -> aion.VisibilityStore:
+        return self._inner.visibility
+
+    async def append(self, workflow_id: str, events: Any, expected_seq: int) -> None:
+        if not self.waiting.is_set():
+            self.waiting.set()
+            await self.release.wait()
+        await self._inner.events.append(workflow_id, events, expected_seq)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner.events, name)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_callers_wait_for_a_start_in_flight_on_a_new_id(store_url: Callable[[], str]) -> None:
+    async with aion.open_store(store_url()) as inner:
+        held = _FirstAppendHeld(inner)
+        async with aion.open_engine(held, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+            outcomes: dict[str, Any] = {}
+
+            async def start(name: str, value: int) -> None:
+                try:
+                    outcomes[name] = await engine.start(
+                        returns_input,
+                        value,
+                        workflow_id="twice",
+                        id_reuse=aion.IdReusePolicy.REJECT_DUPLICATE,
+                    )
+                except aion.WorkflowAlreadyStarted as exc:
+                    outcomes[name] = exc
+
+            async def result() -> None:
+                outcomes["result"] = await engine.result("twice")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(start, "first", 1)
+                await held.waiting.wait()  # the first start's append is in flight
+                nursery.start_soon(start, "second", 2)
+                nursery.start_soon(result)
+                await trio.testing.wait_all_tasks_blocked()
+                assert set(outcomes) == set(), "control: both wait for the start in flight"
+                held.release.set()
+            assert isinstance(outcomes["first"], aion.RunHandle)
+            assert isinstance(outcomes["second"], aion.WorkflowAlreadyStarted)
+            assert outcomes["result"] == 1
+            assert projections.run_ids(await engine.history("twice")) == [outcomes["first"].run_id]
+
+
+class _VisibilityHeld:
+    """A store whose visibility upserts wait for ``release`` (a slow index write)."""
+
+    def __init__(self, inner: aion.Store) -> None:
+        self._inner = inner
+        self.release = trio.Event()
+        self.upserts = 0
+
+    @property
+    def events(self) -> aion.EventStore:
+        return self._inner.events
+
+    @property
+    def visibility(self) -> Any:
+        return self
+
+    async def upsert(self, row: aion.VisibilityRow) -> None:
+        await self.release.wait()
+        await self._inner.visibility.upsert(row)
+        self.upserts += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner.visibility, name)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_start_does_not_wait_for_the_visibility_row_but_list_and_count_do(
+    store_url: Callable[[], str],
+) -> None:
+    async with aion.open_store(store_url()) as inner:
+        held = _VisibilityHeld(inner)
+        async with aion.open_engine(held, workflows=[waits_forever], activities=[block_forever]) as engine:
+            # start returns while the row's write is still held.
+            with trio.fail_after(5):
+                await engine.start(waits_forever, workflow_id="listed")
+            assert held.upserts == 0
+            assert await inner.visibility.get("listed") is None, "control: the row is not written yet"
+            listed: list[aion.VisibilityRow] = []
+            counted: list[int] = []
+
+            async def query() -> None:
+                listed.extend(await engine.list())
+                counted.append(await engine.count(status=aion.WorkflowStatus.RUNNING))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(query)
+                await trio.testing.wait_all_tasks_blocked()
+                assert listed == [], "list waits for the row this engine owes"
+                held.release.set()
+            assert [row.workflow_id for row in listed] == ["listed"]
+            assert listed[0].status is aion.WorkflowStatus.RUNNING
+            assert counted == [1]
+
+
+async def test_a_start_row_is_written_even_if_the_engine_closes_at_once(store_url: Callable[[], str]) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[waits_forever], activities=[block_forever]) as engine:
+        await engine.start(waits_forever, workflow_id="closing")
+    async with aion.open_store(url) as store:
+        row = await store.visibility.get("closing")
+    assert row is not None
+    assert row.status is aion.WorkflowStatus.RUNNING
+
+
 @aion.workflow
 async def waits_forever(ctx: aion.WorkflowContext) -> None:
     await ctx.run(block_forever)
@@ -230,6 +414,48 @@ async def test_a_running_workflow_id_is_refused_by_default(store_url: Callable[[
         description = await engine.describe("busy")
         assert description.status is aion.WorkflowStatus.RUNNING
         assert [p.activity_type for p in description.pending_activities] == ["block_forever"]
+
+
+@aion.workflow
+async def doubles(ctx: aion.WorkflowContext, steps: int) -> int:
+    value = 1
+    for _ in range(steps):
+        value = await ctx.run(double, value)
+    return value
+
+
+class _TaskSteps(trio.abc.Instrument):
+    """Counts the scheduler steps of the tasks named in ``names``."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name in self.names:
+            self.steps += 1
+
+
+async def test_a_result_waiter_is_not_woken_by_activity_records(store_url: Callable[[], str]) -> None:
+    async with aion.open_engine(store_url(), workflows=[doubles], activities=[double]) as engine:
+        counter = _TaskSteps("result-waiter")
+        outcome: list[int] = []
+
+        async def wait() -> None:
+            outcome.append(await engine.result("long"))
+
+        run = await engine.start(doubles, 20, workflow_id="long")
+        trio.lowlevel.add_instrument(counter)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait, name="result-waiter")
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+        assert outcome == [2**20]
+        history = await engine.history(run.workflow_id)
+        assert len(history) == 1 + 20 * 3 + 1, "control: every activity was recorded while it waited"
+        # A few steps to start, park and return -- not one or more per activity record.
+        assert counter.steps <= 6, counter.steps
 
 
 # --------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from aion_trio import (
     WorkflowStatus,
     WorkflowTimedOut,
 )
+from aion_trio._projections import activity_settled_or_run_ended
 from aion_trio.events import WorkflowCancelled
 from aion_trio.projections import (
     AttemptRecord,
@@ -645,6 +646,15 @@ def check_e_activity_settled_agrees_with_the_reference_and_the_model(h: History,
         cut = data.draw(st.integers(1, len(seg)))
         for aid in scheduled_ids(seg[:cut]):
             assert activity_settled(seg[:cut], aid) == ref_settled(seg[:cut], aid)
+    # The recorder's one-pass check agrees with the segment projections, on every
+    # prefix of the whole history (later runs and all), for every run and activity.
+    cut = data.draw(st.integers(1, len(h.events)))
+    prefix = h.events[:cut]
+    for r in [*run_ids(h.events), rid(10**6)]:
+        seg = run_segment(prefix, r)
+        for aid in [*scheduled_ids(seg), 10**6]:
+            expected = activity_settled(seg, aid) is not None or current_lease_terminal(seg) is not None
+            assert activity_settled_or_run_ended(prefix, r, aid) == expected
 
 
 def check_f_next_delivery_attempt(h: History, data: st.DataObject) -> None:
