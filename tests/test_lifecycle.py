@@ -430,3 +430,54 @@ def test_a_cancelled_event_written_before_terminated_existed_still_decodes() -> 
 
     body = body_from_data_json("WorkflowCancelled", '{"reason": "old"}')
     assert body == ev.WorkflowCancelled(reason="old", terminated=False)
+
+
+class _CountingVisibility:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.upserts: list[str] = []
+
+    async def upsert(self, row: Any) -> None:
+        self.upserts.append(row.workflow_id)
+        await self._inner.upsert(row)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _CountingStore:
+    def __init__(self, inner: aion.Store) -> None:
+        self._inner = inner
+        self.events = inner.events
+        self.visibility = _CountingVisibility(inner.visibility)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_a_late_completion_of_a_timed_out_run_writes_neither_history_nor_visibility(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The teardown owns a TimedOut run's visibility and deadline: the run's own completion
+    path, arriving after the teardown, must stand down without writing either."""
+    from aion_trio._completion import TerminalIntent, handle_run_exit
+
+    with trio.fail_after(LIMIT):
+        async with aion.open_store(url()) as raw:
+            store = _CountingStore(raw)
+            async with aion.open_engine(store, workflows=[sleeper], activities=[ship]) as engine:  # type: ignore[arg-type]
+                run = await engine.start(sleeper, workflow_id="late2", timeout=60)
+                with pytest.raises(aion.WorkflowFailure, match="timed_out"):
+                    await run.result()
+                await trio.testing.wait_all_tasks_blocked()
+                lease = engine._core.registry.get("late2", run.run_id)
+                assert lease is not None
+                history = await engine.history("late2")
+                upserts = list(store.visibility.upserts)
+                assert upserts, "control: the teardown did write the row"
+                intent = TerminalIntent.completed(aion.Payload('"too late"'), engine._core.clock.now())
+                await handle_run_exit(engine._core, lease, intent)
+                await trio.testing.wait_all_tasks_blocked()
+                assert await engine.history("late2") == history
+                assert store.visibility.upserts == upserts
+                assert (await engine.describe("late2")).status is aion.WorkflowStatus.TIMED_OUT
