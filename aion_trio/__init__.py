@@ -18,6 +18,16 @@ from ._activities import (
     heartbeat as heartbeat,
 )
 from ._clock import EngineClock as EngineClock
+from ._commands import (
+    CancelCommand as CancelCommand,
+    Command as Command,
+    CommandOutcome as CommandOutcome,
+    PendingCommand as PendingCommand,
+    ReopenCommand as ReopenCommand,
+    SignalCommand as SignalCommand,
+    StartCommand as StartCommand,
+    TerminateCommand as TerminateCommand,
+)
 from ._completion import CompletionRetryConfig as CompletionRetryConfig
 from ._context import (
     ActivityHandle as ActivityHandle,
@@ -46,6 +56,7 @@ from ._errors import (
     AionInternalError as AionInternalError,
     BackendUnavailable as BackendUnavailable,
     CannotReopen as CannotReopen,
+    CommandDecodeError as CommandDecodeError,
     DatabaseCorrupt as DatabaseCorrupt,
     DatabaseTooNew as DatabaseTooNew,
     EngineEpochClosed as EngineEpochClosed,
@@ -68,6 +79,7 @@ from ._errors import (
     SerializationError as SerializationError,
     StoreError as StoreError,
     StoreOpenError as StoreOpenError,
+    StoreOwned as StoreOwned,
     StorePathError as StorePathError,
     StoreSchemeConflict as StoreSchemeConflict,
     TerminalError as TerminalError,
@@ -116,6 +128,7 @@ from ._events import (
     WorkflowStatus as WorkflowStatus,
     WorkflowTimedOut as WorkflowTimedOut,
 )
+from ._ownership import OwnerClaim as OwnerClaim, OwnerIdentity as OwnerIdentity
 from ._payload import Payload as Payload, PayloadCodec as PayloadCodec
 from ._plugins import open_store as open_store
 from ._retry import (
@@ -126,7 +139,9 @@ from ._retry import (
     RetryPolicy as RetryPolicy,
 )
 from ._store import (
+    CommandInbox as CommandInbox,
     EventStore as EventStore,
+    OwnedStore as OwnedStore,
     SearchOp as SearchOp,
     SearchPredicate as SearchPredicate,
     Store as Store,
