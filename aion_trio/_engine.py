@@ -1522,9 +1522,8 @@ async def open_engine(
             )
             if claim.replaced is not None:
                 logger.warning(
-                    "took the store over from a dead owner (%s, last heartbeat before %s)",
+                    "took the store over from a dead owner: %s (its pid is gone or its heartbeat stopped)",
                     claim.replaced.describe(),
-                    claim.since.isoformat(timespec="seconds"),
                 )
             ownership = Ownership(
                 store=opened, claim=claim, heartbeat=config.owner_heartbeat, limiter=service_threads
