@@ -63,8 +63,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ._definitions import ActivityDefinition, WorkflowDefinition, index_definitions
-from ._engine import Engine, IdReusePolicy, WorkflowDescription, describe_history, open_engine
 from ._commands import (
     CancelCommand,
     Command,
@@ -74,6 +72,8 @@ from ._commands import (
     StartCommand,
     TerminateCommand,
 )
+from ._definitions import ActivityDefinition, WorkflowDefinition, index_definitions
+from ._engine import Engine, IdReusePolicy, WorkflowDescription, describe_history, open_engine
 from ._errors import (
     AionError,
     InvalidQuery,
@@ -110,7 +110,15 @@ from ._ownership import claim_is_live, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import ENTRY_POINT_GROUP, StoreRegistry, build_registry, make_plugin_manager, open_store
 from ._projections import current_lease_terminal, outstanding_timers, run_segment, workflow_status
-from ._store import CommandInbox, OwnedStore, SearchOp, SearchPredicate, Store, VisibilityFilter, VisibilityRow
+from ._store import (
+    CommandInbox,
+    OwnedStore,
+    SearchOp,
+    SearchPredicate,
+    Store,
+    VisibilityFilter,
+    VisibilityRow,
+)
 from ._version import __version__
 from ._wire import body_to_wire, event_to_json, format_datetime
 
@@ -883,7 +891,9 @@ async def _apply_or_queue(
             except StoreOwned as exc:  # a worker claimed the store between the check and the open
                 owner = f"pid {exc.pid} on {exc.host}"
         if not isinstance(opened, CommandInbox):
-            raise UserError(f"the store {url!r} is owned by {owner} and has no command inbox; stop that process first")
+            raise UserError(
+                f"the store {url!r} is owned by {owner} and has no command inbox; stop that process first"
+            )
         command_id = await opened.enqueue_command(command)
         click.echo(f"queued for the running worker ({owner}) as command #{command_id}", err=True)
         delivered = _Delivered(queued=True, command_id=command_id, owner=owner)
@@ -1006,7 +1016,11 @@ def start(
 
     async def direct(engine: Engine) -> tuple[str, Any]:
         handle = await engine.start(
-            workflow_type, *args, workflow_id=wid, task_queue=task_queue, id_reuse=IdReusePolicy(id_reuse.lower())
+            workflow_type,
+            *args,
+            workflow_id=wid,
+            task_queue=task_queue,
+            id_reuse=IdReusePolicy(id_reuse.lower()),
         )
         click.echo(f"started workflow {handle.workflow_id!r} run {handle.run_id} ({_DIRECT})", err=True)
         return handle.run_id, (await handle.result() if wait else None)
@@ -1016,8 +1030,9 @@ def start(
         if not delivered.queued:
             run_id, result = delivered.value
             return run_id, result
-        assert delivered.outcome is not None and delivered.outcome.run_id is not None
+        assert delivered.outcome is not None
         run_id = delivered.outcome.run_id
+        assert run_id is not None
         return run_id, (await _poll_result(url, wid, run_id) if wait else None)
 
     run_id, result = _run(url, go)
@@ -1036,8 +1051,17 @@ def _wait_option(fn: F) -> F:
     )(fn)
 
 
-def _write_command(url: str, app: App, command: Command, direct: Callable[[Engine], Awaitable[str]], wait: bool, queue_timeout: float) -> None:
-    delivered = _run(url, lambda: _apply_or_queue(url, app, command, direct, wait=wait, queue_timeout=queue_timeout))
+def _write_command(
+    url: str,
+    app: App,
+    command: Command,
+    direct: Callable[[Engine], Awaitable[str]],
+    wait: bool,
+    queue_timeout: float,
+) -> None:
+    delivered = _run(
+        url, lambda: _apply_or_queue(url, app, command, direct, wait=wait, queue_timeout=queue_timeout)
+    )
     if not delivered.queued:
         click.echo(f"{delivered.value} ({_DIRECT})", err=True)
 
@@ -1093,7 +1117,9 @@ _REASON = click.option("--reason", default="", metavar="TEXT", help="Why (record
 @_REASON
 @_wait_option
 @_queue_timeout_option
-def cancel(store: str | None, module: str, workflow_id: str, reason: str, wait: bool, queue_timeout: float) -> None:
+def cancel(
+    store: str | None, module: str, workflow_id: str, reason: str, wait: bool, queue_timeout: float
+) -> None:
     """Ask a running workflow to cancel: it sees WorkflowCancelled at its next await, may
     compensate, and ends Cancelled. Queued for the store's worker if one owns it."""
     url = _resolve_store(store)
@@ -1114,7 +1140,9 @@ def cancel(store: str | None, module: str, workflow_id: str, reason: str, wait: 
 @_REASON
 @_wait_option
 @_queue_timeout_option
-def terminate(store: str | None, module: str, workflow_id: str, reason: str, wait: bool, queue_timeout: float) -> None:
+def terminate(
+    store: str | None, module: str, workflow_id: str, reason: str, wait: bool, queue_timeout: float
+) -> None:
     """End a running workflow at once, without running its code (its activities are cancelled).
     Queued for the store's worker if one owns it."""
     url = _resolve_store(store)

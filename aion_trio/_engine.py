@@ -198,7 +198,9 @@ class EngineConfig:
                 f"({self.owner_heartbeat!r}s), or a live owner could be taken for dead between two heartbeats"
             )
         if self.inbox_poll_interval is not None and not self.inbox_poll_interval > 0:
-            raise ValueError(f"inbox_poll_interval must be > 0 seconds or None, got {self.inbox_poll_interval!r}")
+            raise ValueError(
+                f"inbox_poll_interval must be > 0 seconds or None, got {self.inbox_poll_interval!r}"
+            )
         if self.inbox_batch < 1:
             raise ValueError(f"inbox_batch must be >= 1, got {self.inbox_batch!r}")
 
@@ -1557,7 +1559,9 @@ async def open_engine(
                     epoch.spawn(core.timer_service, name="timer-service")
                     await core.recover()
                     if isinstance(opened, CommandInbox):
-                        drainer = InboxDrainer(engine=engine, inbox=opened, config=config, limiter=service_threads)
+                        drainer = InboxDrainer(
+                            engine=engine, inbox=opened, config=config, limiter=service_threads
+                        )
                         engine._inbox = drainer
                         await drainer.drain()
                         if config.inbox_poll_interval is not None:

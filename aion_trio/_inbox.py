@@ -75,9 +75,9 @@ class Ownership:
             except StoreError as exc:
                 logger.warning("could not renew the store's owner claim (will retry): %s", exc)
 
-    async def release(self, timeout: float) -> None:
-        """Drop the claim (shielded, bounded): the next engine need not wait for staleness."""
-        with trio.CancelScope(shield=True), trio.move_on_after(timeout):
+    async def release(self, within: float) -> None:
+        """Drop the claim (shielded, at most ``within`` seconds): the next engine need not wait."""
+        with trio.CancelScope(shield=True), trio.move_on_after(within):
             try:
                 await self.store.release_owner(self.claim)
             except (StoreError, trio.ClosedResourceError) as exc:
@@ -113,7 +113,9 @@ async def apply_command(engine: Engine, command: Command, codec_decode: Any) -> 
             )
         if isinstance(command, SignalCommand):
             await engine.signal(command.workflow_id, command.name, codec_decode(command.payload))
-            return CommandOutcome.success(f"signal {command.name!r} recorded for workflow {command.workflow_id!r}")
+            return CommandOutcome.success(
+                f"signal {command.name!r} recorded for workflow {command.workflow_id!r}"
+            )
         if isinstance(command, CancelCommand):
             await engine.cancel(command.workflow_id, command.reason)
             return CommandOutcome.success(f"cancellation requested for workflow {command.workflow_id!r}")
@@ -144,6 +146,9 @@ class InboxDrainer:
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     applied: int = attrs.field(default=0, init=False)
 
+    def _admitting(self) -> bool:
+        return self.engine.epoch.admitting
+
     async def drain(self) -> int:
         """Apply and ack every pending command (FIFO); returns how many were acked.
 
@@ -152,16 +157,17 @@ class InboxDrainer:
         """
         done = 0
         async with self._lock:
-            epoch = self.engine.epoch
-            while epoch.admitting:
+            while self._admitting():
                 batch = await self.inbox.pending_commands(self.config.inbox_batch)
                 if not batch:
                     break
                 for pending in batch:
-                    if not epoch.admitting:
+                    if not self._admitting():
                         return done
                     try:
-                        outcome = await apply_command(self.engine, pending.command, self.engine._core.codec.decode)
+                        outcome = await apply_command(
+                            self.engine, pending.command, self.engine._core.codec.decode
+                        )
                     except EngineEpochClosed:
                         return done
                     except BackendUnavailable as exc:

@@ -35,13 +35,13 @@ from aion_trio.testing import (
     COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS,
-    CommandInboxSuite,
-    OwnedStoreSuite,
     VISIBILITY_STORE_SCENARIOS,
+    CommandInboxSuite,
     ConformanceError,
     EventStoreSuite,
     FlakyStore,
     FlakyStoreBundle,
+    OwnedStoreSuite,
     VisibilityStoreSuite,
     _samples,
     check_command_inbox,
@@ -279,7 +279,12 @@ def test_suites_have_one_test_per_scenario_from_the_same_registry() -> None:
     assert sorted(n for n in dir(CommandInboxSuite) if n.startswith("test_")) == sorted(
         f"test_{n}" for n in COMMAND_INBOX_SCENARIOS
     )
-    every = [*EVENT_STORE_SCENARIOS, *VISIBILITY_STORE_SCENARIOS, *OWNED_STORE_SCENARIOS, *COMMAND_INBOX_SCENARIOS]
+    every = [
+        *EVENT_STORE_SCENARIOS,
+        *VISIBILITY_STORE_SCENARIOS,
+        *OWNED_STORE_SCENARIOS,
+        *COMMAND_INBOX_SCENARIOS,
+    ]
     assert len(set(every)) == len(every)
     for name in EVENT_STORE_SCENARIOS:
         method = getattr(EventStoreSuite, f"test_{name}")

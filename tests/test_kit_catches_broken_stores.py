@@ -21,14 +21,14 @@ import aion_trio
 from aion_trio import (
     CommandOutcome,
     Event,
+    InvalidBatch,
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
-    SignalCommand,
-    InvalidBatch,
     SearchOp,
     SearchPredicate,
     SequenceConflict,
+    SignalCommand,
     VisibilityFilter,
     VisibilityRow,
     WorkflowReopened,
@@ -610,7 +610,9 @@ class ControlProxy:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         return await self.inner.claim_owner(identity, now=now, stale_after=stale_after)
 
     async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
@@ -654,7 +656,9 @@ def _stored(inner: Any) -> Any:
 class ClaimNeverRefused(ControlProxy):
     """Overwrites whatever claim is there."""
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         current = await self.inner.current_owner()
         if current is not None:
             await self.inner.release_owner(current)
@@ -670,7 +674,9 @@ def _nobody() -> OwnerClaim:
 class NeverTakesOver(ControlProxy):
     """Treats every existing claim as live."""
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         current = await self.inner.current_owner()
         if current is not None and current.identity.token != identity.token:
             raise current.owned_error()
@@ -680,9 +686,15 @@ class NeverTakesOver(ControlProxy):
 class IgnoresHeartbeatAge(ControlProxy):
     """Judges liveness by the pid alone, so an owner on another host is never stale."""
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         current = await self.inner.current_owner()
-        if current is not None and current.identity.token != identity.token and current.identity.host != this_host():
+        if (
+            current is not None
+            and current.identity.token != identity.token
+            and current.identity.host != this_host()
+        ):
             raise current.owned_error()
         return await self.inner.claim_owner(identity, now=now, stale_after=stale_after)
 
@@ -690,7 +702,9 @@ class IgnoresHeartbeatAge(ControlProxy):
 class ReclaimRefused(ControlProxy):
     """Refuses the owner's own re-claim."""
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         current = await self.inner.current_owner()
         if current is not None and current.identity.token == identity.token:
             raise current.owned_error()
@@ -730,7 +744,9 @@ class ClaimNotDurable(ControlProxy):
         super().__init__(inner)
         self.claim: OwnerClaim | None = None
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         await trio.lowlevel.checkpoint()
         claim = aion_trio.plugin.decide_claim(self.claim, identity, now=now, stale_after=stale_after)
         self.claim = claim
@@ -744,7 +760,9 @@ class ClaimNotDurable(ControlProxy):
 class ClaimCheckThenSet(ControlProxy):
     """Reads the claim, yields, then writes: racing claimants all "win"."""
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         current = await self.inner.current_owner()
         claim = aion_trio.plugin.decide_claim(current, identity, now=now, stale_after=stale_after)
         await trio.lowlevel.checkpoint()
@@ -783,7 +801,9 @@ class OwnerSilentAfterClose(ControlProxy):
             return None
         return await self.inner.current_owner()
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         if self.closed:
             await trio.lowlevel.checkpoint()
             return _nobody()
@@ -840,9 +860,9 @@ class InboxNotDurable(ControlProxy):
 
     async def pending_commands(self, limit: int = 100) -> list[PendingCommand]:
         await trio.lowlevel.checkpoint()
-        return [PendingCommand(command_id=i, command=c) for i, (c, o) in sorted(self.items.items()) if o is None][
-            :limit
-        ]
+        return [
+            PendingCommand(command_id=i, command=c) for i, (c, o) in sorted(self.items.items()) if o is None
+        ][:limit]
 
     async def ack_command(self, command_id: int, outcome: CommandOutcome) -> None:
         await trio.lowlevel.checkpoint()
@@ -919,7 +939,9 @@ INBOX_CASES = [
 
 
 @pytest.mark.parametrize(("broken", "scenario"), OWNER_CASES)
-async def test_broken_owned_store_is_caught_by_its_scenario(broken: Callable[[Any], Any], scenario: str) -> None:
+async def test_broken_owned_store_is_caught_by_its_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
     with pytest.raises(ConformanceError) as info:
         await check_owned_store(keyed_factory_of(broken), scenarios=[scenario])
     assert info.value.scenario == scenario
@@ -927,7 +949,9 @@ async def test_broken_owned_store_is_caught_by_its_scenario(broken: Callable[[An
 
 
 @pytest.mark.parametrize(("broken", "scenario"), INBOX_CASES)
-async def test_broken_command_inbox_is_caught_by_its_scenario(broken: Callable[[Any], Any], scenario: str) -> None:
+async def test_broken_command_inbox_is_caught_by_its_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
     with pytest.raises(ConformanceError) as info:
         await check_command_inbox(keyed_factory_of(broken), scenarios=[scenario])
     assert info.value.scenario == scenario

@@ -17,7 +17,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -115,7 +115,8 @@ async def test_a_second_engine_in_this_process_is_refused_and_the_first_keeps_it
                 pytest.fail("the second engine opened")  # pragma: no cover
         assert (refused.value.pid, refused.value.host) == (os.getpid(), this_host())
         owner = await first.store.current_owner()  # type: ignore[attr-defined]
-        assert owner is not None and first.owner_claim is not None
+        assert owner is not None
+        assert first.owner_claim is not None
         assert owner.identity == first.owner_claim.identity
 
 
@@ -155,8 +156,10 @@ def test_a_sigkilled_owner_is_taken_over_by_the_next_engine(
 
     with caplog.at_level(logging.WARNING, logger="aion_trio.engine"):
         left, taken = trio.run(reopen)
-    assert left is not None and left.identity.pid == child.pid  # type: ignore[attr-defined]
-    assert taken is not None and taken.identity.pid == os.getpid()  # type: ignore[attr-defined]
+    assert left is not None
+    assert left.identity.pid == child.pid  # type: ignore[attr-defined]
+    assert taken is not None
+    assert taken.identity.pid == os.getpid()  # type: ignore[attr-defined]
     assert any(
         f"took the store over from a dead owner: pid {child.pid} on host {this_host()!r}" in r.getMessage()
         for r in caplog.records
@@ -166,30 +169,34 @@ def test_a_sigkilled_owner_is_taken_over_by_the_next_engine(
 async def test_an_engine_whose_claim_was_taken_over_stops_with_not_owner(tmp_path: Path) -> None:
     url = _sqlite(tmp_path)
     fast = EngineConfig(inbox_poll_interval=None, owner_heartbeat=0.02, owner_stale_after=0.05)
+    engines: list[aion.Engine] = []
+
+    async def serve_until_taken_over(store: aion.Store) -> None:
+        async with aion.open_engine(store, workflows=WORKFLOWS, config=fast) as engine:
+            engines.append(engine)
+            # Another process judges this engine dead (its clock is far ahead) and takes over.
+            usurper = OwnerIdentity(pid=1, host="elsewhere.invalid", started_at=aion_now(), token="usurper")
+            await store.claim_owner(  # type: ignore[attr-defined]
+                usurper, now=aion_now() + timedelta(hours=1), stale_after=timedelta(hours=1)
+            )
+            await trio.sleep_forever()  # the next heartbeat ends the engine
+
     async with aion.open_store(url) as store:
-        with pytest.raises(NotOwner, match="lost its claim on the store"):
-            with trio.fail_after(30):
-                async with aion.open_engine(store, workflows=WORKFLOWS, config=fast) as engine:
-                    assert engine.owner_claim is not None
-                    # Another process judges this engine dead (its clock is far ahead) and takes over.
-                    usurper = OwnerIdentity(pid=1, host="elsewhere.invalid", started_at=aion_now(), token="usurper")
-                    await store.claim_owner(  # type: ignore[attr-defined]
-                        usurper, now=aion_now() + timedelta(hours=1), stale_after=timedelta(hours=1)
-                    )
-                    await trio.sleep_forever()  # the next heartbeat ends the engine
-        assert not engine.epoch.is_open
+        with trio.fail_after(30), pytest.raises(NotOwner, match="lost its claim on the store"):
+            await serve_until_taken_over(store)
+        assert not engines[0].epoch.is_open
         owner = await store.current_owner()  # type: ignore[attr-defined]
-        assert owner is not None and owner.identity.token == "usurper"
+        assert owner is not None
+        assert owner.identity.token == "usurper"
 
 
-def aion_now() -> object:
-    from aion_trio.plugin import OwnerClaim  # noqa: F401  (keeps the import surface honest)
-    from aion_trio._ownership import wall_now
-
-    return wall_now()
+def aion_now() -> datetime:
+    return datetime.now(timezone.utc)
 
 
-async def test_commands_queued_with_no_owner_are_applied_at_the_next_open(store_url: Callable[[], str]) -> None:
+async def test_commands_queued_with_no_owner_are_applied_at_the_next_open(
+    store_url: Callable[[], str],
+) -> None:
     url = store_url()
     async with aion.open_engine(url, workflows=WORKFLOWS, activities=[greet], config=QUIET) as engine:
         await engine.start(approval, 7, workflow_id="ap")
@@ -197,7 +204,9 @@ async def test_commands_queued_with_no_owner_are_applied_at_the_next_open(store_
         inbox: aion.CommandInbox = store  # type: ignore[assignment]
         assert await store.current_owner() is None  # type: ignore[attr-defined]
         ids = [
-            await inbox.enqueue_command(SignalCommand(workflow_id="ap", name="approve", payload=Payload.of("yes"))),
+            await inbox.enqueue_command(
+                SignalCommand(workflow_id="ap", name="approve", payload=Payload.of("yes"))
+            ),
             await inbox.enqueue_command(CancelCommand(workflow_id="nobody", reason="typo")),
             await inbox.enqueue_command(
                 StartCommand(workflow_id="hi", workflow_type="hello", args=Payload.of(["zoe"]))
@@ -234,13 +243,17 @@ async def test_commands_queued_with_no_owner_are_applied_at_the_next_open(store_
     ]
 
 
-async def test_drain_inbox_applies_commands_in_order_through_the_recorder(store_url: Callable[[], str]) -> None:
+async def test_drain_inbox_applies_commands_in_order_through_the_recorder(
+    store_url: Callable[[], str],
+) -> None:
     url = store_url()
     async with aion.open_engine(url, workflows=WORKFLOWS, activities=[greet], config=QUIET) as engine:
         await engine.start(approval, 1, workflow_id="ap")
         inbox: aion.CommandInbox = engine.store  # type: ignore[assignment]
         for n in range(3):
-            await inbox.enqueue_command(SignalCommand(workflow_id="ap", name=f"note-{n}", payload=Payload.of(n)))
+            await inbox.enqueue_command(
+                SignalCommand(workflow_id="ap", name=f"note-{n}", payload=Payload.of(n))
+            )
         await inbox.enqueue_command(SignalCommand(workflow_id="ap", name="approve", payload=Payload.of(True)))
         assert await engine.drain_inbox() == 4
         assert await engine.drain_inbox() == 0
@@ -255,9 +268,9 @@ async def test_drain_inbox_applies_commands_in_order_through_the_recorder(store_
 
 
 async def test_engine_config_checks_the_ownership_settings() -> None:
-    with pytest.raises(ValueError, match="owner_stale_after .* must be at least twice owner_heartbeat"):
+    with pytest.raises(ValueError, match=r"owner_stale_after .* must be at least twice owner_heartbeat"):
         EngineConfig(owner_heartbeat=5, owner_stale_after=9)
-    with pytest.raises(ValueError, match="inbox_poll_interval must be > 0"):
+    with pytest.raises(ValueError, match=r"inbox_poll_interval must be > 0"):
         EngineConfig(inbox_poll_interval=0)
 
 

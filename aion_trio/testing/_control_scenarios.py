@@ -11,6 +11,7 @@ so nothing depends on the wall clock.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -122,7 +123,9 @@ async def _owner_live_owner_refuses(ctx: ScenarioContext) -> None:
         a = _identity("a")
         claim = await _claim_ok(ctx, store, a, 0)
         await _expect_refused(ctx, store, _identity("b"), 1, a, "a second claimant on this host")
-        await _expect_refused(ctx, store, _identity("c", host=OTHER_HOST), 9.9, a, "a claimant on another host")
+        await _expect_refused(
+            ctx, store, _identity("c", host=OTHER_HOST), 9.9, a, "a claimant on another host"
+        )
         await _expect_owner(ctx, store, claim, "current_owner() after refused claims")
 
 
@@ -231,7 +234,9 @@ async def _owner_concurrent_takeover_one_winner(ctx: ScenarioContext) -> None:
 
         async def contend(index: int) -> None:
             try:
-                won.append(await handles[index].claim_owner(_identity(f"c{index}"), now=_at(1), stale_after=STALE))
+                won.append(
+                    await handles[index].claim_owner(_identity(f"c{index}"), now=_at(1), stale_after=STALE)
+                )
             except StoreOwned as exc:
                 refused.append(exc)
             except Exception as exc:
@@ -294,7 +299,9 @@ def _every_command() -> list[Any]:
             task_queue="eu-1",
         ),
         StartCommand(workflow_id="wf-2", workflow_type="hello"),
-        SignalCommand(workflow_id="wf-ünï/1", name="approve", payload=Payload.of({"by": "ops", "n": [1, 2.0]})),
+        SignalCommand(
+            workflow_id="wf-ünï/1", name="approve", payload=Payload.of({"by": "ops", "n": [1, 2.0]})
+        ),
         SignalCommand(workflow_id="wf-2", name="poke"),
         CancelCommand(workflow_id="wf-2", reason="customer asked \N{SNOWMAN}"),
         TerminateCommand(workflow_id="wf-3", reason=""),
@@ -312,12 +319,14 @@ async def _enqueue_all(store: Any, commands: list[Any]) -> list[int]:
 
 def _expect_increasing(ctx: ScenarioContext, ids: list[int], what: str) -> None:
     ok = all(isinstance(i, int) and not isinstance(i, bool) for i in ids) and all(
-        a < b for a, b in zip(ids, ids[1:], strict=False)
+        a < b for a, b in itertools.pairwise(ids)
     )
     ctx.expect(ok, f"{what}: command ids {short(ids)} are not increasing ints")
 
 
-async def _expect_pending(ctx: ScenarioContext, store: Any, expected: list[tuple[int, Any]], what: str) -> None:
+async def _expect_pending(
+    ctx: ScenarioContext, store: Any, expected: list[tuple[int, Any]], what: str
+) -> None:
     pending = await store.pending_commands(1000)
     ctx.expect_equal([(p.command_id, p.command) for p in pending], expected, what)
 
@@ -373,7 +382,9 @@ async def _inbox_outcome_readable(ctx: ScenarioContext) -> None:
         ctx.expect_equal(await store.command_outcome(ids[0]), None, "command_outcome() while pending")
         ok = CommandOutcome.success("started workflow 'w' run r-1", run_id="r-1")
         bad = CommandOutcome(
-            ok=False, message="cannot signal 's1' to workflow 'wf-1': it is completed", error_type="NotRunning"
+            ok=False,
+            message="cannot signal 's1' to workflow 'wf-1': it is completed",
+            error_type="NotRunning",
         )
         await store.ack_command(ids[0], ok)
         await store.ack_command(ids[1], bad)
@@ -438,7 +449,9 @@ async def _inbox_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
             "ack_command()", lambda: store.ack_command(ids[0], CommandOutcome.success("ok"))
         )
         await ctx.expect_checkpoint(
-            "command_outcome() of an unknown id", lambda: store.command_outcome(ids[0] + 1000), raises=NotFound
+            "command_outcome() of an unknown id",
+            lambda: store.command_outcome(ids[0] + 1000),
+            raises=NotFound,
         )
 
 

@@ -132,7 +132,9 @@ def _unwrap_store(kind: Kind, obj: object) -> Any:
     if kind in ("owner", "inbox"):
         missing = [m for m in methods if not callable(getattr(obj, m, None))]
         protocol = "an OwnedStore" if kind == "owner" else "a CommandInbox"
-        raise TypeError(f"open_store(key) yielded {short(obj)}, which is not {protocol} (it lacks {', '.join(missing)})")
+        raise TypeError(
+            f"open_store(key) yielded {short(obj)}, which is not {protocol} (it lacks {', '.join(missing)})"
+        )
     attr = "events" if kind == "event" else "visibility"
     inner = getattr(obj, attr, None)
     if inner is not None and all(callable(getattr(inner, m, None)) for m in methods):
@@ -149,7 +151,9 @@ def _unwrap_store(kind: Kind, obj: object) -> Any:
 class ScenarioContext:
     """What a scenario gets: a way to open its store and to report violations."""
 
-    def __init__(self, scenario: Scenario, open_store: Callable[..., AbstractAsyncContextManager[Any]]) -> None:
+    def __init__(
+        self, scenario: Scenario, open_store: Callable[..., AbstractAsyncContextManager[Any]]
+    ) -> None:
         self.name = scenario.name
         self._kind = scenario.kind
         self._open_store = open_store

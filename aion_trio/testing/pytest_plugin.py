@@ -73,7 +73,9 @@ def _scenario_of(item: pytest.Item) -> str | None:
     if not isinstance(item, pytest.Function):
         return None
     cls = getattr(item, "cls", None)
-    if cls is None or not issubclass(cls, (EventStoreSuite, VisibilityStoreSuite, OwnedStoreSuite, CommandInboxSuite)):
+    if cls is None or not issubclass(
+        cls, (EventStoreSuite, VisibilityStoreSuite, OwnedStoreSuite, CommandInboxSuite)
+    ):
         return None
     found: str | None = getattr(item.function, SCENARIO_ATTRIBUTE, None)
     return found

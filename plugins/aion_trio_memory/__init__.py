@@ -37,13 +37,13 @@ from aion_trio.plugin import (
     TimerEntry,
     VisibilityFilter,
     VisibilityRow,
-    hookimpl,
-    is_active_status,
-    status_after,
     command_data_json,
     command_from_data_json,
     decide_claim,
     decide_renew,
+    hookimpl,
+    is_active_status,
+    status_after,
     validate_batch,
 )
 
@@ -199,13 +199,17 @@ class MemoryStore:
 
     # -- ownership ---------------------------------------------------------
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         await self._enter()
         if not isinstance(identity, OwnerIdentity):
             raise TypeError(f"claim_owner needs an OwnerIdentity, got {identity!r}")
         data = self._data
         with data.lock:
-            claim = decide_claim(data.owner, identity, now=now, stale_after=stale_after, location=self._where())
+            claim = decide_claim(
+                data.owner, identity, now=now, stale_after=stale_after, location=self._where()
+            )
             data.owner = attrs.evolve(claim, replaced=None)
         return claim
 
@@ -249,9 +253,12 @@ class MemoryStore:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         data = self._data
         with data.lock:
-            waiting = [(cid, stored) for cid, (stored, outcome) in sorted(data.commands.items()) if outcome is None]
+            waiting = [
+                (cid, stored) for cid, (stored, outcome) in sorted(data.commands.items()) if outcome is None
+            ]
         return [
-            PendingCommand(command_id=cid, command=command_from_data_json(*stored)) for cid, stored in waiting[:limit]
+            PendingCommand(command_id=cid, command=command_from_data_json(*stored))
+            for cid, stored in waiting[:limit]
         ]
 
     async def ack_command(self, command_id: int, outcome: CommandOutcome) -> None:

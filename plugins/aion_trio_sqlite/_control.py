@@ -61,7 +61,9 @@ def _decode_owner(row: Any, location: str) -> OwnerClaim:
             stale_after=timedelta(microseconds=stale_after_us),
         )
     except (TypeError, ValueError, OverflowError) as exc:
-        raise SerializationError("(owner)", None, f"the owner row is damaged: {exc}", location=location) from exc
+        raise SerializationError(
+            "(owner)", None, f"the owner row is damaged: {exc}", location=location
+        ) from exc
 
 
 def read_owner(conn: apsw.Connection, location: str) -> OwnerClaim | None:
@@ -89,9 +91,7 @@ class ClaimOp(WriteOp):
     __slots__ = ("identity", "location", "now", "result", "stale_after")
     doing = "claiming the store"
 
-    def __init__(
-        self, identity: OwnerIdentity, now: datetime, stale_after: timedelta, location: str
-    ) -> None:
+    def __init__(self, identity: OwnerIdentity, now: datetime, stale_after: timedelta, location: str) -> None:
         super().__init__()
         self.identity = identity
         self.now = now
@@ -219,6 +219,8 @@ def outcome_read(command_id: int, location: str) -> ReadOp[CommandOutcome | None
         try:
             return outcome_from_json(text)
         except CommandDecodeError as exc:
-            raise SerializationError("(inbox)", None, f"command #{command_id}: {exc}", location=location) from exc
+            raise SerializationError(
+                "(inbox)", None, f"command #{command_id}: {exc}", location=location
+            ) from exc
 
     return ReadOp(run)

@@ -22,9 +22,9 @@ from aion_trio.plugin import (
     VisibilityFilter,
     VisibilityRow,
     WorkflowStatus,
+    command_data_json,
     is_active_status,
     status_after,
-    command_data_json,
     validate_batch,
 )
 
@@ -265,7 +265,9 @@ class SqliteStore:
 
     # -- ownership (aion_trio.OwnedStore) ------------------------------------
 
-    async def claim_owner(self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta) -> OwnerClaim:
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
         """Claim the store for ``identity`` (one ``BEGIN IMMEDIATE`` transaction), or raise
         :class:`~aion_trio.StoreOwned` naming the live owner; see :class:`~aion_trio.OwnedStore`."""
         await self._enter()
