@@ -1501,6 +1501,16 @@ async def open_engine(
     seconds in-flight activity attempts may run on to record their outcome;
     what still runs then is parked (nothing recorded) and re-dispatched by the
     next engine on the store.
+
+    A store with the :class:`~aion_trio.OwnedStore` capability (SQLite,
+    memory) is claimed first: if another live engine owns it,
+    :class:`~aion_trio.StoreOwned` names it and nothing is written.  The claim
+    is renewed every ``config.owner_heartbeat`` seconds of wall-clock time and
+    released on exit; should another process take it over (this engine was
+    taken for dead), the engine stops and :class:`~aion_trio.NotOwner` is
+    raised.  A store with a :class:`~aion_trio.CommandInbox` is drained after
+    recovery and then every ``config.inbox_poll_interval`` seconds
+    (:meth:`Engine.drain_inbox` drains at once).
     """
     config = config or EngineConfig()
     if drain_timeout is not None:

@@ -156,12 +156,19 @@ class InboxDrainer:
         work or the store is unavailable.
         """
         done = 0
+        seen: set[int] = set()
         async with self._lock:
             while self._admitting():
-                batch = await self.inbox.pending_commands(self.config.inbox_batch)
+                # A store that failed to drop an acked command must not make this loop forever.
+                batch = [
+                    p
+                    for p in await self.inbox.pending_commands(self.config.inbox_batch)
+                    if p.command_id not in seen
+                ]
                 if not batch:
                     break
                 for pending in batch:
+                    seen.add(pending.command_id)
                     if not self._admitting():
                         return done
                     try:
