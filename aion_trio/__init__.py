@@ -19,6 +19,16 @@ from ._activities import (
 )
 from ._children import ParentClosePolicy as ParentClosePolicy
 from ._clock import EngineClock as EngineClock
+from ._commands import (
+    CancelCommand as CancelCommand,
+    Command as Command,
+    CommandOutcome as CommandOutcome,
+    PendingCommand as PendingCommand,
+    ReopenCommand as ReopenCommand,
+    SignalCommand as SignalCommand,
+    StartCommand as StartCommand,
+    TerminateCommand as TerminateCommand,
+)
 from ._completion import CompletionRetryConfig as CompletionRetryConfig
 from ._context import (
     ActivityHandle as ActivityHandle,
@@ -50,6 +60,7 @@ from ._errors import (
     BackendUnavailable as BackendUnavailable,
     CannotReopen as CannotReopen,
     ChildWorkflowFailure as ChildWorkflowFailure,
+    CommandDecodeError as CommandDecodeError,
     DatabaseCorrupt as DatabaseCorrupt,
     DatabaseTooNew as DatabaseTooNew,
     EngineEpochClosed as EngineEpochClosed,
@@ -76,6 +87,7 @@ from ._errors import (
     SerializationError as SerializationError,
     StoreError as StoreError,
     StoreOpenError as StoreOpenError,
+    StoreOwned as StoreOwned,
     StorePathError as StorePathError,
     StoreSchemeConflict as StoreSchemeConflict,
     TerminalError as TerminalError,
@@ -125,6 +137,7 @@ from ._events import (
     WorkflowStatus as WorkflowStatus,
     WorkflowTimedOut as WorkflowTimedOut,
 )
+from ._ownership import OwnerClaim as OwnerClaim, OwnerIdentity as OwnerIdentity
 from ._payload import Payload as Payload, PayloadCodec as PayloadCodec
 from ._plugins import open_store as open_store
 from ._retry import (
@@ -135,7 +148,9 @@ from ._retry import (
     RetryPolicy as RetryPolicy,
 )
 from ._store import (
+    CommandInbox as CommandInbox,
     EventStore as EventStore,
+    OwnedStore as OwnedStore,
     SearchOp as SearchOp,
     SearchPredicate as SearchPredicate,
     Store as Store,

@@ -1,8 +1,17 @@
 """The ``aion-trio`` command line.
 
-Commands: ``stores``, ``list``, ``show``, ``history`` (read-only), ``start``,
-``signal`` (open an engine with the user's definitions) and ``worker`` (serve
-them until SIGINT/SIGTERM, then drain).
+Commands: ``stores``, ``list``, ``show``, ``history`` (read-only); ``start``,
+``signal``, ``cancel``, ``terminate``, ``reopen`` (writes) and ``worker`` (serve
+the user's definitions until SIGINT/SIGTERM, then drain).
+
+Writes and the store's owner
+----------------------------
+One engine owns a store at a time (DESIGN §4.5).  When a live worker owns it,
+a write command is queued in the store's command inbox and the worker applies
+it through its engine ("queued for the running worker (pid N on HOST)"); the
+command waits (``--queue-timeout``) for the outcome and prints it.  With no
+live owner, the command opens an engine in this process and applies the
+write directly, and says so.
 
 The store
 ---------
@@ -54,6 +63,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ._commands import (
+    CancelCommand,
+    Command,
+    CommandOutcome,
+    ReopenCommand,
+    SignalCommand,
+    StartCommand,
+    TerminateCommand,
+)
 from ._definitions import ActivityDefinition, WorkflowDefinition, index_definitions
 from ._engine import Engine, IdReusePolicy, WorkflowDescription, describe_history, open_engine
 from ._errors import (
@@ -65,6 +83,7 @@ from ._errors import (
     PluginError,
     StoreError,
     StoreOpenError,
+    StoreOwned,
     UnknownStoreScheme,
     UnknownWorkflowType,
     WorkflowAlreadyStarted,
@@ -81,14 +100,25 @@ from ._events import (
     SignalReceived,
     TimerStarted,
     WorkflowCompleted,
+    WorkflowContinuedAsNew,
     WorkflowFailed,
     WorkflowStarted,
     WorkflowStatus,
 )
+from ._ids import new_workflow_id
+from ._ownership import claim_is_live, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import ENTRY_POINT_GROUP, StoreRegistry, build_registry, make_plugin_manager, open_store
-from ._projections import outstanding_timers, run_segment
-from ._store import SearchOp, SearchPredicate, Store, VisibilityFilter, VisibilityRow
+from ._projections import current_lease_terminal, outstanding_timers, run_segment, workflow_status
+from ._store import (
+    CommandInbox,
+    OwnedStore,
+    SearchOp,
+    SearchPredicate,
+    Store,
+    VisibilityFilter,
+    VisibilityRow,
+)
 from ._version import __version__
 from ._wire import body_to_wire, event_to_json, format_datetime
 
@@ -202,7 +232,7 @@ def _user_error(exc: BaseException, store: str) -> click.ClickException | None:
         return UserError(f"{exc} ({store}); 'aion-trio list' shows the workflows it holds")
     if isinstance(exc, WorkflowFailure):
         return UserError(str(exc))
-    if isinstance(exc, (NotRunning, WorkflowAlreadyStarted, PayloadError, UnknownWorkflowType)):
+    if isinstance(exc, (NotRunning, WorkflowAlreadyStarted, PayloadError, UnknownWorkflowType, StoreOwned)):
         return UserError(str(exc))
     if isinstance(exc, StoreError):
         return UserError(f"store {store!r}: {type(exc).__name__}: {exc}")
@@ -803,6 +833,130 @@ def _check_type(app: App, workflow_type: str) -> None:
         )
 
 
+DEFAULT_QUEUE_TIMEOUT = 30.0
+_DIRECT = "no worker owns the store: applied directly by this process"
+_OUTCOME_POLL = 0.05
+_RESULT_POLL = 0.1
+
+
+def _queue_timeout_option(fn: F) -> F:
+    return click.option(
+        "--queue-timeout",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_QUEUE_TIMEOUT,
+        show_default=True,
+        metavar="SECONDS",
+        help="When a running worker owns the store: how long to wait for it to apply the queued command.",
+    )(fn)
+
+
+@attrs.define
+class _Delivered:
+    """How a write command reached the store: applied here, or queued for its owner."""
+
+    queued: bool
+    value: Any = None
+    command_id: int | None = None
+    owner: str = ""
+    outcome: CommandOutcome | None = None
+
+
+async def _live_owner(opened: Store) -> str | None:
+    """``"pid N on HOST"`` of the store's live owner, or ``None`` (no owner, or a dead one)."""
+    if not isinstance(opened, OwnedStore):
+        return None
+    claim = await opened.current_owner()
+    if claim is None or not claim_is_live(claim, wall_now()):
+        return None
+    return f"pid {claim.identity.pid} on {claim.identity.host}"
+
+
+async def _apply_or_queue(
+    url: str,
+    app: App,
+    command: Command,
+    direct: Callable[[Engine], Awaitable[Any]],
+    *,
+    wait: bool,
+    queue_timeout: float,
+) -> _Delivered:
+    """With no live owner, open an engine here and run ``direct``; else queue ``command`` in the
+    store's inbox for the owner and (``wait``) poll for its outcome, at most ``queue_timeout``s."""
+    async with open_store(url, registry=_load_registry()) as opened:
+        owner = await _live_owner(opened)
+        if owner is None:
+            try:
+                async with open_engine(opened, workflows=app.workflows, activities=app.activities) as engine:
+                    return _Delivered(queued=False, value=await direct(engine))
+            except StoreOwned as exc:  # a worker claimed the store between the check and the open
+                owner = f"pid {exc.pid} on {exc.host}"
+        if not isinstance(opened, CommandInbox):
+            raise UserError(
+                f"the store {url!r} is owned by {owner} and has no command inbox; stop that process first"
+            )
+        command_id = await opened.enqueue_command(command)
+        click.echo(f"queued for the running worker ({owner}) as command #{command_id}", err=True)
+        delivered = _Delivered(queued=True, command_id=command_id, owner=owner)
+        if not wait:
+            return delivered
+        with trio.move_on_after(queue_timeout):
+            while delivered.outcome is None:
+                delivered.outcome = await opened.command_outcome(command_id)
+                if delivered.outcome is None:
+                    await trio.sleep(_OUTCOME_POLL)
+            if not delivered.outcome.ok:
+                raise UserError(delivered.outcome.message)
+            click.echo(f"applied by the worker: {delivered.outcome.message}", err=True)
+            return delivered
+        raise UserError(
+            f"command #{command_id} is still queued after {queue_timeout:g}s: the worker ({owner}) has not "
+            "applied it yet; it stays queued, and the store's owner (that worker, or the next engine to "
+            "open the store) applies it"
+        )
+
+
+def _settled_result(history: Sequence[Event], workflow_id: str, run_id: str) -> tuple[bool, Any]:
+    """``(True, result)`` once the run (followed through continue-as-new) completed, ``(False,
+    None)`` while it runs; :class:`WorkflowFailure` if it ended without a result."""
+    while True:
+        segment = run_segment(history, run_id)
+        terminal = current_lease_terminal(segment) if segment else None
+        if terminal is None:
+            return False, None
+        body = terminal.body
+        if isinstance(body, WorkflowCompleted):
+            return True, body.result.value()
+        if isinstance(body, WorkflowContinuedAsNew):
+            successor = next(
+                (
+                    e.body.run_id
+                    for e in history
+                    if isinstance(e.body, WorkflowStarted) and e.body.parent_run_id == run_id
+                ),
+                None,
+            )
+            if successor is None:
+                return False, None
+            run_id = successor
+            continue
+        if isinstance(body, WorkflowFailed):
+            raise WorkflowFailure(workflow_id, run_id, "failed", error=body.error)
+        status = workflow_status(segment)
+        raise WorkflowFailure(
+            workflow_id, run_id, status.value if status else "closed", reason=getattr(body, "reason", "")
+        )
+
+
+async def _poll_result(url: str, workflow_id: str, run_id: str) -> Any:
+    """Wait for a run another process executes, reading the store until it settles."""
+    async with _open_for_reading(url) as opened:
+        while True:
+            done, value = _settled_result(await opened.events.read_history(workflow_id), workflow_id, run_id)
+            if done:
+                return value
+            await trio.sleep(_RESULT_POLL)
+
+
 @cli.command()
 @_store_option
 @_module_option
@@ -823,6 +977,7 @@ def _check_type(app: App, workflow_type: str) -> None:
     show_default=True,
     help="Wait for the result (printed as JSON) or return once the start is durable.",
 )
+@_queue_timeout_option
 def start(
     store: str | None,
     module: str,
@@ -832,38 +987,83 @@ def start(
     task_queue: str | None,
     id_reuse: str,
     wait: bool,
+    queue_timeout: float,
 ) -> None:
     """Start a workflow of TYPE with JSON arguments, e.g. start checkout '{"id": 7}' --id order-7.
 
-    It opens an engine on the store with the module's definitions (which also
-    resumes the store's other running workflows while it is open). With
-    --no-wait it returns once the start is recorded, and the run continues
-    in the next engine to open the store (e.g. 'aion-trio worker'). Until the
-    command inbox exists, do not run it while a worker serves the same store.
+    If a worker ('aion-trio worker') owns the store, the start is queued in
+    the store's command inbox and that worker applies it (the id is generated
+    here when --id is not given); otherwise an engine opens here with the
+    module's definitions (resuming the store's other running workflows while
+    it is open). With --no-wait it returns once the start is recorded; the run
+    continues in the store's owner, or in the next engine to open the store.
     """
     url = _resolve_store(store)
     args = [_json_argument(text, f"argument {i}") for i, text in enumerate(args_json, 1)]
     app = load_app(module)
     _check_type(app, workflow_type)
+    wid = workflow_id if workflow_id is not None else new_workflow_id()
+    try:
+        command = StartCommand(
+            workflow_id=wid,
+            workflow_type=workflow_type,
+            args=Payload.of(args),
+            id_reuse=id_reuse.lower(),
+            task_queue=task_queue,
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageProblem(str(exc)) from None
 
-    async def go() -> tuple[str, str, Any]:
-        async with open_engine(url, workflows=app.workflows, activities=app.activities) as engine:
-            handle = await engine.start(
-                workflow_type,
-                *args,
-                workflow_id=workflow_id,
-                task_queue=task_queue,
-                id_reuse=IdReusePolicy(id_reuse.lower()),
-            )
-            click.echo(f"started workflow {handle.workflow_id!r} run {handle.run_id}", err=True)
-            result = await handle.result() if wait else None
-            return handle.workflow_id, handle.run_id, result
+    async def direct(engine: Engine) -> tuple[str, Any]:
+        handle = await engine.start(
+            workflow_type,
+            *args,
+            workflow_id=wid,
+            task_queue=task_queue,
+            id_reuse=IdReusePolicy(id_reuse.lower()),
+        )
+        click.echo(f"started workflow {handle.workflow_id!r} run {handle.run_id} ({_DIRECT})", err=True)
+        return handle.run_id, (await handle.result() if wait else None)
 
-    wid, run_id, result = _run(url, go)
+    async def go() -> tuple[str, Any]:
+        delivered = await _apply_or_queue(url, app, command, direct, wait=True, queue_timeout=queue_timeout)
+        if not delivered.queued:
+            run_id, result = delivered.value
+            return run_id, result
+        assert delivered.outcome is not None
+        run_id = delivered.outcome.run_id
+        assert run_id is not None
+        return run_id, (await _poll_result(url, wid, run_id) if wait else None)
+
+    run_id, result = _run(url, go)
     if wait:
         click.echo(json.dumps(result, ensure_ascii=False))
     else:
         click.echo(json.dumps({"workflow_id": wid, "run_id": run_id}))
+
+
+def _wait_option(fn: F) -> F:
+    return click.option(
+        "--wait/--no-wait",
+        default=True,
+        show_default=True,
+        help="When a worker owns the store: wait for it to apply the queued command (see --queue-timeout).",
+    )(fn)
+
+
+def _write_command(
+    url: str,
+    app: App,
+    command: Command,
+    direct: Callable[[Engine], Awaitable[str]],
+    wait: bool,
+    queue_timeout: float,
+) -> None:
+    delivered = _run(
+        url, lambda: _apply_or_queue(url, app, command, direct, wait=wait, queue_timeout=queue_timeout)
+    )
+    if not delivered.queued:
+        click.echo(f"{delivered.value} ({_DIRECT})", err=True)
 
 
 @cli.command()
@@ -872,22 +1072,108 @@ def start(
 @click.argument("workflow_id")
 @click.argument("name")
 @click.argument("payload_json", required=False, metavar="[PAYLOAD_JSON]")
-def signal(store: str | None, module: str, workflow_id: str, name: str, payload_json: str | None) -> None:
+@_wait_option
+@_queue_timeout_option
+def signal(
+    store: str | None,
+    module: str,
+    workflow_id: str,
+    name: str,
+    payload_json: str | None,
+    wait: bool,
+    queue_timeout: float,
+) -> None:
     """Send signal NAME with a JSON payload (default null) to a running workflow.
 
-    Like 'start', it opens an engine on the store with the module's
-    definitions; do not run it while a worker serves the same store.
+    If a worker owns the store the signal is queued for it (and, with --wait,
+    this waits for its outcome); otherwise an engine opens here and records it.
     """
     url = _resolve_store(store)
     payload = _json_argument(payload_json, "PAYLOAD_JSON") if payload_json is not None else None
     app = load_app(module)
+    command = _command(lambda: SignalCommand(workflow_id=workflow_id, name=name, payload=Payload.of(payload)))
 
-    async def go() -> None:
-        async with open_engine(url, workflows=app.workflows, activities=app.activities) as engine:
-            await engine.signal(workflow_id, name, payload)
+    async def direct(engine: Engine) -> str:
+        await engine.signal(workflow_id, name, payload)
+        return f"signal {name!r} recorded for workflow {workflow_id!r}"
 
-    _run(url, go)
-    click.echo(f"signal {name!r} recorded for workflow {workflow_id!r}", err=True)
+    _write_command(url, app, command, direct, wait, queue_timeout)
+
+
+def _command(build: Callable[[], Command]) -> Command:
+    try:
+        return build()
+    except (TypeError, ValueError) as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+_REASON = click.option("--reason", default="", metavar="TEXT", help="Why (recorded in the history).")
+
+
+@cli.command()
+@_store_option
+@_module_option
+@click.argument("workflow_id")
+@_REASON
+@_wait_option
+@_queue_timeout_option
+def cancel(
+    store: str | None, module: str, workflow_id: str, reason: str, wait: bool, queue_timeout: float
+) -> None:
+    """Ask a running workflow to cancel: it sees WorkflowCancelled at its next await, may
+    compensate, and ends Cancelled. Queued for the store's worker if one owns it."""
+    url = _resolve_store(store)
+    app = load_app(module)
+    command = _command(lambda: CancelCommand(workflow_id=workflow_id, reason=reason))
+
+    async def direct(engine: Engine) -> str:
+        await engine.cancel(workflow_id, reason)
+        return f"cancellation requested for workflow {workflow_id!r}"
+
+    _write_command(url, app, command, direct, wait, queue_timeout)
+
+
+@cli.command()
+@_store_option
+@_module_option
+@click.argument("workflow_id")
+@_REASON
+@_wait_option
+@_queue_timeout_option
+def terminate(
+    store: str | None, module: str, workflow_id: str, reason: str, wait: bool, queue_timeout: float
+) -> None:
+    """End a running workflow at once, without running its code (its activities are cancelled).
+    Queued for the store's worker if one owns it."""
+    url = _resolve_store(store)
+    app = load_app(module)
+    command = _command(lambda: TerminateCommand(workflow_id=workflow_id, reason=reason))
+
+    async def direct(engine: Engine) -> str:
+        await engine.terminate(workflow_id, reason)
+        return f"workflow {workflow_id!r} terminated"
+
+    _write_command(url, app, command, direct, wait, queue_timeout)
+
+
+@cli.command()
+@_store_option
+@_module_option
+@click.argument("workflow_id")
+@_wait_option
+@_queue_timeout_option
+def reopen(store: str | None, module: str, workflow_id: str, wait: bool, queue_timeout: float) -> None:
+    """Reopen a failed or cancelled workflow run: it replays (with fixed code) and carries on.
+    Queued for the store's worker if one owns it."""
+    url = _resolve_store(store)
+    app = load_app(module)
+    command = _command(lambda: ReopenCommand(workflow_id=workflow_id))
+
+    async def direct(engine: Engine) -> str:
+        handle = await engine.reopen(workflow_id)
+        return f"reopened workflow {handle.workflow_id!r} run {handle.run_id}"
+
+    _write_command(url, app, command, direct, wait, queue_timeout)
 
 
 @attrs.define

@@ -93,6 +93,8 @@ from ._events import (
     validate_search_attributes,
 )
 from ._ids import deadline_timer_id, new_run_id, new_workflow_id, validate_workflow_id
+from ._inbox import InboxDrainer, Ownership
+from ._ownership import OwnerClaim, OwnerIdentity, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import open_store
 from ._projections import (
@@ -112,7 +114,15 @@ from ._projections import (
 from ._recorder import Recorder
 from ._registry import Lease, Registry, Residency
 from ._retry import TransientBackoff, check_layer, resolve_options
-from ._store import EventStore, Store, VisibilityFilter, VisibilityRow, VisibilityStore
+from ._store import (
+    CommandInbox,
+    EventStore,
+    OwnedStore,
+    Store,
+    VisibilityFilter,
+    VisibilityRow,
+    VisibilityStore,
+)
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
@@ -166,12 +176,37 @@ class EngineConfig:
     #: Engine-wide activity option defaults (``retry``, ``timeout``, ...), the
     #: lowest layer under per-activity and per-call options.
     activity_defaults: Mapping[str, Any] = attrs.field(factory=dict, converter=_defaults_layer)
+    #: Stores with the ownership capability (SQLite, memory): seconds of wall-clock
+    #: time between the engine's heartbeats on its claim.
+    owner_heartbeat: float = 5.0
+    #: How long the claim stays live without a heartbeat: after that another engine
+    #: may take the store over (at once if the owner's pid is gone on this host).
+    owner_stale_after: float = 30.0
+    #: Stores with a command inbox: seconds of wall-clock time between polls of the
+    #: inbox (commands from the CLI and other processes); ``None`` polls only at
+    #: open and on :meth:`Engine.drain_inbox`.
+    inbox_poll_interval: float | None = 1.0
+    #: Commands read from the inbox per store call while draining.
+    inbox_batch: int = 100
 
     def __attrs_post_init__(self) -> None:
         if self.drain_timeout is not None and (self.drain_timeout < 0):
             raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout!r}")
         if self.max_activity_threads < 1:
             raise ValueError(f"max_activity_threads must be >= 1, got {self.max_activity_threads!r}")
+        if not self.owner_heartbeat > 0:
+            raise ValueError(f"owner_heartbeat must be > 0 seconds, got {self.owner_heartbeat!r}")
+        if not self.owner_stale_after >= 2 * self.owner_heartbeat:
+            raise ValueError(
+                f"owner_stale_after ({self.owner_stale_after!r}s) must be at least twice owner_heartbeat "
+                f"({self.owner_heartbeat!r}s), or a live owner could be taken for dead between two heartbeats"
+            )
+        if self.inbox_poll_interval is not None and not self.inbox_poll_interval > 0:
+            raise ValueError(
+                f"inbox_poll_interval must be > 0 seconds or None, got {self.inbox_poll_interval!r}"
+            )
+        if self.inbox_batch < 1:
+            raise ValueError(f"inbox_batch must be >= 1, got {self.inbox_batch!r}")
 
 
 @final
@@ -1184,10 +1219,31 @@ class Engine:
 
     def __init__(self, core: EngineCore) -> None:
         self._core = core
+        self._ownership: Ownership | None = None
+        self._inbox: InboxDrainer | None = None
 
     @property
     def epoch(self) -> EngineEpoch:
         return self._core.epoch
+
+    @property
+    def owner_claim(self) -> OwnerClaim | None:
+        """This engine's claim on its store (``None``: the store has no ownership capability)."""
+        return self._ownership.claim if self._ownership is not None else None
+
+    async def drain_inbox(self) -> int:
+        """Apply the store inbox's pending commands now, in order; returns how many were acked.
+
+        The engine also drains at open and every ``EngineConfig.inbox_poll_interval``
+        seconds.  Each command goes through the matching client method
+        (``start``, ``signal``, ``cancel``, ``terminate``, ``reopen``) and is acked
+        with its outcome: ok, or the typed error's one-line message.  A store
+        without an inbox: 0.
+        """
+        if self._inbox is None:
+            await trio.lowlevel.checkpoint()
+            return 0
+        return await self._inbox.drain()
 
     @property
     def store(self) -> Store:
@@ -1750,6 +1806,16 @@ async def open_engine(
     seconds in-flight activity attempts may run on to record their outcome;
     what still runs then is parked (nothing recorded) and re-dispatched by the
     next engine on the store.
+
+    A store with the :class:`~aion_trio.OwnedStore` capability (SQLite,
+    memory) is claimed first: if another live engine owns it,
+    :class:`~aion_trio.StoreOwned` names it and nothing is written.  The claim
+    is renewed every ``config.owner_heartbeat`` seconds of wall-clock time and
+    released on exit; should another process take it over (this engine was
+    taken for dead), the engine stops and :class:`~aion_trio.NotOwner` is
+    raised.  A store with a :class:`~aion_trio.CommandInbox` is drained after
+    recovery and then every ``config.inbox_poll_interval`` seconds
+    (:meth:`Engine.drain_inbox` drains at once).
     """
     config = config or EngineConfig()
     if drain_timeout is not None:
@@ -1761,6 +1827,25 @@ async def open_engine(
             opened: Store = await stack.enter_async_context(open_store(store))
         else:
             opened = store
+        # One owner per store (DESIGN §4.5): claim it before anything is written;
+        # StoreOwned names the live owner.  Released after the epoch has joined.
+        service_threads = trio.CapacityLimiter(2)
+        ownership: Ownership | None = None
+        if isinstance(opened, OwnedStore):
+            claim = await opened.claim_owner(
+                OwnerIdentity.current(),
+                now=wall_now(),
+                stale_after=timedelta(seconds=config.owner_stale_after),
+            )
+            if claim.replaced is not None:
+                logger.warning(
+                    "took the store over from a dead owner: %s (its pid is gone or its heartbeat stopped)",
+                    claim.replaced.describe(),
+                )
+            ownership = Ownership(
+                store=opened, claim=claim, heartbeat=config.owner_heartbeat, limiter=service_threads
+            )
+            stack.push_async_callback(ownership.release, config.bookkeeping_timeout)
         asyncio_loop = None
         if any(a.loop is ActivityLoop.ASYNCIO for a in activity_map.values()):
             import trio_asyncio
@@ -1781,9 +1866,21 @@ async def open_engine(
                     or InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter),
                 )
                 engine = Engine(core)
+                engine._ownership = ownership
                 try:
+                    if ownership is not None:
+                        # Not epoch.spawn: losing the claim must end the engine, not be logged.
+                        nursery.start_soon(ownership.keep_alive, epoch, name="owner-heartbeat")
                     epoch.spawn(core.timer_service, name="timer-service")
                     await core.recover()
+                    if isinstance(opened, CommandInbox):
+                        drainer = InboxDrainer(
+                            engine=engine, inbox=opened, config=config, limiter=service_threads
+                        )
+                        engine._inbox = drainer
+                        await drainer.drain()
+                        if config.inbox_poll_interval is not None:
+                            epoch.spawn(drainer.poll_forever, name="inbox-poller")
                     yield engine
                 except BaseException:
                     epoch.begin_close()

@@ -8,6 +8,7 @@ mapped into the store errors at the store boundary, with the original kept as
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 
@@ -65,6 +66,28 @@ class SequenceConflict(StoreError):
         super().__init__(
             f"workflow {workflow_id!r}: expected stored head seq {expected}, found {found}"
             " (another writer appended to this history)"
+        )
+
+
+class StoreOwned(StoreError):
+    """Another live engine owns this store: only one engine may write an embedded store.
+
+    ``pid``, ``host`` and ``since`` (timezone-aware UTC) name the owner.  Nothing
+    was written.  Stop that process first, or leave it running and send it
+    commands through the store's inbox (the ``aion-trio`` CLI does this).
+    """
+
+    def __init__(self, pid: int, host: str, since: datetime, location: str | None = None) -> None:
+        self.pid = pid
+        self.host = host
+        self.since = since
+        self.location = location
+        where = f"the store {location}" if location else "the store"
+        super().__init__(
+            f"{where} is owned by a live engine: pid {pid} on host {host!r} since "
+            f"{since.isoformat(timespec='seconds')}; stop that process first (a dead owner's claim is "
+            "taken over automatically), or send it commands through the inbox (aion-trio start/signal/"
+            "cancel/terminate/reopen queue them for it)"
         )
 
 
@@ -217,6 +240,10 @@ class PayloadTooLarge(PayloadError):
 
 class EventDecodeError(AionError, ValueError):
     """A wire-form event has an unknown type, an unknown or missing field, or a bad value."""
+
+
+class CommandDecodeError(AionError, ValueError):
+    """A wire-form inbox command has an unknown type, an unknown or missing field, or a bad value."""
 
 
 # --------------------------------------------------------------------------

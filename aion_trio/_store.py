@@ -10,13 +10,15 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 import attrs
 
+from ._commands import Command, CommandOutcome, PendingCommand
 from ._errors import InvalidBatch, InvalidQuery
 from ._events import Event, SearchValue, WorkflowStatus, validate_search_attributes, validate_search_key
+from ._ownership import OwnerClaim, OwnerIdentity
 
 
 @attrs.frozen(kw_only=True, order=True)
@@ -300,6 +302,69 @@ class Store(Protocol):
     def visibility(self) -> VisibilityStore: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class OwnedStore(Protocol):
+    """Optional capability: one owning engine per store (DESIGN §4.5).
+
+    Implemented by the object a store plugin's opener yields (next to
+    ``events`` and ``visibility``); the engine detects it at runtime and a
+    store without it simply has no ownership.  The takeover rule is
+    :mod:`aion_trio._ownership`'s (:func:`~aion_trio.plugin.decide_claim`).
+
+    * ``claim_owner(identity, now=, stale_after=)``: atomically read the
+      claim and, per the rule, store and return ``identity``'s claim, or raise
+      :class:`~aion_trio.StoreOwned` naming the live owner and write nothing.
+      Of concurrent claimants (other handles, other processes) exactly one wins.
+    * ``renew_owner(claim, now=)``: the heartbeat; returns the renewed claim,
+      or raises :class:`~aion_trio.NotOwner` when the stored claim is no longer
+      ``claim``'s (taken over, or released).
+    * ``release_owner(claim)``: drop the claim if it is still ``claim``'s
+      (otherwise do nothing); idempotent.
+    * ``current_owner()``: the stored claim or ``None``, live or not.
+
+    The claim survives closing and reopening the store (a crashed owner
+    leaves it behind).  Every method is a checkpoint; same close rules as
+    :class:`EventStore`.
+    """
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim: ...
+
+    async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim: ...
+
+    async def release_owner(self, claim: OwnerClaim) -> None: ...
+
+    async def current_owner(self) -> OwnerClaim | None: ...
+
+
+@runtime_checkable
+class CommandInbox(Protocol):
+    """Optional capability: commands for the store's owner from processes that are not it.
+
+    * ``enqueue_command(command)``: store it durably; returns its id, an int
+      larger than every id given before (the inbox is FIFO by id).
+    * ``pending_commands(limit=100)``: un-acked commands, oldest first, at
+      most ``limit``.
+    * ``ack_command(command_id, outcome)``: mark it done with ``outcome``;
+      it leaves ``pending_commands``.  Acking an acked command keeps the first
+      outcome; an unknown id raises :class:`~aion_trio.NotFound`.
+    * ``command_outcome(command_id)``: the outcome, ``None`` while pending,
+      :class:`~aion_trio.NotFound` for an unknown id.
+
+    Commands and outcomes survive closing and reopening the store.  Every
+    method is a checkpoint; same close rules as :class:`EventStore`.
+    """
+
+    async def enqueue_command(self, command: Command) -> int: ...
+
+    async def pending_commands(self, limit: int = 100) -> list[PendingCommand]: ...
+
+    async def ack_command(self, command_id: int, outcome: CommandOutcome) -> None: ...
+
+    async def command_outcome(self, command_id: int) -> CommandOutcome | None: ...
 
 
 def validate_batch(workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:

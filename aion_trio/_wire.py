@@ -225,6 +225,28 @@ def _codecs(cls: type) -> dict[str, _FieldCodec]:
     return found
 
 
+def register_wire_record(cls: type, namespace: Mapping[str, Any]) -> None:
+    """Give another frozen attrs record of the domain model (an inbox command) the field
+    encodings events use; ``namespace`` resolves its annotations."""
+    hints = typing.get_type_hints(cls, dict(namespace))
+    _CODECS[cls] = {f.name: _codec_for(hints[f.name]) for f in attrs.fields(cls)}
+
+
+def record_to_wire(value: Any) -> dict[str, Any]:
+    """The ``data`` object of a record registered with :func:`register_wire_record`."""
+    return _encode_attrs(value)
+
+
+def record_from_wire(cls: type, data: object) -> Any:
+    """Build a registered record from its ``data`` object (``EventDecodeError`` if malformed)."""
+    return _decode_attrs(cls, data)
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """Strict JSON parsing: ``NaN``/``Infinity`` and overflowing floats are refused."""
+    return _loads(text)
+
+
 def _encode_attrs(value: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, codec in _codecs(type(value)).items():

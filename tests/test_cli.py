@@ -953,3 +953,143 @@ def test_a_second_signal_stops_the_worker_at_once(tmp_path: Path, monkeypatch: p
         == "Error: stopped by a second signal before the drain finished; unfinished work is parked"
     )
     assert "ActivityCompleted" not in _history_types(db, "x")
+
+
+# --------------------------------------------------------------------------
+# Writes while a worker owns the store: the command inbox (DESIGN §4.5)
+# --------------------------------------------------------------------------
+
+
+def _host() -> str:
+    from aion_trio.plugin import this_host
+
+    return this_host()
+
+
+@pytest.mark.slow
+def test_writes_go_through_the_inbox_to_a_running_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_root(monkeypatch)
+    db = tmp_path / "inbox.db"
+    monkeypatch.setenv("AION_TRIO_STORE", str(db))
+    monkeypatch.setenv("AION_TRIO_MODULE", APP)
+    worker = _Worker(db, tmp_path / "inbox.log")
+    try:
+        worker.wait_logged("ready: serving")
+        queued = f"queued for the running worker (pid {worker.proc.pid} on {_host()}) as command #"
+
+        started = run_cli("start", "approval", "7", "--id", "ap", "--no-wait")
+        assert started.exit_code == 0, everything(started)
+        assert queued + "1" in started.stderr
+        assert json.loads(started.stdout)["workflow_id"] == "ap"
+
+        sent = run_cli("signal", "ap", "approve", '{"by": "ops"}')
+        assert sent.exit_code == 0, everything(sent)
+        assert queued + "2" in sent.stderr
+        assert "applied by the worker: signal 'approve' recorded for workflow 'ap'" in sent.stderr
+
+        # start --wait through the inbox: the id is generated here, the result read from the store.
+        waited = run_cli("start", "hello", '"zoe"')
+        assert waited.exit_code == 0, everything(waited)
+        assert waited.stdout == '"hello zoe"\n'
+
+        late = run_cli("terminate", "ap", "--reason", "too late")
+        assert late.exit_code == 1
+        assert error_lines(late)[-1] == (
+            "Error: cannot terminate workflow 'ap': it is completed, not running; nothing was recorded"
+        )
+        not_waiting = run_cli("cancel", "nobody", "--no-wait")
+        assert not_waiting.exit_code == 0, everything(not_waiting)
+        assert queued in not_waiting.stderr
+
+        second = _Worker(db, tmp_path / "second.log")
+        assert second.wait() == 1
+        assert second.lines()[-1].startswith(
+            f"Error: the store {db} is owned by a live engine: pid {worker.proc.pid} on host {_host()!r}"
+        )
+        worker.stop(signal.SIGTERM)
+        assert worker.wait() == 0
+    finally:
+        worker.kill()
+    history = [json.loads(line) for line in run_cli("history", "ap", "--json").stdout.splitlines()]
+    [received] = [e for e in history if e["type"] == "SignalReceived"]
+    assert received["data"] == {"name": "approve", "payload": {"by": "ops"}}
+    assert history[-1]["type"] == "WorkflowCompleted"
+    assert not any("Traceback" in line for line in worker.lines())
+
+    # No worker now: the next write is applied here, and says so.
+    direct = run_cli("start", "hello", '"again"', "--id", "h2")
+    assert direct.exit_code == 0, everything(direct)
+    assert "(no worker owns the store: applied directly by this process)" in direct.stderr
+
+
+def test_a_command_still_queued_at_the_timeout_is_applied_by_the_next_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_root(monkeypatch)
+    db = tmp_path / "late.db"
+    monkeypatch.setenv("AION_TRIO_STORE", str(db))
+    monkeypatch.setenv("AION_TRIO_MODULE", APP)
+    assert run_cli("start", "approval", "3", "--id", "ap", "--no-wait").exit_code == 0
+    url = f"sqlite:///{db}"
+
+    async def plant_owner() -> Any:
+        # A live owner that does not drain (this very process, with a fresh heartbeat).
+        async with aion_trio.open_store(url) as store:
+            return await store.claim_owner(  # type: ignore[attr-defined]
+                aion_trio.OwnerIdentity.current(),
+                now=datetime.now(timezone.utc),
+                stale_after=timedelta(hours=1),
+            )
+
+    claim = trio.run(plant_owner)
+    result = run_cli("signal", "ap", "approve", "true", "--queue-timeout", "0.2")
+    assert result.exit_code == 1
+    assert f"queued for the running worker (pid {os.getpid()} on {_host()}) as command #1" in result.stderr
+    assert error_lines(result)[-1] == (
+        f"Error: command #1 is still queued after 0.2s: the worker (pid {os.getpid()} on {_host()}) has not "
+        "applied it yet; it stays queued, and the store's owner (that worker, or the next engine to open the "
+        "store) applies it"
+    )
+
+    async def release_then_reopen() -> Any:
+        async with aion_trio.open_store(url) as store:
+            await store.release_owner(claim)  # type: ignore[attr-defined]
+        # The owner goes away; the next engine (here: a direct CLI write) drains the inbox at open.
+        return None
+
+    trio.run(release_then_reopen)
+    applied = run_cli("start", "approval", "3", "--id", "ap", "--id-reuse", "use_existing")
+    assert applied.exit_code == 0, everything(applied)
+    assert json.loads(applied.stdout) == {"order": 3, "decision": True}
+
+
+def test_cancel_terminate_reopen_without_a_worker_apply_directly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_root(monkeypatch)
+    monkeypatch.setenv("AION_TRIO_STORE", str(tmp_path / "d.db"))
+    monkeypatch.setenv("AION_TRIO_MODULE", APP)
+    direct = "(no worker owns the store: applied directly by this process)"
+    assert run_cli("start", "approval", "1", "--id", "c", "--no-wait").exit_code == 0
+    cancelled = run_cli("cancel", "c", "--reason", "changed my mind")
+    assert cancelled.exit_code == 0, everything(cancelled)
+    assert f"cancellation requested for workflow 'c' {direct}" in cancelled.stderr
+    # Recorded; the run reacts in the next engine that runs it (this one closed at once).
+    assert _history_types(tmp_path / "d.db", "c")[-1] == "WorkflowCancelRequested"
+    bad = run_cli("reopen", "nobody")
+    assert bad.exit_code == 1
+    assert error_lines(bad) == [
+        f"Error: workflow 'nobody' does not exist in this store ({_cli._store_url(str(tmp_path / 'd.db'))}); "
+        "'aion-trio list' shows the workflows it holds"
+    ]
+    assert run_cli("start", "approval", "2", "--id", "t", "--no-wait").exit_code == 0
+    terminated = run_cli("terminate", "t", "--reason", "ops")
+    assert terminated.exit_code == 0, everything(terminated)
+    assert f"workflow 't' terminated {direct}" in terminated.stderr
+    again = run_cli("reopen", "t")
+    assert again.exit_code == 0, everything(again)
+    assert "reopened workflow 't' run " in again.stderr
+    assert direct in again.stderr
+    assert _history_types(tmp_path / "d.db", "t")[-1] == "WorkflowReopened"

@@ -32,15 +32,21 @@ import aion_trio
 from aion_trio._events import EVENT_TYPES
 from aion_trio.plugin import event_from_json, event_to_json
 from aion_trio.testing import (
+    COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS,
+    OWNED_STORE_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS,
+    CommandInboxSuite,
     ConformanceError,
     EventStoreSuite,
     FlakyStore,
     FlakyStoreBundle,
+    OwnedStoreSuite,
     VisibilityStoreSuite,
     _samples,
+    check_command_inbox,
     check_event_store,
+    check_owned_store,
     check_visibility_store,
 )
 
@@ -71,9 +77,29 @@ def flaky_factory() -> Factory:
     return open_flaky
 
 
+def memory_keyed() -> Callable[[str], contextlib.AbstractAsyncContextManager[Any]]:
+    """The same key reopens the same named memory store."""
+    return lambda key: aion_trio.open_store(f"memory://kit-{key}")
+
+
+def sqlite_keyed(directory: Path) -> Callable[[str], contextlib.AbstractAsyncContextManager[Any]]:
+    """The same key reopens the same SQLite file (several handles: several connections)."""
+    return lambda key: aion_trio.open_store(f"sqlite:///{directory}/{key}.db")
+
+
 # --------------------------------------------------------------------------
 # The pytest-free form
 # --------------------------------------------------------------------------
+
+
+async def test_memory_store_passes_the_ownership_and_inbox_checks() -> None:
+    await check_owned_store(memory_keyed())
+    await check_command_inbox(memory_keyed())
+
+
+async def test_sqlite_store_passes_the_ownership_and_inbox_checks(tmp_path: Path) -> None:
+    await check_owned_store(sqlite_keyed(tmp_path))
+    await check_command_inbox(sqlite_keyed(tmp_path))
 
 
 async def test_memory_store_passes_check_event_store() -> None:
@@ -209,6 +235,26 @@ class TestSqliteVisibilityStore(VisibilityStoreSuite):
         return sqlite_factory(tmp_path)
 
 
+class TestMemoryOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite):
+    @pytest.fixture
+    def open_owned_store(self) -> Callable[[str], Any]:
+        return memory_keyed()
+
+    @pytest.fixture
+    def open_command_inbox(self) -> Callable[[str], Any]:
+        return memory_keyed()
+
+
+class TestSqliteOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite):
+    @pytest.fixture
+    def open_owned_store(self, tmp_path: Path) -> Callable[[str], Any]:
+        return sqlite_keyed(tmp_path)
+
+    @pytest.fixture
+    def open_command_inbox(self, tmp_path: Path) -> Callable[[str], Any]:
+        return sqlite_keyed(tmp_path)
+
+
 class TestFlakyStoreUnarmed(EventStoreSuite, VisibilityStoreSuite):
     """One class can take both mixins: the scenario names never collide."""
 
@@ -227,6 +273,19 @@ def test_suites_have_one_test_per_scenario_from_the_same_registry() -> None:
     assert event_tests == sorted(f"test_{n}" for n in EVENT_STORE_SCENARIOS)
     assert visibility_tests == sorted(f"test_{n}" for n in VISIBILITY_STORE_SCENARIOS)
     assert not set(EVENT_STORE_SCENARIOS) & set(VISIBILITY_STORE_SCENARIOS)
+    assert sorted(n for n in dir(OwnedStoreSuite) if n.startswith("test_")) == sorted(
+        f"test_{n}" for n in OWNED_STORE_SCENARIOS
+    )
+    assert sorted(n for n in dir(CommandInboxSuite) if n.startswith("test_")) == sorted(
+        f"test_{n}" for n in COMMAND_INBOX_SCENARIOS
+    )
+    every = [
+        *EVENT_STORE_SCENARIOS,
+        *VISIBILITY_STORE_SCENARIOS,
+        *OWNED_STORE_SCENARIOS,
+        *COMMAND_INBOX_SCENARIOS,
+    ]
+    assert len(set(every)) == len(every)
     for name in EVENT_STORE_SCENARIOS:
         method = getattr(EventStoreSuite, f"test_{name}")
         assert method._aion_trio_scenario == name

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import attrs
@@ -19,23 +19,32 @@ import trio
 
 import aion_trio
 from aion_trio import (
+    CommandOutcome,
     Event,
     InvalidBatch,
+    OwnerClaim,
+    OwnerIdentity,
+    PendingCommand,
     SearchOp,
     SearchPredicate,
     SequenceConflict,
+    SignalCommand,
     VisibilityFilter,
     VisibilityRow,
     WorkflowReopened,
     WorkflowStarted,
     WorkflowStatus,
 )
-from aion_trio.plugin import TimerEntry
+from aion_trio.plugin import TimerEntry, this_host
 from aion_trio.testing import (
+    COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS,
+    OWNED_STORE_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS,
     ConformanceError,
+    check_command_inbox,
     check_event_store,
+    check_owned_store,
     check_visibility_store,
 )
 
@@ -588,3 +597,372 @@ async def test_broken_store_fails_the_whole_kit_too() -> None:
         await check_event_store(factory_of(TimerBoundaryExclusive, "events"))
     with pytest.raises(ConformanceError):
         await check_visibility_store(factory_of(CountHonoursLimit, "visibility"))
+
+
+# --------------------------------------------------------------------------
+# Broken ownership and inbox stores (DESIGN §4.5), over keyed memory stores
+# --------------------------------------------------------------------------
+
+
+class ControlProxy:
+    """Passes every ownership and inbox call to a real memory store bundle."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        return await self.inner.claim_owner(identity, now=now, stale_after=stale_after)
+
+    async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
+        return await self.inner.renew_owner(claim, now=now)
+
+    async def release_owner(self, claim: OwnerClaim) -> None:
+        await self.inner.release_owner(claim)
+
+    async def current_owner(self) -> OwnerClaim | None:
+        return await self.inner.current_owner()
+
+    async def enqueue_command(self, command: Any) -> int:
+        return await self.inner.enqueue_command(command)
+
+    async def pending_commands(self, limit: int = 100) -> list[PendingCommand]:
+        return await self.inner.pending_commands(limit)
+
+    async def ack_command(self, command_id: int, outcome: CommandOutcome) -> None:
+        await self.inner.ack_command(command_id, outcome)
+
+    async def command_outcome(self, command_id: int) -> CommandOutcome | None:
+        return await self.inner.command_outcome(command_id)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def keyed_factory_of(wrapper: Callable[[Any], Any]) -> Callable[[str], Any]:
+    @contextlib.asynccontextmanager
+    async def open_wrapped(key: str) -> AsyncIterator[Any]:
+        async with aion_trio.open_store(f"memory://broken-{key}") as store:
+            yield wrapper(store)
+
+    return open_wrapped
+
+
+def _stored(inner: Any) -> Any:
+    return inner._data
+
+
+class ClaimNeverRefused(ControlProxy):
+    """Overwrites whatever claim is there."""
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        current = await self.inner.current_owner()
+        if current is not None:
+            await self.inner.release_owner(current)
+        return await self.inner.claim_owner(identity, now=now, stale_after=stale_after)
+
+
+def _nobody() -> OwnerClaim:
+    when = datetime(2041, 1, 1, tzinfo=timezone.utc)
+    ident = OwnerIdentity(pid=1, host="nobody", started_at=when, token="nobody")
+    return OwnerClaim(identity=ident, since=when, renewed_at=when, stale_after=timedelta(seconds=1))
+
+
+class NeverTakesOver(ControlProxy):
+    """Treats every existing claim as live."""
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        current = await self.inner.current_owner()
+        if current is not None and current.identity.token != identity.token:
+            raise current.owned_error()
+        return await self.inner.claim_owner(identity, now=now, stale_after=stale_after)
+
+
+class IgnoresHeartbeatAge(ControlProxy):
+    """Judges liveness by the pid alone, so an owner on another host is never stale."""
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        current = await self.inner.current_owner()
+        if (
+            current is not None
+            and current.identity.token != identity.token
+            and current.identity.host != this_host()
+        ):
+            raise current.owned_error()
+        return await self.inner.claim_owner(identity, now=now, stale_after=stale_after)
+
+
+class ReclaimRefused(ControlProxy):
+    """Refuses the owner's own re-claim."""
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        current = await self.inner.current_owner()
+        if current is not None and current.identity.token == identity.token:
+            raise current.owned_error()
+        return await self.inner.claim_owner(identity, now=now, stale_after=stale_after)
+
+
+class RenewNotStored(ControlProxy):
+    """Returns a renewed claim without storing it."""
+
+    async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
+        current = await self.inner.current_owner()
+        assert current is not None
+        return attrs.evolve(current, renewed_at=now)
+
+
+class RenewAlwaysSucceeds(ControlProxy):
+    """Renews whatever claim it is handed, taken over or not."""
+
+    async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
+        await trio.lowlevel.checkpoint()
+        return attrs.evolve(claim, renewed_at=now)
+
+
+class ReleaseIgnoresToken(ControlProxy):
+    """Drops the stored claim whoever asks."""
+
+    async def release_owner(self, claim: OwnerClaim) -> None:
+        current = await self.inner.current_owner()
+        if current is not None:
+            await self.inner.release_owner(current)
+
+
+class ClaimNotDurable(ControlProxy):
+    """Keeps the claim in the handle, so a reopened store has forgotten it."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.claim: OwnerClaim | None = None
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        await trio.lowlevel.checkpoint()
+        claim = aion_trio.plugin.decide_claim(self.claim, identity, now=now, stale_after=stale_after)
+        self.claim = claim
+        return claim
+
+    async def current_owner(self) -> OwnerClaim | None:
+        await trio.lowlevel.checkpoint()
+        return self.claim
+
+
+class ClaimCheckThenSet(ControlProxy):
+    """Reads the claim, yields, then writes: racing claimants all "win"."""
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        current = await self.inner.current_owner()
+        claim = aion_trio.plugin.decide_claim(current, identity, now=now, stale_after=stale_after)
+        await trio.lowlevel.checkpoint()
+        _stored(self.inner).owner = claim
+        return claim
+
+
+class ClaimMillisecondsOnly(ControlProxy):
+    """Reads the claim's times back cut to milliseconds (a careless column type)."""
+
+    async def current_owner(self) -> OwnerClaim | None:
+        claim = await self.inner.current_owner()
+        if claim is None:
+            return None
+        cut = claim.renewed_at.replace(microsecond=claim.renewed_at.microsecond // 1000 * 1000)
+        return attrs.evolve(claim, renewed_at=cut)
+
+
+class OwnerNotACheckpoint(ControlProxy):
+    async def current_owner(self) -> OwnerClaim | None:
+        return _stored(self.inner).owner  # type: ignore[no-any-return]
+
+
+class OwnerSilentAfterClose(ControlProxy):
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.inner.aclose()
+
+    async def current_owner(self) -> OwnerClaim | None:
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            return None
+        return await self.inner.current_owner()
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            return _nobody()
+        return await super().claim_owner(identity, now=now, stale_after=stale_after)
+
+
+class PendingNewestFirst(ControlProxy):
+    async def pending_commands(self, limit: int = 100) -> list[PendingCommand]:
+        return list(reversed(await self.inner.pending_commands(10_000)))[:limit]
+
+
+class DropsSignalPayloads(ControlProxy):
+    """Stores a signal's name but loses its payload."""
+
+    async def enqueue_command(self, command: Any) -> int:
+        if isinstance(command, SignalCommand):
+            command = attrs.evolve(command, payload=aion_trio.Payload.of(None))
+        return await self.inner.enqueue_command(command)
+
+
+class AckKeepsPending(ControlProxy):
+    """Records the outcome but leaves the command pending."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.outcomes: dict[int, CommandOutcome] = {}
+
+    async def ack_command(self, command_id: int, outcome: CommandOutcome) -> None:
+        await trio.lowlevel.checkpoint()
+        self.outcomes.setdefault(command_id, outcome)
+
+    async def command_outcome(self, command_id: int) -> CommandOutcome | None:
+        await self.inner.command_outcome(command_id)
+        return self.outcomes.get(command_id)
+
+
+class OutcomeForgotten(ControlProxy):
+    async def command_outcome(self, command_id: int) -> CommandOutcome | None:
+        await self.inner.command_outcome(command_id)
+        return None
+
+
+class InboxNotDurable(ControlProxy):
+    """Keeps the inbox in the handle: a reopened store starts empty, ids from 1 again."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.items: dict[int, tuple[Any, CommandOutcome | None]] = {}
+
+    async def enqueue_command(self, command: Any) -> int:
+        await trio.lowlevel.checkpoint()
+        self.items[len(self.items) + 1] = (command, None)
+        return len(self.items)
+
+    async def pending_commands(self, limit: int = 100) -> list[PendingCommand]:
+        await trio.lowlevel.checkpoint()
+        return [
+            PendingCommand(command_id=i, command=c) for i, (c, o) in sorted(self.items.items()) if o is None
+        ][:limit]
+
+    async def ack_command(self, command_id: int, outcome: CommandOutcome) -> None:
+        await trio.lowlevel.checkpoint()
+        if command_id not in self.items:
+            raise aion_trio.NotFound(str(command_id))
+        command, previous = self.items[command_id]
+        self.items[command_id] = (command, previous or outcome)
+
+    async def command_outcome(self, command_id: int) -> CommandOutcome | None:
+        await trio.lowlevel.checkpoint()
+        if command_id not in self.items:
+            raise aion_trio.NotFound(str(command_id))
+        return self.items[command_id][1]
+
+
+class EnqueueIdRace(ControlProxy):
+    """Picks the next id from a read, yields, then stores: two handles can take one id."""
+
+    async def enqueue_command(self, command: Any) -> int:
+        data = _stored(self.inner)
+        next_id = data.last_command_id + 1
+        await trio.lowlevel.checkpoint()
+        data.last_command_id = next_id
+        data.commands[next_id] = (aion_trio.plugin.command_data_json(command), None)
+        return next_id
+
+
+class InboxNotACheckpoint(ControlProxy):
+    async def command_outcome(self, command_id: int) -> CommandOutcome | None:
+        return _stored(self.inner).commands[command_id][1]  # type: ignore[no-any-return]
+
+
+class InboxSilentAfterClose(ControlProxy):
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.inner.aclose()
+
+    async def enqueue_command(self, command: Any) -> int:
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            return 0
+        return await self.inner.enqueue_command(command)
+
+
+OWNER_CASES = [
+    pytest.param(ClaimNeverRefused, "owner_live_owner_refuses", id="claim-never-refused"),
+    pytest.param(NeverTakesOver, "owner_dead_pid_taken_over", id="never-takes-over"),
+    pytest.param(IgnoresHeartbeatAge, "owner_stale_heartbeat_taken_over", id="ignores-heartbeat-age"),
+    pytest.param(ReclaimRefused, "owner_reclaim_by_same_token_refreshes", id="reclaim-refused"),
+    pytest.param(RenewNotStored, "owner_renew_extends_the_claim", id="renew-not-stored"),
+    pytest.param(RenewAlwaysSucceeds, "owner_renew_after_takeover_is_not_owner", id="renew-always-succeeds"),
+    pytest.param(ReleaseIgnoresToken, "owner_release_frees_the_store", id="release-ignores-token"),
+    pytest.param(ClaimNotDurable, "owner_claim_survives_reopen", id="claim-not-durable"),
+    pytest.param(ClaimCheckThenSet, "owner_concurrent_takeover_one_winner", id="claim-check-then-set"),
+    pytest.param(ClaimMillisecondsOnly, "owner_claim_round_trip", id="claim-milliseconds-only"),
+    pytest.param(OwnerNotACheckpoint, "owner_every_method_is_a_checkpoint", id="owner-not-a-checkpoint"),
+    pytest.param(OwnerSilentAfterClose, "owner_use_after_close", id="owner-silent-after-close"),
+]
+
+INBOX_CASES = [
+    pytest.param(DropsSignalPayloads, "inbox_round_trip_every_command_type", id="drops-signal-payloads"),
+    pytest.param(PendingNewestFirst, "inbox_fifo_order", id="pending-newest-first"),
+    pytest.param(AckKeepsPending, "inbox_ack_removes_from_pending", id="ack-keeps-pending"),
+    pytest.param(OutcomeForgotten, "inbox_outcome_readable", id="outcome-forgotten"),
+    pytest.param(InboxNotDurable, "inbox_survives_reopen", id="inbox-not-durable"),
+    pytest.param(EnqueueIdRace, "inbox_concurrent_enqueues_from_two_handles", id="enqueue-id-race"),
+    pytest.param(InboxNotACheckpoint, "inbox_every_method_is_a_checkpoint", id="inbox-not-a-checkpoint"),
+    pytest.param(InboxSilentAfterClose, "inbox_use_after_close", id="inbox-silent-after-close"),
+]
+
+
+@pytest.mark.parametrize(("broken", "scenario"), OWNER_CASES)
+async def test_broken_owned_store_is_caught_by_its_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
+    with pytest.raises(ConformanceError) as info:
+        await check_owned_store(keyed_factory_of(broken), scenarios=[scenario])
+    assert info.value.scenario == scenario
+    await check_owned_store(keyed_factory_of(ControlProxy), scenarios=[scenario])
+
+
+@pytest.mark.parametrize(("broken", "scenario"), INBOX_CASES)
+async def test_broken_command_inbox_is_caught_by_its_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
+    with pytest.raises(ConformanceError) as info:
+        await check_command_inbox(keyed_factory_of(broken), scenarios=[scenario])
+    assert info.value.scenario == scenario
+    await check_command_inbox(keyed_factory_of(ControlProxy), scenarios=[scenario])
+
+
+def test_every_ownership_and_inbox_scenario_has_a_broken_store_it_catches() -> None:
+    assert set(OWNED_STORE_SCENARIOS) - {p.values[1] for p in OWNER_CASES} == set()
+    assert set(COMMAND_INBOX_SCENARIOS) - {p.values[1] for p in INBOX_CASES} == set()
+
+
+async def test_unbroken_memory_store_passes_the_ownership_and_inbox_kit() -> None:
+    await check_owned_store(keyed_factory_of(ControlProxy))
+    await check_command_inbox(keyed_factory_of(ControlProxy))

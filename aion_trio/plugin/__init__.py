@@ -7,8 +7,23 @@ protocols and errors, and the registration hook.
 
 from __future__ import annotations
 
+from .._commands import (
+    CancelCommand as CancelCommand,
+    Command as Command,
+    CommandOutcome as CommandOutcome,
+    PendingCommand as PendingCommand,
+    ReopenCommand as ReopenCommand,
+    SignalCommand as SignalCommand,
+    StartCommand as StartCommand,
+    TerminateCommand as TerminateCommand,
+    command_data_json as command_data_json,
+    command_from_data_json as command_from_data_json,
+    outcome_from_json as outcome_from_json,
+    outcome_to_json as outcome_to_json,
+)
 from .._errors import (
     BackendUnavailable as BackendUnavailable,
+    CommandDecodeError as CommandDecodeError,
     DatabaseCorrupt as DatabaseCorrupt,
     DatabaseTooNew as DatabaseTooNew,
     EventDecodeError as EventDecodeError,
@@ -22,6 +37,7 @@ from .._errors import (
     SerializationError as SerializationError,
     StoreError as StoreError,
     StoreOpenError as StoreOpenError,
+    StoreOwned as StoreOwned,
     StorePathError as StorePathError,
 )
 from .._events import (
@@ -29,6 +45,15 @@ from .._events import (
     EventBody as EventBody,
     SearchValue as SearchValue,
     WorkflowStatus as WorkflowStatus,
+)
+from .._ownership import (
+    OwnerClaim as OwnerClaim,
+    OwnerIdentity as OwnerIdentity,
+    claim_is_live as claim_is_live,
+    decide_claim as decide_claim,
+    decide_renew as decide_renew,
+    pid_alive as pid_alive,
+    this_host as this_host,
 )
 from .._plugins import (
     DISABLE_ENV as DISABLE_ENV,
@@ -47,7 +72,9 @@ from .._projections import (
     status_after as status_after,
 )
 from .._store import (
+    CommandInbox as CommandInbox,
     EventStore as EventStore,
+    OwnedStore as OwnedStore,
     SearchOp as SearchOp,
     SearchPredicate as SearchPredicate,
     Store as Store,

@@ -10,7 +10,12 @@ A store author proves a store correct without reading aion_trio's tests:
   where each argument is a zero-argument callable returning an async context
   manager that yields a fresh, isolated store (or an opened ``Store`` bundle).
 
+* stores with the optional ownership and inbox capabilities (DESIGN §4.5)
+  also run ``check_owned_store(open_keyed)`` and ``check_command_inbox(open_keyed)``,
+  whose factory takes a key (the same key reopens the same store);
+
 * with pytest: subclass :class:`EventStoreSuite` / :class:`VisibilityStoreSuite`
+  (and :class:`OwnedStoreSuite` / :class:`CommandInboxSuite`)
   (one ``test_<scenario>`` per scenario) and enable the plugin with
   ``pytest_plugins = ["aion_trio.testing.pytest_plugin"]``.
 
@@ -21,9 +26,13 @@ tests.  Importing this package does not import pytest.
 from __future__ import annotations
 
 from ._checks import (
+    COMMAND_INBOX_SCENARIOS as COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS as EVENT_STORE_SCENARIOS,
+    OWNED_STORE_SCENARIOS as OWNED_STORE_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS as VISIBILITY_STORE_SCENARIOS,
+    check_command_inbox as check_command_inbox,
     check_event_store as check_event_store,
+    check_owned_store as check_owned_store,
     check_visibility_store as check_visibility_store,
 )
 from ._flaky import (
@@ -32,7 +41,12 @@ from ._flaky import (
     FlakyVisibilityStore as FlakyVisibilityStore,
 )
 from ._kit import ConformanceError as ConformanceError
-from ._suite import EventStoreSuite as EventStoreSuite, VisibilityStoreSuite as VisibilityStoreSuite
+from ._suite import (
+    CommandInboxSuite as CommandInboxSuite,
+    EventStoreSuite as EventStoreSuite,
+    OwnedStoreSuite as OwnedStoreSuite,
+    VisibilityStoreSuite as VisibilityStoreSuite,
+)
 
 
 def _fixup_module_metadata() -> None:

@@ -4,14 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from . import _event_scenarios as _event_scenarios, _visibility_scenarios as _visibility_scenarios
-from ._kit import EVENT_REGISTRY, VISIBILITY_REGISTRY, OpenStore, run_scenario, select
+from . import (
+    _control_scenarios as _control_scenarios,
+    _event_scenarios as _event_scenarios,
+    _visibility_scenarios as _visibility_scenarios,
+)
+from ._kit import (
+    EVENT_REGISTRY,
+    INBOX_REGISTRY,
+    OWNER_REGISTRY,
+    VISIBILITY_REGISTRY,
+    OpenKeyedStore,
+    OpenStore,
+    run_scenario,
+    select,
+)
 
 EVENT_STORE_SCENARIOS: tuple[str, ...] = tuple(EVENT_REGISTRY)
 """Names of the event-store scenarios, in the order :func:`check_event_store` runs them."""
 
 VISIBILITY_STORE_SCENARIOS: tuple[str, ...] = tuple(VISIBILITY_REGISTRY)
 """Names of the visibility-store scenarios, in the order :func:`check_visibility_store` runs them."""
+
+OWNED_STORE_SCENARIOS: tuple[str, ...] = tuple(OWNER_REGISTRY)
+"""Names of the ownership scenarios, in the order :func:`check_owned_store` runs them."""
+
+COMMAND_INBOX_SCENARIOS: tuple[str, ...] = tuple(INBOX_REGISTRY)
+"""Names of the command-inbox scenarios, in the order :func:`check_command_inbox` runs them."""
 
 
 async def check_event_store(open_store: OpenStore, *, scenarios: Iterable[str] | None = None) -> None:
@@ -44,4 +63,35 @@ async def check_visibility_store(open_store: OpenStore, *, scenarios: Iterable[s
     :meth:`aion_trio.VisibilityFilter.apply` and ``.matches``.
     """
     for found in select(VISIBILITY_REGISTRY, scenarios, "visibility store"):
+        await run_scenario(found, open_store)
+
+
+async def check_owned_store(open_store: OpenKeyedStore, *, scenarios: Iterable[str] | None = None) -> None:
+    """Check that a store keeps the optional :class:`~aion_trio.OwnedStore` contract.
+
+    ``open_store`` is a *keyed* factory: ``open_store(key)`` returns an async
+    context manager yielding a store object with the ownership methods (the
+    object the store plugin's opener yields); the same ``key`` must open the
+    same store again, at the same time (several handles, e.g. several
+    connections to one database file) or after it was closed, and a new key
+    a fresh, empty store.  The kit makes every key unique per scenario run.
+    ``scenarios`` selects from :data:`OWNED_STORE_SCENARIOS`.
+
+    The scenarios pass their own ``now`` to every call, so nothing depends on
+    the wall clock; "dead owner" scenarios use a pid no process has on this
+    host, and "stale heartbeat" ones an owner on a host named
+    ``elsewhere.invalid``.  Raises :class:`ConformanceError` for the first
+    scenario that fails.
+    """
+    for found in select(OWNER_REGISTRY, scenarios, "owned store"):
+        await run_scenario(found, open_store)
+
+
+async def check_command_inbox(open_store: OpenKeyedStore, *, scenarios: Iterable[str] | None = None) -> None:
+    """Check that a store keeps the optional :class:`~aion_trio.CommandInbox` contract.
+
+    ``open_store`` is a keyed factory as for :func:`check_owned_store`;
+    ``scenarios`` selects from :data:`COMMAND_INBOX_SCENARIOS`.
+    """
+    for found in select(INBOX_REGISTRY, scenarios, "command inbox"):
         await run_scenario(found, open_store)

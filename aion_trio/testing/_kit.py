@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import reprlib
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, NoReturn, cast, final
@@ -22,7 +23,12 @@ import trio.testing
 OpenStore = Callable[[], AbstractAsyncContextManager[Any]]
 """A zero-argument callable returning an async context manager that yields a fresh store."""
 
-Kind = Literal["event", "visibility"]
+Kind = Literal["event", "visibility", "owner", "inbox"]
+
+OpenKeyedStore = Callable[[str], AbstractAsyncContextManager[Any]]
+"""A one-argument callable: ``open_store(key)`` returns an async context manager yielding a
+store; the same key opens the same store again (a second handle, or a reopen after
+close), a new key a fresh, empty one."""
 
 _EVENT_METHODS = (
     "append",
@@ -35,6 +41,14 @@ _EVENT_METHODS = (
     "aclose",
 )
 _VISIBILITY_METHODS = ("upsert", "get", "list", "count", "aclose")
+_OWNER_METHODS = ("claim_owner", "renew_owner", "release_owner", "current_owner")
+_INBOX_METHODS = ("enqueue_command", "pending_commands", "ack_command", "command_outcome")
+_METHODS: dict[str, tuple[str, ...]] = {
+    "event": _EVENT_METHODS,
+    "visibility": _VISIBILITY_METHODS,
+    "owner": _OWNER_METHODS,
+    "inbox": _INBOX_METHODS,
+}
 
 _repr = reprlib.Repr()
 _repr.maxstring = 120
@@ -84,6 +98,14 @@ class Scenario:
 
 EVENT_REGISTRY: dict[str, Scenario] = {}
 VISIBILITY_REGISTRY: dict[str, Scenario] = {}
+OWNER_REGISTRY: dict[str, Scenario] = {}
+INBOX_REGISTRY: dict[str, Scenario] = {}
+_REGISTRIES: dict[str, dict[str, Scenario]] = {
+    "event": EVENT_REGISTRY,
+    "visibility": VISIBILITY_REGISTRY,
+    "owner": OWNER_REGISTRY,
+    "inbox": INBOX_REGISTRY,
+}
 
 
 def scenario(kind: Kind) -> Callable[[Callable[[ScenarioContext], Awaitable[None]]], Scenario]:
@@ -91,8 +113,8 @@ def scenario(kind: Kind) -> Callable[[Callable[[ScenarioContext], Awaitable[None
 
     def register(func: Callable[[ScenarioContext], Awaitable[None]]) -> Scenario:
         name = func.__name__.lstrip("_")
-        registry = EVENT_REGISTRY if kind == "event" else VISIBILITY_REGISTRY
-        if name in registry:  # pragma: no cover - a kit bug caught at import
+        registry = _REGISTRIES[kind]
+        if any(name in r for r in _REGISTRIES.values()):  # pragma: no cover - a kit bug caught at import
             raise RuntimeError(f"duplicate conformance scenario {name!r}")
         doc = (func.__doc__ or "").strip()
         found = Scenario(name=name, kind=kind, func=func, doc=doc)
@@ -104,9 +126,15 @@ def scenario(kind: Kind) -> Callable[[Callable[[ScenarioContext], Awaitable[None
 
 def _unwrap_store(kind: Kind, obj: object) -> Any:
     """Accept the store itself or a ``Store`` bundle (``.events`` / ``.visibility``)."""
-    methods = _EVENT_METHODS if kind == "event" else _VISIBILITY_METHODS
+    methods = _METHODS[kind]
     if all(callable(getattr(obj, m, None)) for m in methods):
         return obj
+    if kind in ("owner", "inbox"):
+        missing = [m for m in methods if not callable(getattr(obj, m, None))]
+        protocol = "an OwnedStore" if kind == "owner" else "a CommandInbox"
+        raise TypeError(
+            f"open_store(key) yielded {short(obj)}, which is not {protocol} (it lacks {', '.join(missing)})"
+        )
     attr = "events" if kind == "event" else "visibility"
     inner = getattr(obj, attr, None)
     if inner is not None and all(callable(getattr(inner, m, None)) for m in methods):
@@ -123,16 +151,26 @@ def _unwrap_store(kind: Kind, obj: object) -> Any:
 class ScenarioContext:
     """What a scenario gets: a way to open its store and to report violations."""
 
-    def __init__(self, scenario: Scenario, open_store: OpenStore) -> None:
+    def __init__(
+        self, scenario: Scenario, open_store: Callable[..., AbstractAsyncContextManager[Any]]
+    ) -> None:
         self.name = scenario.name
         self._kind = scenario.kind
         self._open_store = open_store
+        self._prefix = f"{scenario.name}-{uuid.uuid4().hex[:12]}"
 
     @contextlib.asynccontextmanager
-    async def open(self) -> AsyncIterator[Any]:
-        """Open one fresh store through the author's factory (bundles are unwrapped)."""
+    async def open(self, key: str = "main") -> AsyncIterator[Any]:
+        """Open one fresh store through the author's factory (bundles are unwrapped).
+
+        For the keyed kinds (ownership, inbox), the same ``key`` opens the same
+        store again within one scenario run.
+        """
         try:
-            manager = self._open_store()
+            if self._kind in ("owner", "inbox"):
+                manager = self._open_store(f"{self._prefix}-{key}")
+            else:
+                manager = self._open_store()
         except Exception as exc:
             raise ConformanceError(self.name, f"open_store() raised {type(exc).__name__}: {exc}") from exc
         if not hasattr(manager, "__aenter__"):
@@ -290,7 +328,7 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-async def run_scenario(found: Scenario, open_store: OpenStore) -> None:
+async def run_scenario(found: Scenario, open_store: Callable[..., AbstractAsyncContextManager[Any]]) -> None:
     """Run one scenario; any contract violation surfaces as :class:`ConformanceError`."""
     __tracebackhide__ = True
     ctx = ScenarioContext(found, open_store)

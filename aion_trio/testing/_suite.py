@@ -10,8 +10,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import _event_scenarios as _event_scenarios, _visibility_scenarios as _visibility_scenarios
-from ._kit import EVENT_REGISTRY, VISIBILITY_REGISTRY, OpenStore, Scenario, run_scenario
+from . import (
+    _control_scenarios as _control_scenarios,
+    _event_scenarios as _event_scenarios,
+    _visibility_scenarios as _visibility_scenarios,
+)
+from ._kit import (
+    EVENT_REGISTRY,
+    INBOX_REGISTRY,
+    OWNER_REGISTRY,
+    VISIBILITY_REGISTRY,
+    OpenKeyedStore,
+    OpenStore,
+    Scenario,
+    run_scenario,
+)
 
 SCENARIO_ATTRIBUTE = "_aion_trio_scenario"
 FIXTURE_ATTRIBUTE = "_aion_trio_fixture"
@@ -33,6 +46,24 @@ def _visibility_test(found: Scenario) -> Callable[..., Awaitable[None]]:
         await run_scenario(found, open_visibility_store)
 
     setattr(test, FIXTURE_ATTRIBUTE, "open_visibility_store")
+    return test
+
+
+def _owned_test(found: Scenario) -> Callable[..., Awaitable[None]]:
+    async def test(self: Any, open_owned_store: OpenKeyedStore) -> None:
+        __tracebackhide__ = True
+        await run_scenario(found, open_owned_store)
+
+    setattr(test, FIXTURE_ATTRIBUTE, "open_owned_store")
+    return test
+
+
+def _inbox_test(found: Scenario) -> Callable[..., Awaitable[None]]:
+    async def test(self: Any, open_command_inbox: OpenKeyedStore) -> None:
+        __tracebackhide__ = True
+        await run_scenario(found, open_command_inbox)
+
+    setattr(test, FIXTURE_ATTRIBUTE, "open_command_inbox")
     return test
 
 
@@ -78,5 +109,29 @@ class VisibilityStoreSuite:
     """
 
 
+class OwnedStoreSuite:
+    """Mixin: every ownership scenario (:data:`~aion_trio.testing.OWNED_STORE_SCENARIOS`) as a
+    ``test_<scenario>`` method, for stores with the optional :class:`~aion_trio.OwnedStore`
+    capability.
+
+    Provide an ``open_owned_store`` fixture returning a *keyed* factory
+    (``factory(key)``: the same key opens the same store again, see
+    :func:`~aion_trio.testing.check_owned_store`)::
+
+        class TestMyOwnership(OwnedStoreSuite):
+            @pytest.fixture
+            def open_owned_store(self, tmp_path):
+                return lambda key: aion_trio.open_store(f"mystore:///{tmp_path}/{key}.db")
+    """
+
+
+class CommandInboxSuite:
+    """Mixin: every command-inbox scenario (:data:`~aion_trio.testing.COMMAND_INBOX_SCENARIOS`)
+    as a ``test_<scenario>`` method, with an ``open_command_inbox`` keyed-factory fixture
+    (as for :class:`OwnedStoreSuite`)."""
+
+
 _install(EventStoreSuite, EVENT_REGISTRY, _event_test)
 _install(VisibilityStoreSuite, VISIBILITY_REGISTRY, _visibility_test)
+_install(OwnedStoreSuite, OWNER_REGISTRY, _owned_test)
+_install(CommandInboxSuite, INBOX_REGISTRY, _inbox_test)

@@ -34,7 +34,14 @@ import trio
 from .._plugins import open_store
 from .._store import EventStore, VisibilityStore
 from ._flaky import FlakyStore
-from ._suite import FIXTURE_ATTRIBUTE, SCENARIO_ATTRIBUTE, EventStoreSuite, VisibilityStoreSuite
+from ._suite import (
+    FIXTURE_ATTRIBUTE,
+    SCENARIO_ATTRIBUTE,
+    CommandInboxSuite,
+    EventStoreSuite,
+    OwnedStoreSuite,
+    VisibilityStoreSuite,
+)
 
 MARKER = "aion_trio_conformance"
 
@@ -66,7 +73,9 @@ def _scenario_of(item: pytest.Item) -> str | None:
     if not isinstance(item, pytest.Function):
         return None
     cls = getattr(item, "cls", None)
-    if cls is None or not issubclass(cls, (EventStoreSuite, VisibilityStoreSuite)):
+    if cls is None or not issubclass(
+        cls, (EventStoreSuite, VisibilityStoreSuite, OwnedStoreSuite, CommandInboxSuite)
+    ):
         return None
     found: str | None = getattr(item.function, SCENARIO_ATTRIBUTE, None)
     return found
@@ -114,6 +123,20 @@ def open_event_store(request: pytest.FixtureRequest) -> Callable[[], AbstractAsy
 def open_visibility_store(request: pytest.FixtureRequest) -> Callable[[], AbstractAsyncContextManager[Any]]:
     """Fallback: a suite subclass must override this with its store's factory."""
     _missing(request, "open_visibility_store", "VisibilityStoreSuite", "VisibilityStore")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@pytest.fixture
+def open_owned_store(request: pytest.FixtureRequest) -> Callable[[str], AbstractAsyncContextManager[Any]]:
+    """Fallback: an OwnedStoreSuite subclass must override this with its keyed factory."""
+    _missing(request, "open_owned_store", "OwnedStoreSuite", "OwnedStore (keyed: factory(key))")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@pytest.fixture
+def open_command_inbox(request: pytest.FixtureRequest) -> Callable[[str], AbstractAsyncContextManager[Any]]:
+    """Fallback: a CommandInboxSuite subclass must override this with its keyed factory."""
+    _missing(request, "open_command_inbox", "CommandInboxSuite", "CommandInbox (keyed: factory(key))")
     raise AssertionError("unreachable")  # pragma: no cover
 
 

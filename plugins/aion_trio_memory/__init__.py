@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import final
 
 import attrs
@@ -24,13 +24,23 @@ import trio
 
 from aion_trio import WorkflowStatus
 from aion_trio.plugin import (
+    Command,
+    CommandOutcome,
     Event,
     InvalidStoreUrl,
+    NotFound,
+    OwnerClaim,
+    OwnerIdentity,
+    PendingCommand,
     SequenceConflict,
     StoreRegistry,
     TimerEntry,
     VisibilityFilter,
     VisibilityRow,
+    command_data_json,
+    command_from_data_json,
+    decide_claim,
+    decide_renew,
     hookimpl,
     is_active_status,
     status_after,
@@ -46,6 +56,13 @@ class _Data:
     statuses: dict[str, WorkflowStatus | None] = attrs.field(factory=dict)
     timers: dict[tuple[str, str], datetime] = attrs.field(factory=dict)
     rows: dict[str, VisibilityRow] = attrs.field(factory=dict)
+    # Ownership and the inbox.  The lock makes claim's read-decide-write one
+    # step even when several Trio runs (threads) share a named store.
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    owner: OwnerClaim | None = None
+    # command_id -> [(type, data json) as stored, outcome or None]
+    commands: dict[int, tuple[tuple[str, str], CommandOutcome | None]] = attrs.field(factory=dict)
+    last_command_id: int = 0
 
 
 _named: dict[str, _Data] = {}
@@ -157,7 +174,12 @@ class MemoryVisibilityStore(_Closable):
 @final
 @attrs.define(eq=False)
 class MemoryStore:
-    """An opened memory store: ``events`` and ``visibility`` over one data set."""
+    """An opened memory store: ``events`` and ``visibility`` over one data set.
+
+    It also has the optional capabilities :class:`~aion_trio.OwnedStore` and
+    :class:`~aion_trio.CommandInbox` (the reference semantics): the claim and
+    the inbox live with the data, so a named store keeps them across opens.
+    """
 
     events: MemoryEventStore
     visibility: MemoryVisibilityStore
@@ -167,6 +189,97 @@ class MemoryStore:
     def fresh(cls) -> MemoryStore:
         data = _Data()
         return cls(events=MemoryEventStore(data=data), visibility=MemoryVisibilityStore(data=data))
+
+    @property
+    def _data(self) -> _Data:
+        return self.events._data
+
+    async def _enter(self) -> None:
+        await self.events._enter()
+
+    # -- ownership ---------------------------------------------------------
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        await self._enter()
+        if not isinstance(identity, OwnerIdentity):
+            raise TypeError(f"claim_owner needs an OwnerIdentity, got {identity!r}")
+        data = self._data
+        with data.lock:
+            claim = decide_claim(
+                data.owner, identity, now=now, stale_after=stale_after, location=self._where()
+            )
+            data.owner = attrs.evolve(claim, replaced=None)
+        return claim
+
+    async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
+        await self._enter()
+        data = self._data
+        with data.lock:
+            renewed = decide_renew(data.owner, claim, now=now)
+            data.owner = renewed
+        return renewed
+
+    async def release_owner(self, claim: OwnerClaim) -> None:
+        await self._enter()
+        data = self._data
+        with data.lock:
+            if data.owner is not None and data.owner.identity.token == claim.identity.token:
+                data.owner = None
+
+    async def current_owner(self) -> OwnerClaim | None:
+        await self._enter()
+        return self._data.owner
+
+    def _where(self) -> str:
+        return f"memory://{self.name}" if self.name else "memory://"
+
+    # -- the command inbox -------------------------------------------------
+
+    async def enqueue_command(self, command: Command) -> int:
+        await self._enter()
+        # Kept in wire form, as a durable store would: what comes back is decoded anew.
+        stored = command_data_json(command)
+        data = self._data
+        with data.lock:
+            data.last_command_id += 1
+            data.commands[data.last_command_id] = (stored, None)
+            return data.last_command_id
+
+    async def pending_commands(self, limit: int = 100) -> list[PendingCommand]:
+        await self._enter()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        data = self._data
+        with data.lock:
+            waiting = [
+                (cid, stored) for cid, (stored, outcome) in sorted(data.commands.items()) if outcome is None
+            ]
+        return [
+            PendingCommand(command_id=cid, command=command_from_data_json(*stored))
+            for cid, stored in waiting[:limit]
+        ]
+
+    async def ack_command(self, command_id: int, outcome: CommandOutcome) -> None:
+        await self._enter()
+        if not isinstance(outcome, CommandOutcome):
+            raise TypeError(f"ack_command needs a CommandOutcome, got {outcome!r}")
+        data = self._data
+        with data.lock:
+            found = data.commands.get(command_id)
+            if found is None:
+                raise NotFound(f"no inbox command #{command_id} in {self._where()}")
+            stored, previous = found
+            if previous is None:
+                data.commands[command_id] = (stored, outcome)
+
+    async def command_outcome(self, command_id: int) -> CommandOutcome | None:
+        await self._enter()
+        found = self._data.commands.get(command_id)
+        if found is None:
+            raise NotFound(f"no inbox command #{command_id} in {self._where()}")
+        return found[1]
 
     async def aclose(self) -> None:
         await self.events.aclose()

@@ -58,6 +58,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX search_attrs_by_num ON search_attrs (key, kind, num)",
         "CREATE INDEX search_attrs_by_txt ON search_attrs (key, kind, txt)",
     ),
+    # 2: one owner per store and the command inbox (DESIGN §4.5).  ``owner``
+    # holds at most one row (id 1), read and rewritten inside one BEGIN
+    # IMMEDIATE transaction, so concurrent claimants serialise on the write
+    # lock.  Inbox commands stay after their ack (with the outcome) so the
+    # sender can read the outcome back; ``inbox_pending`` covers only
+    # un-acked rows.
+    (
+        "CREATE TABLE owner ("
+        " id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER NOT NULL, host TEXT NOT NULL,"
+        " started_at INTEGER NOT NULL, token TEXT NOT NULL, since INTEGER NOT NULL,"
+        " renewed_at INTEGER NOT NULL, stale_after_us INTEGER NOT NULL)",
+        "CREATE TABLE inbox ("
+        " command_id INTEGER PRIMARY KEY AUTOINCREMENT, type TEXT NOT NULL, data TEXT NOT NULL,"
+        " acked INTEGER NOT NULL DEFAULT 0, outcome TEXT)",
+        "CREATE INDEX inbox_pending ON inbox (command_id) WHERE acked = 0",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -65,7 +81,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 _SET_USER_VERSION = tuple(f"PRAGMA user_version = {v:d}" for v in range(SCHEMA_VERSION + 1))
 _SYNCHRONOUS = {"FULL": "PRAGMA synchronous = FULL", "NORMAL": "PRAGMA synchronous = NORMAL"}
-TABLES = ("events", "workflows", "timers", "visibility", "search_attrs")
+TABLES = ("events", "workflows", "timers", "visibility", "search_attrs", "owner", "inbox")
 # Touching each table's root page at open finds damaged files early.
 _PROBES = tuple(f"SELECT 1 FROM {t} LIMIT 1" for t in TABLES)
 

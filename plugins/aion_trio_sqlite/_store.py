@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NoReturn, cast, final
 
 import apsw
@@ -12,17 +12,23 @@ import attrs
 import trio
 
 from aion_trio.plugin import (
+    Command,
+    CommandOutcome,
     Event,
+    OwnerClaim,
+    OwnerIdentity,
+    PendingCommand,
     TimerEntry,
     VisibilityFilter,
     VisibilityRow,
     WorkflowStatus,
+    command_data_json,
     is_active_status,
     status_after,
     validate_batch,
 )
 
-from . import _codec
+from . import _codec, _control
 from ._schema import open_read_only, open_reader, open_writer
 from ._threads import Readers, ReadOp, Writer, WriterStatistics
 from ._url import SqliteUrl, parse_sqlite_url
@@ -253,6 +259,68 @@ class SqliteStore:
     @property
     def path(self) -> str:
         return self.url.path
+
+    async def _enter(self) -> None:
+        await self.events._enter()
+
+    # -- ownership (aion_trio.OwnedStore) ------------------------------------
+
+    async def claim_owner(
+        self, identity: OwnerIdentity, *, now: datetime, stale_after: timedelta
+    ) -> OwnerClaim:
+        """Claim the store for ``identity`` (one ``BEGIN IMMEDIATE`` transaction), or raise
+        :class:`~aion_trio.StoreOwned` naming the live owner; see :class:`~aion_trio.OwnedStore`."""
+        await self._enter()
+        if not isinstance(cast(object, identity), OwnerIdentity):
+            await _refuse(TypeError(f"claim_owner needs an OwnerIdentity, got {identity!r}"))
+        op = _control.ClaimOp(identity, now, stale_after, self.path)
+        await self._backend.writer.submit(op)
+        assert op.result is not None
+        return op.result
+
+    async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
+        await self._enter()
+        op = _control.RenewOp(claim, now, self.path)
+        await self._backend.writer.submit(op)
+        assert op.result is not None
+        return op.result
+
+    async def release_owner(self, claim: OwnerClaim) -> None:
+        await self._enter()
+        await self._backend.writer.submit(_control.ReleaseOp(claim.identity.token))
+
+    async def current_owner(self) -> OwnerClaim | None:
+        await self._enter()
+        return await self._backend.readers.submit(_control.owner_read(self.path))
+
+    # -- the command inbox (aion_trio.CommandInbox) --------------------------
+
+    async def enqueue_command(self, command: Command) -> int:
+        await self._enter()
+        try:
+            kind, data = command_data_json(command)
+        except Exception as exc:
+            await _refuse(exc)
+        op = _control.EnqueueOp(kind, data)
+        await self._backend.writer.submit(op)
+        assert op.result is not None
+        return op.result
+
+    async def pending_commands(self, limit: int = 100) -> list[PendingCommand]:
+        await self._enter()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            await _refuse(ValueError(f"limit must be an int >= 1, got {limit!r}"))
+        return await self._backend.readers.submit(_control.pending_read(limit, self.path))
+
+    async def ack_command(self, command_id: int, outcome: CommandOutcome) -> None:
+        await self._enter()
+        if not isinstance(cast(object, outcome), CommandOutcome):
+            await _refuse(TypeError(f"ack_command needs a CommandOutcome, got {outcome!r}"))
+        await self._backend.writer.submit(_control.AckOp(command_id, outcome, self.path))
+
+    async def command_outcome(self, command_id: int) -> CommandOutcome | None:
+        await self._enter()
+        return await self._backend.readers.submit(_control.outcome_read(command_id, self.path))
 
     async def aclose(self) -> None:
         """Close both halves, finish queued work and close the database (idempotent)."""

@@ -1,0 +1,219 @@
+"""Inbox commands (DESIGN §4.5): what a process that is not a store's owner asks the owner to do.
+
+A command is a small frozen attrs record; payloads are :class:`Payload`
+(JSON), never pickled objects.  Its wire form is
+``{"type": "signal", "data": {...}}`` with the same field encodings events
+use.  The owning engine applies each command through its normal client
+methods (``Engine.start`` / ``signal`` / ``cancel`` / ``terminate`` /
+``reopen``), so everything it records goes through the recorder, and acks it
+with a :class:`CommandOutcome`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Union, final
+
+import attrs
+
+from ._errors import CommandDecodeError, EventDecodeError
+from ._ids import validate_workflow_id
+from ._payload import NULL, Payload
+from ._wire import loads_strict, record_from_wire, record_to_wire, register_wire_record
+
+_SEPARATORS = (",", ":")
+ID_REUSE_VALUES = ("allow_duplicate", "allow_if_failed", "reject_duplicate", "use_existing")
+
+
+def _workflow_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    validate_workflow_id(value)
+
+
+def _non_empty(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty str, got {value!r}")
+
+
+def _text(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a str, got {value!r}")
+
+
+def _payload(instance: object, attribute: attrs.Attribute[Payload], value: Payload) -> None:
+    if not isinstance(value, Payload):
+        raise TypeError(f"{attribute.name} must be a Payload (build one with Payload.of), got {value!r}")
+
+
+def _args(instance: object, attribute: attrs.Attribute[Payload], value: Payload) -> None:
+    _payload(instance, attribute, value)
+    if not value.json.startswith("["):
+        raise ValueError(f"{attribute.name} must be a JSON list of the workflow's arguments, got {value!r}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class StartCommand:
+    """Start a run of ``workflow_type`` under ``workflow_id`` (required: the sender needs it up front)."""
+
+    KIND: ClassVar[str] = "start"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+    workflow_type: str = attrs.field(validator=_non_empty)
+    args: Payload = attrs.field(factory=lambda: Payload.trusted("[]"), validator=_args)
+    id_reuse: str = attrs.field(default="allow_duplicate")
+    task_queue: str | None = None
+
+    @id_reuse.validator
+    def _check_reuse(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in ID_REUSE_VALUES:
+            raise ValueError(f"id_reuse must be one of {', '.join(ID_REUSE_VALUES)}, got {value!r}")
+
+    def describe(self) -> str:
+        return f"start {self.workflow_type} as {self.workflow_id!r}"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SignalCommand:
+    """Record signal ``name`` with ``payload`` for the workflow's running run."""
+
+    KIND: ClassVar[str] = "signal"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+    name: str = attrs.field(validator=_non_empty)
+    payload: Payload = attrs.field(default=NULL, validator=_payload)
+
+    def describe(self) -> str:
+        return f"signal {self.name!r} to {self.workflow_id!r}"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class CancelCommand:
+    """Ask the workflow's running run to cancel."""
+
+    KIND: ClassVar[str] = "cancel"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+    reason: str = attrs.field(default="", validator=_text)
+
+    def describe(self) -> str:
+        return f"cancel {self.workflow_id!r}"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class TerminateCommand:
+    """End the workflow's running run at once."""
+
+    KIND: ClassVar[str] = "terminate"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+    reason: str = attrs.field(default="", validator=_text)
+
+    def describe(self) -> str:
+        return f"terminate {self.workflow_id!r}"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ReopenCommand:
+    """Reopen the workflow's failed or cancelled run."""
+
+    KIND: ClassVar[str] = "reopen"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+
+    def describe(self) -> str:
+        return f"reopen {self.workflow_id!r}"
+
+
+Command = Union[StartCommand, SignalCommand, CancelCommand, TerminateCommand, ReopenCommand]
+"""Any inbox command."""
+
+COMMAND_TYPES: dict[str, type[Any]] = {
+    cls.KIND: cls for cls in (StartCommand, SignalCommand, CancelCommand, TerminateCommand, ReopenCommand)
+}
+"""Wire type name -> command class."""
+
+for _cls in COMMAND_TYPES.values():
+    register_wire_record(_cls, globals())
+del _cls
+
+
+def is_command(value: object) -> bool:
+    return type(value) in COMMAND_TYPES.values()
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PendingCommand:
+    """A command waiting in the inbox; ``command_id`` orders the inbox (FIFO)."""
+
+    command_id: int
+    command: Command
+
+
+@final
+@attrs.frozen(kw_only=True)
+class CommandOutcome:
+    """What applying a command did: ``ok`` and a one-line ``message`` for people.
+
+    A refused command carries the typed error's class name in ``error_type``
+    and its one-line message.  ``run_id`` names the run a start or reopen
+    touched.
+    """
+
+    ok: bool
+    message: str = attrs.field(validator=_text)
+    error_type: str | None = None
+    run_id: str | None = None
+
+    @classmethod
+    def success(cls, message: str, run_id: str | None = None) -> CommandOutcome:
+        return cls(ok=True, message=message, run_id=run_id)
+
+    @classmethod
+    def failure(cls, exc: BaseException) -> CommandOutcome:
+        return cls(ok=False, message=" ".join(str(exc).split()), error_type=type(exc).__name__)
+
+
+def command_data_json(command: Command) -> tuple[str, str]:
+    """``(type_name, data_as_compact_json_text)``: the form stores keep in columns."""
+    if not is_command(command):
+        raise TypeError(f"not an inbox command: {command!r}")
+    data = record_to_wire(command)
+    return command.KIND, json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+
+
+def command_from_data_json(type_name: object, data_text: str | bytes) -> Command:
+    """Rebuild a command from :func:`command_data_json`'s output (:class:`CommandDecodeError` if bad)."""
+    cls = COMMAND_TYPES.get(type_name) if isinstance(type_name, str) else None
+    if cls is None:
+        known = ", ".join(COMMAND_TYPES)
+        raise CommandDecodeError(f"unknown inbox command type {type_name!r} (known: {known})")
+    try:
+        command: Command = record_from_wire(cls, loads_strict(data_text))
+    except (EventDecodeError, ValueError, TypeError) as exc:
+        raise CommandDecodeError(f"inbox command {type_name!r}: {exc}") from None
+    return command
+
+
+def outcome_to_json(outcome: CommandOutcome) -> str:
+    data = {"ok": outcome.ok, "message": outcome.message}
+    if outcome.error_type is not None:
+        data["error_type"] = outcome.error_type
+    if outcome.run_id is not None:
+        data["run_id"] = outcome.run_id
+    return json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+
+
+def outcome_from_json(text: str | bytes) -> CommandOutcome:
+    try:
+        data = loads_strict(text)
+        if not isinstance(data, dict) or set(data) - {"ok", "message", "error_type", "run_id"}:
+            raise ValueError(f"not an outcome object: {data!r}")
+        ok, message = data["ok"], data["message"]
+        error_type, run_id = data.get("error_type"), data.get("run_id")
+        if not isinstance(ok, bool) or not isinstance(message, str):
+            raise ValueError(f"bad ok/message in {data!r}")
+        if not isinstance(error_type, (str, type(None))) or not isinstance(run_id, (str, type(None))):
+            raise ValueError(f"bad error_type/run_id in {data!r}")
+    except (KeyError, ValueError, TypeError, EventDecodeError) as exc:
+        raise CommandDecodeError(f"inbox command outcome: {exc}") from None
+    return CommandOutcome(ok=ok, message=message, error_type=error_type, run_id=run_id)

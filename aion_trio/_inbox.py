@@ -1,0 +1,217 @@
+"""The owning engine's side of DESIGN §4.5: keeping its claim alive and draining the inbox.
+
+Heartbeats and polls wait on the wall clock (in a thread), not on Trio's
+clock: liveness is judged by other processes in real time, and a mocked
+clock that jumps days ahead must neither flood the store with heartbeats nor
+starve them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+
+from ._commands import (
+    CancelCommand,
+    Command,
+    CommandOutcome,
+    ReopenCommand,
+    SignalCommand,
+    StartCommand,
+    TerminateCommand,
+)
+from ._errors import AionError, AionInternalError, BackendUnavailable, EngineEpochClosed, NotOwner, StoreError
+from ._ownership import OwnerClaim, wall_now
+from ._store import CommandInbox, OwnedStore
+
+if TYPE_CHECKING:
+    from ._engine import Engine, EngineConfig
+    from ._epoch import EngineEpoch
+
+logger = logging.getLogger("aion_trio.engine")
+
+
+async def wall_sleep(seconds: float, limiter: trio.CapacityLimiter) -> None:
+    """Sleep ``seconds`` of wall-clock time (cancellable; the helper thread exits at once)."""
+    wake = threading.Event()
+    try:
+        await trio.to_thread.run_sync(wake.wait, seconds, abandon_on_cancel=True, limiter=limiter)
+    finally:
+        wake.set()
+
+
+@final
+@attrs.define(eq=False)
+class Ownership:
+    """This engine's claim on its store, renewed by :meth:`keep_alive`."""
+
+    store: OwnedStore
+    claim: OwnerClaim
+    heartbeat: float
+    limiter: trio.CapacityLimiter
+    renewals: int = 0
+
+    async def keep_alive(self, epoch: EngineEpoch) -> None:
+        """Renew the claim every ``heartbeat`` seconds until cancelled.
+
+        A transient failure is logged and retried at the next beat.  If the
+        claim was taken over (this engine was taken for dead), the epoch is
+        closed at once, so no later write lands, and :class:`NotOwner` is
+        raised out of ``open_engine``.
+        """
+        while True:
+            await wall_sleep(self.heartbeat, self.limiter)
+            try:
+                self.claim = await self.store.renew_owner(self.claim, now=wall_now())
+                self.renewals += 1
+            except NotOwner as exc:
+                epoch.begin_close()
+                logger.error("lost ownership of the store; stopping: %s", exc)
+                raise
+            except StoreError as exc:
+                logger.warning("could not renew the store's owner claim (will retry): %s", exc)
+
+    async def release(self, within: float) -> None:
+        """Drop the claim (shielded): the next engine need not wait.
+
+        Not bounded by Trio's clock: under a mock clock that jumps while the store's
+        thread works, a Trio deadline would cancel the release and leave the claim
+        behind.  The store's own busy timeout bounds the write.  (``within`` is kept
+        for callers; it is no longer used.)
+        """
+        del within
+        with trio.CancelScope(shield=True):
+            try:
+                await self.store.release_owner(self.claim)
+            except (StoreError, trio.ClosedResourceError) as exc:
+                logger.warning("could not release the store's owner claim: %s", exc)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+async def apply_command(engine: Engine, command: Command, codec_decode: Any) -> CommandOutcome:
+    """Apply one command through the engine's client methods; a refusal becomes a failed outcome.
+
+    ``EngineEpochClosed`` and ``BackendUnavailable`` propagate: the command was
+    not (or not knowably) applied and stays queued for a later drain.
+    """
+    from ._engine import IdReusePolicy
+
+    try:
+        if isinstance(command, StartCommand):
+            args = codec_decode(command.args)
+            policy = IdReusePolicy(command.id_reuse)
+            handle = await engine.start(
+                command.workflow_type,
+                *args,
+                workflow_id=command.workflow_id,
+                id_reuse=policy,
+                task_queue=command.task_queue,
+            )
+            verb = "attached to" if policy is IdReusePolicy.USE_EXISTING else "started"
+            return CommandOutcome.success(
+                f"{verb} workflow {handle.workflow_id!r} run {handle.run_id}", run_id=handle.run_id
+            )
+        if isinstance(command, SignalCommand):
+            await engine.signal(command.workflow_id, command.name, codec_decode(command.payload))
+            return CommandOutcome.success(
+                f"signal {command.name!r} recorded for workflow {command.workflow_id!r}"
+            )
+        if isinstance(command, CancelCommand):
+            await engine.cancel(command.workflow_id, command.reason)
+            return CommandOutcome.success(f"cancellation requested for workflow {command.workflow_id!r}")
+        if isinstance(command, TerminateCommand):
+            await engine.terminate(command.workflow_id, command.reason)
+            return CommandOutcome.success(f"workflow {command.workflow_id!r} terminated")
+        if isinstance(command, ReopenCommand):
+            handle = await engine.reopen(command.workflow_id)
+            return CommandOutcome.success(
+                f"reopened workflow {handle.workflow_id!r} run {handle.run_id}", run_id=handle.run_id
+            )
+        raise AionInternalError(f"unknown inbox command {command!r}; please report this")
+    except (EngineEpochClosed, BackendUnavailable):
+        raise
+    except (AionError, ValueError, TypeError, LookupError) as exc:
+        return CommandOutcome.failure(exc)
+
+
+@final
+@attrs.define(eq=False)
+class InboxDrainer:
+    """Applies the inbox's pending commands in order, one drain at a time."""
+
+    engine: Engine
+    inbox: CommandInbox
+    config: EngineConfig
+    limiter: trio.CapacityLimiter
+    _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    applied: int = attrs.field(default=0, init=False)
+
+    def _admitting(self) -> bool:
+        return self.engine.epoch.admitting
+
+    async def drain(self) -> int:
+        """Apply and ack every pending command (FIFO); returns how many were acked.
+
+        Stops early, leaving the rest queued, when the engine stops admitting
+        work or the store is unavailable.
+        """
+        done = 0
+        seen: set[int] = set()
+        async with self._lock:
+            while self._admitting():
+                # A store that failed to drop an acked command must not make this loop forever.
+                batch = [
+                    p
+                    for p in await self.inbox.pending_commands(self.config.inbox_batch)
+                    if p.command_id not in seen
+                ]
+                if not batch:
+                    break
+                for pending in batch:
+                    seen.add(pending.command_id)
+                    if not self._admitting():
+                        return done
+                    try:
+                        outcome = await apply_command(
+                            self.engine, pending.command, self.engine._core.codec.decode
+                        )
+                    except EngineEpochClosed:
+                        return done
+                    except BackendUnavailable as exc:
+                        logger.warning(
+                            "inbox command #%d (%s) not applied, store unavailable; it stays queued: %s",
+                            pending.command_id,
+                            pending.command.describe(),
+                            exc,
+                        )
+                        return done
+                    await self.inbox.ack_command(pending.command_id, outcome)
+                    done += 1
+                    self.applied += 1
+                    log = logger.info if outcome.ok else logger.warning
+                    log(
+                        "inbox command #%d (%s): %s",
+                        pending.command_id,
+                        pending.command.describe(),
+                        _one_line(outcome.message),
+                        extra={"command_id": pending.command_id},
+                    )
+        return done
+
+    async def poll_forever(self) -> None:
+        """Drain every ``inbox_poll_interval`` seconds (wall clock) until cancelled."""
+        interval = self.config.inbox_poll_interval
+        assert interval is not None
+        while True:
+            await wall_sleep(interval, self.limiter)
+            try:
+                await self.drain()
+            except (StoreError, trio.ClosedResourceError) as exc:
+                logger.warning("could not drain the command inbox (will retry): %s", exc)

@@ -1,0 +1,466 @@
+"""Conformance scenarios for the optional capabilities :class:`~aion_trio.OwnedStore` and
+:class:`~aion_trio.CommandInbox` (DESIGN §4.5).
+
+These scenarios open stores through a *keyed* factory, ``open_store(key)``:
+the same key opens the same store again (a second handle at the same time, or
+a reopen after close), which is how they check concurrency between handles
+and durability.  Every time the scenarios pass is chosen by them (``now=``),
+so nothing depends on the wall clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import trio
+
+from .._commands import (
+    CancelCommand,
+    CommandOutcome,
+    ReopenCommand,
+    SignalCommand,
+    StartCommand,
+    TerminateCommand,
+)
+from .._errors import NotFound, NotOwner, StoreOwned
+from .._ownership import OwnerClaim, OwnerIdentity, pid_alive, this_host
+from .._payload import Payload
+from . import _samples as s
+from ._kit import ScenarioContext, scenario, short
+
+_owner = scenario("owner")
+_inbox = scenario("inbox")
+
+DEAD_PID = 2**31 - 1
+"""A pid no process has (beyond every kernel's pid range)."""
+OTHER_HOST = "elsewhere.invalid"
+"""A host name that is never this host, so only the heartbeat decides liveness."""
+STALE = timedelta(seconds=10)
+CONTENDERS = 4
+
+
+def _at(seconds: float) -> Any:
+    return s.BASE_TIME + timedelta(seconds=seconds)
+
+
+def _identity(tag: str, *, pid: int | None = None, host: str | None = None) -> OwnerIdentity:
+    return OwnerIdentity(
+        pid=os.getpid() if pid is None else pid,
+        host=this_host() if host is None else host,
+        started_at=s.BASE_TIME - timedelta(minutes=1),
+        token=f"token-{tag}",
+    )
+
+
+def _core(claim: OwnerClaim | None) -> Any:
+    """What a stored claim must keep (``replaced`` is informative and need not be stored)."""
+    if claim is None:
+        return None
+    return (claim.identity, claim.since, claim.renewed_at, claim.stale_after)
+
+
+async def _claim_ok(ctx: ScenarioContext, store: Any, identity: OwnerIdentity, at: float) -> OwnerClaim:
+    try:
+        claim: OwnerClaim = await store.claim_owner(identity, now=_at(at), stale_after=STALE)
+    except Exception as exc:
+        ctx.fail(
+            f"claim_owner({identity.token}, now=BASE+{at}s) raised {type(exc).__name__}: {exc}; "
+            "expected it to succeed"
+        )
+    if not isinstance(claim, OwnerClaim) or claim.identity != identity:
+        ctx.fail(f"claim_owner({identity.token}) returned {short(claim)}, expected a claim for that identity")
+    return claim
+
+
+async def _expect_refused(
+    ctx: ScenarioContext, store: Any, identity: OwnerIdentity, at: float, owner: OwnerIdentity, what: str
+) -> None:
+    with ctx.expect_raises(StoreOwned, what) as raised:
+        await store.claim_owner(identity, now=_at(at), stale_after=STALE)
+    found = raised.value
+    ctx.expect_equal((found.pid, found.host), (owner.pid, owner.host), f"{what}: the owner StoreOwned names")
+
+
+async def _expect_owner(ctx: ScenarioContext, store: Any, expected: OwnerClaim | None, what: str) -> None:
+    current = await store.current_owner()
+    ctx.expect_equal(_core(current), _core(expected), what)
+
+
+@contextlib.asynccontextmanager
+async def _no_dead_pid(ctx: ScenarioContext) -> AsyncIterator[None]:
+    if pid_alive(DEAD_PID):  # pragma: no cover - would mean the platform reuses any pid
+        ctx.fail(f"pid {DEAD_PID} exists on this host; the scenario needs a pid no process has")
+    yield
+
+
+# --------------------------------------------------------------------------
+# Ownership
+# --------------------------------------------------------------------------
+
+
+@_owner
+async def _owner_claim_round_trip(ctx: ScenarioContext) -> None:
+    """No owner at first; a claim is returned with now as since and renewed_at, and current_owner reads it."""
+    async with ctx.open() as store:
+        await _expect_owner(ctx, store, None, "current_owner() of a fresh store")
+        a = _identity("a")
+        claim = await _claim_ok(ctx, store, a, 0)
+        ctx.expect_equal(
+            (claim.since, claim.renewed_at, claim.stale_after), (_at(0), _at(0), STALE), "the returned claim"
+        )
+        await _expect_owner(ctx, store, claim, "current_owner() after the claim")
+
+
+@_owner
+async def _owner_live_owner_refuses(ctx: ScenarioContext) -> None:
+    """A live owner's claim refuses every other claimant with StoreOwned naming it, and stays."""
+    async with ctx.open() as store:
+        a = _identity("a")
+        claim = await _claim_ok(ctx, store, a, 0)
+        await _expect_refused(ctx, store, _identity("b"), 1, a, "a second claimant on this host")
+        await _expect_refused(
+            ctx, store, _identity("c", host=OTHER_HOST), 9.9, a, "a claimant on another host"
+        )
+        await _expect_owner(ctx, store, claim, "current_owner() after refused claims")
+
+
+@_owner
+async def _owner_reclaim_by_same_token_refreshes(ctx: ScenarioContext) -> None:
+    """The owner claiming again (same token) succeeds, keeps since and moves renewed_at."""
+    async with ctx.open() as store:
+        a = _identity("a")
+        await _claim_ok(ctx, store, a, 0)
+        again = await _claim_ok(ctx, store, a, 5)
+        ctx.expect_equal((again.since, again.renewed_at), (_at(0), _at(5)), "the re-claimed claim")
+        await _expect_owner(ctx, store, again, "current_owner() after the re-claim")
+
+
+@_owner
+async def _owner_dead_pid_taken_over(ctx: ScenarioContext) -> None:
+    """A same-host owner whose pid is gone is taken over at once, heartbeat fresh or not."""
+    async with _no_dead_pid(ctx), ctx.open() as store:
+        dead = _identity("dead", pid=DEAD_PID)
+        await _claim_ok(ctx, store, dead, 0)
+        b = _identity("b")
+        claim = await _claim_ok(ctx, store, b, 1)
+        ctx.expect_equal((claim.since, claim.renewed_at), (_at(1), _at(1)), "the takeover claim")
+        await _expect_owner(ctx, store, claim, "current_owner() after the takeover")
+
+
+@_owner
+async def _owner_stale_heartbeat_taken_over(ctx: ScenarioContext) -> None:
+    """An owner on another host is live until now - renewed_at reaches stale_after, then taken over."""
+    async with ctx.open() as store:
+        far = _identity("far", host=OTHER_HOST, pid=1)
+        await _claim_ok(ctx, store, far, 0)
+        b = _identity("b")
+        await _expect_refused(ctx, store, b, 9.999, far, "a claim just before the heartbeat is stale")
+        claim = await _claim_ok(ctx, store, b, STALE.total_seconds())
+        await _expect_owner(ctx, store, claim, "current_owner() after taking over a stale claim")
+
+
+@_owner
+async def _owner_renew_extends_the_claim(ctx: ScenarioContext) -> None:
+    """renew_owner moves renewed_at (durably), so the claim stays live stale_after past the renewal."""
+    async with ctx.open() as store:
+        far = _identity("far", host=OTHER_HOST, pid=1)
+        claim = await _claim_ok(ctx, store, far, 0)
+        renewed = await store.renew_owner(claim, now=_at(8))
+        ctx.expect_equal((renewed.since, renewed.renewed_at), (_at(0), _at(8)), "the renewed claim")
+        await _expect_owner(ctx, store, renewed, "current_owner() after the renewal")
+        b = _identity("b")
+        await _expect_refused(ctx, store, b, 15, far, "a claim 7s after the renewal")
+        await _claim_ok(ctx, store, b, 18)
+
+
+@_owner
+async def _owner_renew_after_takeover_is_not_owner(ctx: ScenarioContext) -> None:
+    """An owner taken over (or released) gets NotOwner from renew_owner, and the new claim stays."""
+    async with ctx.open() as store:
+        far = _identity("far", host=OTHER_HOST, pid=1)
+        old = await _claim_ok(ctx, store, far, 0)
+        b = _identity("b")
+        new = await _claim_ok(ctx, store, b, 11)
+        with ctx.expect_raises(NotOwner, "renew_owner() of the taken-over claim"):
+            await store.renew_owner(old, now=_at(12))
+        await _expect_owner(ctx, store, new, "current_owner() after the stale owner's renewal")
+        await store.release_owner(new)
+        with ctx.expect_raises(NotOwner, "renew_owner() of a released claim"):
+            await store.renew_owner(new, now=_at(13))
+        await _expect_owner(ctx, store, None, "current_owner() after the refused renewal")
+
+
+@_owner
+async def _owner_release_frees_the_store(ctx: ScenarioContext) -> None:
+    """release_owner drops only its own claim; afterwards anyone may claim at once; it is idempotent."""
+    async with ctx.open() as store:
+        a, b = _identity("a"), _identity("b")
+        claim = await _claim_ok(ctx, store, a, 0)
+        stranger = OwnerClaim(identity=b, since=_at(0), renewed_at=_at(0), stale_after=STALE)
+        await store.release_owner(stranger)
+        await _expect_owner(ctx, store, claim, "current_owner() after a release by a non-owner")
+        await store.release_owner(claim)
+        await _expect_owner(ctx, store, None, "current_owner() after the owner released")
+        await store.release_owner(claim)
+        await _claim_ok(ctx, store, b, 1)
+
+
+@_owner
+async def _owner_claim_survives_reopen(ctx: ScenarioContext) -> None:
+    """A claim left behind (the owner never released) is still there after closing and reopening."""
+    a = _identity("a")
+    async with ctx.open() as store:
+        claim = await _claim_ok(ctx, store, a, 0)
+    async with ctx.open() as store:
+        await _expect_owner(ctx, store, claim, "current_owner() after reopening")
+        await _expect_refused(ctx, store, _identity("b"), 1, a, "a claimant after reopening")
+
+
+@_owner
+async def _owner_concurrent_takeover_one_winner(ctx: ScenarioContext) -> None:
+    """Several handles taking over one dead claim at once: exactly one wins, the others are
+    refused naming the winner, and the stored claim is the winner's."""
+    async with _no_dead_pid(ctx), contextlib.AsyncExitStack() as stack:
+        handles = [await stack.enter_async_context(ctx.open()) for _ in range(CONTENDERS)]
+        await _claim_ok(ctx, handles[0], _identity("dead", pid=DEAD_PID), 0)
+        won: list[OwnerClaim] = []
+        refused: list[StoreOwned] = []
+        other: list[BaseException] = []
+
+        async def contend(index: int) -> None:
+            try:
+                won.append(
+                    await handles[index].claim_owner(_identity(f"c{index}"), now=_at(1), stale_after=STALE)
+                )
+            except StoreOwned as exc:
+                refused.append(exc)
+            except Exception as exc:
+                other.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for index in range(CONTENDERS):
+                nursery.start_soon(contend, index)
+        ctx.expect(not other, f"concurrent claims raised unexpected errors: {short(other)}")
+        ctx.expect_equal(
+            (len(won), len(refused)), (1, CONTENDERS - 1), "concurrent takeovers (winners, refused)"
+        )
+        await _expect_owner(ctx, handles[-1], won[0], "current_owner() after the race")
+
+
+@_owner
+async def _owner_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+    """Every ownership method is a Trio checkpoint, refusals included."""
+    async with ctx.open() as store:
+        a = _identity("a")
+        holder: list[OwnerClaim] = []
+
+        async def claim() -> None:
+            holder.append(await store.claim_owner(a, now=_at(0), stale_after=STALE))
+
+        await ctx.expect_checkpoint("claim_owner()", claim)
+        await ctx.expect_checkpoint(
+            "a refused claim_owner()",
+            lambda: store.claim_owner(_identity("b"), now=_at(1), stale_after=STALE),
+            raises=StoreOwned,
+        )
+        await ctx.expect_checkpoint("current_owner()", store.current_owner)
+        await ctx.expect_checkpoint("renew_owner()", lambda: store.renew_owner(holder[0], now=_at(2)))
+        await ctx.expect_checkpoint("release_owner()", lambda: store.release_owner(holder[0]))
+
+
+@_owner
+async def _owner_use_after_close(ctx: ScenarioContext) -> None:
+    """After the store is closed, ownership methods raise trio.ClosedResourceError."""
+    async with ctx.open() as store:
+        await store.aclose()
+        with ctx.expect_raises(trio.ClosedResourceError, "claim_owner() after aclose()"):
+            await store.claim_owner(_identity("a"), now=_at(0), stale_after=STALE)
+        with ctx.expect_raises(trio.ClosedResourceError, "current_owner() after aclose()"):
+            await store.current_owner()
+
+
+# --------------------------------------------------------------------------
+# The command inbox
+# --------------------------------------------------------------------------
+
+
+def _every_command() -> list[Any]:
+    return [
+        StartCommand(
+            workflow_id="wf-ünï/1",
+            workflow_type="checkout",
+            args=Payload.of([{"id": 7, "items": ["a", "ß"], "price": 2.5, "ok": True, "none": None}, 2**53]),
+            id_reuse="use_existing",
+            task_queue="eu-1",
+        ),
+        StartCommand(workflow_id="wf-2", workflow_type="hello"),
+        SignalCommand(
+            workflow_id="wf-ünï/1", name="approve", payload=Payload.of({"by": "ops", "n": [1, 2.0]})
+        ),
+        SignalCommand(workflow_id="wf-2", name="poke"),
+        CancelCommand(workflow_id="wf-2", reason="customer asked \N{SNOWMAN}"),
+        TerminateCommand(workflow_id="wf-3", reason=""),
+        ReopenCommand(workflow_id="wf-3"),
+    ]
+
+
+def _signal(n: int) -> SignalCommand:
+    return SignalCommand(workflow_id=f"wf-{n % 3}", name=f"s{n}", payload=Payload.of(n))
+
+
+async def _enqueue_all(store: Any, commands: list[Any]) -> list[int]:
+    return [await store.enqueue_command(c) for c in commands]
+
+
+def _expect_increasing(ctx: ScenarioContext, ids: list[int], what: str) -> None:
+    ok = all(isinstance(i, int) and not isinstance(i, bool) for i in ids) and all(
+        a < b for a, b in itertools.pairwise(ids)
+    )
+    ctx.expect(ok, f"{what}: command ids {short(ids)} are not increasing ints")
+
+
+async def _expect_pending(
+    ctx: ScenarioContext, store: Any, expected: list[tuple[int, Any]], what: str
+) -> None:
+    pending = await store.pending_commands(1000)
+    ctx.expect_equal([(p.command_id, p.command) for p in pending], expected, what)
+
+
+@_inbox
+async def _inbox_round_trip_every_command_type(ctx: ScenarioContext) -> None:
+    """Every command type, with unicode and nested JSON payloads, comes back equal, in order."""
+    async with ctx.open() as store:
+        commands = _every_command()
+        ids = await _enqueue_all(store, commands)
+        _expect_increasing(ctx, ids, "enqueue_command()")
+        await _expect_pending(ctx, store, list(zip(ids, commands, strict=True)), "pending_commands()")
+
+
+@_inbox
+async def _inbox_fifo_order(ctx: ScenarioContext) -> None:
+    """pending_commands is oldest first, and limit takes the oldest."""
+    async with ctx.open() as store:
+        commands = [_signal(n) for n in range(25)]
+        ids = await _enqueue_all(store, commands)
+        _expect_increasing(ctx, ids, "enqueue_command()")
+        first = await store.pending_commands(10)
+        ctx.expect_equal(
+            [(p.command_id, p.command) for p in first],
+            list(zip(ids, commands, strict=True))[:10],
+            "pending_commands(limit=10)",
+        )
+        await _expect_pending(ctx, store, list(zip(ids, commands, strict=True)), "pending_commands()")
+
+
+@_inbox
+async def _inbox_ack_removes_from_pending(ctx: ScenarioContext) -> None:
+    """An acked command leaves pending_commands, the rest keep their order; a second ack keeps
+    the first outcome."""
+    async with ctx.open() as store:
+        commands = [_signal(n) for n in range(5)]
+        ids = await _enqueue_all(store, commands)
+        first = CommandOutcome.success("signal 's2' recorded")
+        await store.ack_command(ids[2], first)
+        await store.ack_command(ids[0], CommandOutcome(ok=False, message="no", error_type="NotRunning"))
+        expected = [(ids[i], commands[i]) for i in (1, 3, 4)]
+        await _expect_pending(ctx, store, expected, "pending_commands() after two acks")
+        await store.ack_command(ids[2], CommandOutcome.success("again"))
+        ctx.expect_equal(await store.command_outcome(ids[2]), first, "the outcome after a second ack")
+        await _expect_pending(ctx, store, expected, "pending_commands() after a second ack")
+
+
+@_inbox
+async def _inbox_outcome_readable(ctx: ScenarioContext) -> None:
+    """command_outcome is None while pending, the acked outcome after; unknown ids are NotFound."""
+    async with ctx.open() as store:
+        ids = await _enqueue_all(store, [StartCommand(workflow_id="w", workflow_type="t"), _signal(1)])
+        ctx.expect_equal(await store.command_outcome(ids[0]), None, "command_outcome() while pending")
+        ok = CommandOutcome.success("started workflow 'w' run r-1", run_id="r-1")
+        bad = CommandOutcome(
+            ok=False,
+            message="cannot signal 's1' to workflow 'wf-1': it is completed",
+            error_type="NotRunning",
+        )
+        await store.ack_command(ids[0], ok)
+        await store.ack_command(ids[1], bad)
+        ctx.expect_equal(await store.command_outcome(ids[0]), ok, "command_outcome() of a success")
+        ctx.expect_equal(await store.command_outcome(ids[1]), bad, "command_outcome() of a refusal")
+        unknown = max(ids) + 1000
+        with ctx.expect_raises(NotFound, "command_outcome() of an unknown id"):
+            await store.command_outcome(unknown)
+        with ctx.expect_raises(NotFound, "ack_command() of an unknown id"):
+            await store.ack_command(unknown, ok)
+
+
+@_inbox
+async def _inbox_survives_reopen(ctx: ScenarioContext) -> None:
+    """Pending commands and outcomes survive closing and reopening; later ids stay larger."""
+    commands = [_signal(n) for n in range(3)]
+    outcome = CommandOutcome.success("done")
+    async with ctx.open() as store:
+        ids = await _enqueue_all(store, commands)
+        await store.ack_command(ids[1], outcome)
+    async with ctx.open() as store:
+        expected = [(ids[0], commands[0]), (ids[2], commands[2])]
+        await _expect_pending(ctx, store, expected, "pending_commands() after reopening")
+        ctx.expect_equal(await store.command_outcome(ids[1]), outcome, "command_outcome() after reopening")
+        later = await store.enqueue_command(_signal(9))
+        ctx.expect(later > max(ids), f"an id given after reopening ({later}) is not above the earlier {ids}")
+
+
+@_inbox
+async def _inbox_concurrent_enqueues_from_two_handles(ctx: ScenarioContext) -> None:
+    """Two handles enqueueing at once: distinct ids, every command pending once, in id order."""
+    per_handle = 10
+    async with ctx.open() as first, ctx.open() as second:
+        got: list[tuple[int, Any]] = []
+
+        async def send(store: Any, base: int) -> None:
+            for n in range(base, base + per_handle):
+                command = _signal(n)
+                got.append((await store.enqueue_command(command), command))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, first, 0)
+            nursery.start_soon(send, second, 100)
+        ids = [cid for cid, _ in got]
+        ctx.expect(len(set(ids)) == len(ids), f"concurrent enqueues gave duplicate ids: {sorted(ids)}")
+        await _expect_pending(ctx, first, sorted(got, key=lambda p: p[0]), "pending_commands()")
+
+
+@_inbox
+async def _inbox_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+    """Every inbox method is a Trio checkpoint, NotFound included."""
+    async with ctx.open() as store:
+        ids: list[int] = []
+
+        async def enqueue() -> None:
+            ids.append(await store.enqueue_command(_signal(1)))
+
+        await ctx.expect_checkpoint("enqueue_command()", enqueue)
+        await ctx.expect_checkpoint("pending_commands()", store.pending_commands)
+        await ctx.expect_checkpoint("command_outcome()", lambda: store.command_outcome(ids[0]))
+        await ctx.expect_checkpoint(
+            "ack_command()", lambda: store.ack_command(ids[0], CommandOutcome.success("ok"))
+        )
+        await ctx.expect_checkpoint(
+            "command_outcome() of an unknown id",
+            lambda: store.command_outcome(ids[0] + 1000),
+            raises=NotFound,
+        )
+
+
+@_inbox
+async def _inbox_use_after_close(ctx: ScenarioContext) -> None:
+    """After the store is closed, inbox methods raise trio.ClosedResourceError."""
+    async with ctx.open() as store:
+        await store.aclose()
+        with ctx.expect_raises(trio.ClosedResourceError, "enqueue_command() after aclose()"):
+            await store.enqueue_command(_signal(1))
+        with ctx.expect_raises(trio.ClosedResourceError, "pending_commands() after aclose()"):
+            await store.pending_commands()

@@ -1,0 +1,226 @@
+"""Ownership and the command inbox: the writes and reads behind ``SqliteStore``'s
+:class:`~aion_trio.OwnedStore` and :class:`~aion_trio.CommandInbox` methods.
+
+The writes are :class:`WriteOp` subclasses the writer thread applies inside
+its ``BEGIN IMMEDIATE`` transaction, like any other write.  A claim reads the
+owner row, decides with :func:`aion_trio.plugin.decide_claim` and writes, all
+inside that one transaction: the write lock is held from the read to the
+commit, so two processes taking over one dead claim serialise and the second
+reads the first's fresh claim and is refused.  A refusal sets ``error`` and
+writes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import apsw
+
+from aion_trio import AionError
+from aion_trio.plugin import (
+    CommandDecodeError,
+    CommandOutcome,
+    NotFound,
+    OwnerClaim,
+    OwnerIdentity,
+    PendingCommand,
+    SerializationError,
+    command_from_data_json,
+    decide_claim,
+    decide_renew,
+    outcome_from_json,
+    outcome_to_json,
+)
+
+from . import _codec
+from ._threads import ReadOp
+from ._writes import WriteOp
+
+_SQL_OWNER = "SELECT pid, host, started_at, token, since, renewed_at, stale_after_us FROM owner WHERE id = 1"
+_SQL_PUT_OWNER = (
+    "INSERT OR REPLACE INTO owner (id, pid, host, started_at, token, since, renewed_at, stale_after_us)"
+    " VALUES (1, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SQL_RENEW_OWNER = "UPDATE owner SET renewed_at = ? WHERE id = 1 AND token = ?"
+_SQL_RELEASE_OWNER = "DELETE FROM owner WHERE id = 1 AND token = ?"
+_SQL_ENQUEUE = "INSERT INTO inbox (type, data) VALUES (?, ?)"
+_SQL_ACK = "UPDATE inbox SET acked = 1, outcome = ? WHERE command_id = ? AND acked = 0"
+_SQL_COMMAND_EXISTS = "SELECT 1 FROM inbox WHERE command_id = ?"
+_SQL_PENDING = "SELECT command_id, type, data FROM inbox WHERE acked = 0 ORDER BY command_id LIMIT ?"
+_SQL_OUTCOME = "SELECT acked, outcome FROM inbox WHERE command_id = ?"
+
+
+def _decode_owner(row: Any, location: str) -> OwnerClaim:
+    pid, host, started_at, token, since, renewed_at, stale_after_us = row
+    try:
+        return OwnerClaim(
+            identity=OwnerIdentity(pid=pid, host=host, started_at=_codec.from_us(started_at), token=token),
+            since=_codec.from_us(since),
+            renewed_at=_codec.from_us(renewed_at),
+            stale_after=timedelta(microseconds=stale_after_us),
+        )
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SerializationError(
+            "(owner)", None, f"the owner row is damaged: {exc}", location=location
+        ) from exc
+
+
+def read_owner(conn: apsw.Connection, location: str) -> OwnerClaim | None:
+    rows = conn.execute(_SQL_OWNER).fetchall()
+    return _decode_owner(rows[0], location) if rows else None
+
+
+def _owner_params(claim: OwnerClaim) -> tuple[Any, ...]:
+    ident = claim.identity
+    stale_us = claim.stale_after // timedelta(microseconds=1)
+    return (
+        ident.pid,
+        ident.host,
+        _codec.to_us(ident.started_at),
+        ident.token,
+        _codec.to_us(claim.since),
+        _codec.to_us(claim.renewed_at),
+        stale_us,
+    )
+
+
+class ClaimOp(WriteOp):
+    """Read the claim, apply the takeover rule, write the winner's claim (or refuse)."""
+
+    __slots__ = ("identity", "location", "now", "result", "stale_after")
+    doing = "claiming the store"
+
+    def __init__(self, identity: OwnerIdentity, now: datetime, stale_after: timedelta, location: str) -> None:
+        super().__init__()
+        self.identity = identity
+        self.now = now
+        self.stale_after = stale_after
+        self.location = location
+        self.result: OwnerClaim | None = None
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        self.result = None
+        try:
+            claim = decide_claim(
+                read_owner(conn, self.location),
+                self.identity,
+                now=self.now,
+                stale_after=self.stale_after,
+                location=self.location,
+            )
+        except AionError as exc:  # StoreOwned, or a damaged row: refused, nothing written
+            self.error = exc
+            return
+        conn.execute(_SQL_PUT_OWNER, _owner_params(claim))
+        self.result = claim
+
+
+class RenewOp(WriteOp):
+    """The owner's heartbeat: refused with ``NotOwner`` if the claim is no longer its own."""
+
+    __slots__ = ("claim", "location", "now", "result")
+    doing = "renewing the store's owner claim"
+
+    def __init__(self, claim: OwnerClaim, now: datetime, location: str) -> None:
+        super().__init__()
+        self.claim = claim
+        self.now = now
+        self.location = location
+        self.result: OwnerClaim | None = None
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        self.result = None
+        try:
+            renewed = decide_renew(read_owner(conn, self.location), self.claim, now=self.now)
+        except AionError as exc:  # NotOwner, or a damaged row
+            self.error = exc
+            return
+        conn.execute(_SQL_RENEW_OWNER, (_codec.to_us(renewed.renewed_at), renewed.identity.token))
+        self.result = renewed
+
+
+class ReleaseOp(WriteOp):
+    __slots__ = ("token",)
+    doing = "releasing the store's owner claim"
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self.token = token
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.execute(_SQL_RELEASE_OWNER, (self.token,))
+
+
+class EnqueueOp(WriteOp):
+    __slots__ = ("data", "kind", "result")
+    doing = "queueing a command"
+
+    def __init__(self, kind: str, data: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.data = data
+        self.result: int | None = None
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.execute(_SQL_ENQUEUE, (self.kind, self.data))
+        self.result = conn.last_insert_rowid()
+
+
+class AckOp(WriteOp):
+    __slots__ = ("command_id", "location", "outcome")
+    doing = "acknowledging a command"
+
+    def __init__(self, command_id: int, outcome: CommandOutcome, location: str) -> None:
+        super().__init__()
+        self.command_id = command_id
+        self.outcome = outcome_to_json(outcome)
+        self.location = location
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.execute(_SQL_ACK, (self.outcome, self.command_id))
+        if conn.changes() == 0 and not conn.execute(_SQL_COMMAND_EXISTS, (self.command_id,)).fetchall():
+            self.error = NotFound(f"no inbox command #{self.command_id} in {self.location}")
+
+
+def owner_read(location: str) -> ReadOp[OwnerClaim | None]:
+    return ReadOp(lambda conn: read_owner(conn, location))
+
+
+def pending_read(limit: int, location: str) -> ReadOp[list[PendingCommand]]:
+    def run(conn: apsw.Connection) -> list[PendingCommand]:
+        out = []
+        for command_id, kind, data in conn.execute(_SQL_PENDING, (limit,)):
+            try:
+                command = command_from_data_json(kind, data)
+            except CommandDecodeError as exc:
+                raise SerializationError(
+                    "(inbox)", None, f"command #{command_id}: {exc}", location=location
+                ) from exc
+            out.append(PendingCommand(command_id=command_id, command=command))
+        return out
+
+    return ReadOp(run)
+
+
+def outcome_read(command_id: int, location: str) -> ReadOp[CommandOutcome | None]:
+    def run(conn: apsw.Connection) -> CommandOutcome | None:
+        rows = conn.execute(_SQL_OUTCOME, (command_id,)).fetchall()
+        if not rows:
+            raise NotFound(f"no inbox command #{command_id} in {location}")
+        acked, text = rows[0]
+        if not acked:
+            return None
+        try:
+            return outcome_from_json(text)
+        except CommandDecodeError as exc:
+            raise SerializationError(
+                "(inbox)", None, f"command #{command_id}: {exc}", location=location
+            ) from exc
+
+    return ReadOp(run)
