@@ -27,6 +27,7 @@ runs under the real clock on the SQLite store, and waits really are days.
 
 from __future__ import annotations
 
+import argparse
 import time
 from datetime import timedelta
 from typing import Any
@@ -122,6 +123,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     real_start = time.monotonic()
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     print(f"real time: {time.monotonic() - real_start:.2f} s")
