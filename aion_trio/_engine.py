@@ -93,8 +93,9 @@ from ._events import (
     validate_search_attributes,
 )
 from ._ids import deadline_timer_id, new_run_id, new_workflow_id, validate_workflow_id
+from ._observe import ObserverHub, RecoveryFinished, build_hub
 from ._payload import Payload, PayloadCodec
-from ._plugins import open_store
+from ._plugins import default_plugin_manager, open_store
 from ._projections import (
     current_lease_terminal,
     failure,
@@ -229,10 +230,16 @@ class EngineCore:
         config: EngineConfig,
         clock: EngineClock,
         dispatcher: ActivityDispatcher,
+        observers: ObserverHub | None = None,
     ) -> None:
         self.store = store
+        #: The engine's observers; ``None`` (nobody observes) costs nothing.
+        self.observers = observers
         self.events: EventStore = store.events
         self.visibility: VisibilityStore = store.visibility
+        if observers is not None:
+            self.events = observers.wrap_events(self.events)
+            self.visibility = observers.wrap_visibility(self.visibility)
         self.epoch = epoch
         self.workflows = workflows
         self.activities = activities
@@ -305,7 +312,9 @@ class EngineCore:
         done = trio.Event()
         self._loading[workflow_id] = done
         try:
-            recorder = await Recorder.load(workflow_id, self.events, self.epoch, self.clock)
+            recorder = await Recorder.load(
+                workflow_id, self.events, self.epoch, self.clock, observers=self.observers
+            )
             self._recorders[workflow_id] = recorder
             return recorder
         finally:
@@ -325,7 +334,7 @@ class EngineCore:
         if workflow_id in self._recorders or workflow_id in self._loading:
             return None
         self._loading[workflow_id] = trio.Event()
-        return Recorder(workflow_id, self.events, self.epoch, self.clock)
+        return Recorder(workflow_id, self.events, self.epoch, self.clock, observers=self.observers)
 
     def release_unloaded(self, recorder: Recorder, *, adopt: bool) -> None:
         """End a :meth:`claim_unloaded`: install the recorder (its append landed) or drop it.
@@ -737,7 +746,12 @@ class EngineCore:
         try:
             await self.events.schedule_timer(workflow_id, timer_id, fire_at)
         except StoreError as exc:
-            logger.warning("timer %s not written to the index (it fires anyway): %s", timer_id, exc)
+            logger.warning(
+                "timer %s not written to the index (it fires anyway): %s",
+                timer_id,
+                exc,
+                extra={"workflow_id": workflow_id, "run_id": run_id, "timer": timer_id},
+            )
 
     async def timer_service(self) -> None:
         """Fire due timers by appending ``TimerFired`` (history decides; the heap is a schedule)."""
@@ -873,7 +887,12 @@ class EngineCore:
         try:
             await self.events.remove_timer(workflow_id, timer_id)
         except StoreError as exc:
-            logger.warning("could not remove timer %s from the index (harmless): %s", timer_id, exc)
+            logger.warning(
+                "could not remove timer %s from the index (harmless): %s",
+                timer_id,
+                exc,
+                extra={"workflow_id": workflow_id, "timer": timer_id},
+            )
 
     # -- visibility --------------------------------------------------------
 
@@ -1067,6 +1086,7 @@ class EngineCore:
 
     async def recover(self) -> None:
         """The startup sweep: resume every active workflow; one failure does not stop the others."""
+        began = trio.current_time()
         active = await self.events.list_active()
         resumed = 0
         for workflow_id in active:
@@ -1080,9 +1100,18 @@ class EngineCore:
                 self.stuck[workflow_id] = reason
                 logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
         if active:
-            logger.info("recovery resumed %d of %d active workflows", resumed, len(active))
+            logger.info(
+                "recovery resumed %d of %d active workflows",
+                resumed,
+                len(active),
+                extra={"active": len(active), "resumed": resumed},
+            )
         await self.resume_teardowns(set(active))
         await self.reconcile_visibility(set(active))
+        if self.observers is not None:
+            self.observers.emit(
+                RecoveryFinished(active=len(active), resumed=resumed, seconds=trio.current_time() - began)
+            )
 
     async def resume_teardowns(self, active: set[str]) -> None:
         """Deadline teardowns interrupted by a crash (``WorkflowTimedOut`` recorded, deadline
@@ -1442,7 +1471,9 @@ class Engine:
             core.stop_run_locally(workflow_id, run_id, events[0])
             await forget_retired(core, workflow_id, bodies)
         logger.warning(
-            "workflow run terminated: %s", reason or "(no reason given)", extra={"workflow_id": workflow_id}
+            "workflow run terminated: %s",
+            reason or "(no reason given)",
+            extra={"workflow_id": workflow_id, "run_id": run_id},
         )
         with trio.CancelScope(shield=True), trio.move_on_after(core.config.bookkeeping_timeout):
             await core.upsert_visibility(workflow_id)
@@ -1738,6 +1769,7 @@ async def open_engine(
     config: EngineConfig | None = None,
     dispatcher: ActivityDispatcher | None = None,
     drain_timeout: float | None = None,
+    observers: Iterable[object] = (),
 ) -> AsyncIterator[Engine]:
     """Open an engine over ``store`` (a URL such as ``sqlite:///orders.db`` or an opened store).
 
@@ -1750,11 +1782,16 @@ async def open_engine(
     seconds in-flight activity attempts may run on to record their outcome;
     what still runs then is parked (nothing recorded) and re-dispatched by the
     next engine on the store.
+
+    ``observers``: callables ``observer(event)`` (or plugin objects implementing
+    ``aion_trio_observe``) handed each :class:`ObserverEvent`, after the
+    observers plugins registered through the ``aion_trio`` entry points.
     """
     config = config or EngineConfig()
     if drain_timeout is not None:
         config = attrs.evolve(config, drain_timeout=drain_timeout)
     workflow_map, activity_map = index_definitions(workflows, activities)
+    hub = build_hub(observers, default_plugin_manager())
     clock = config.clock
     async with contextlib.AsyncExitStack() as stack:
         if isinstance(store, str):
@@ -1779,6 +1816,7 @@ async def open_engine(
                     clock=clock or TrioClock.start(),
                     dispatcher=dispatcher
                     or InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter),
+                    observers=hub,
                 )
                 engine = Engine(core)
                 try:

@@ -38,7 +38,7 @@ def public_names(module: types.ModuleType) -> list[str]:
 
 # fmt: off
 AION_TRIO_NAMES = [
-    "ActivityAdvisoryExhausted", "ActivityCancelled", "ActivityCompleted", "ActivityDefinition",
+    "ActivityAdvisoryExhausted", "ActivityAttemptEnded", "ActivityAttemptStarted", "ActivityCancelled", "ActivityCompleted", "ActivityDefinition",
     "ActivityDispatcher", "ActivityError", "ActivityFailed", "ActivityFailure", "ActivityFallbackRouted",
     "ActivityHandle", "ActivityInfo", "ActivityOptions", "ActivityOutcome", "ActivityRequest",
     "ActivityScheduled", "ActivityStarted", "AionError", "AionInternalError", "BackendUnavailable", "CannotReopen",
@@ -48,18 +48,18 @@ AION_TRIO_NAMES = [
     "EngineEpochClosed", "EngineError", "EngineStatistics", "ErrorInfo", "Event", "EventBody",
     "EventDecodeError", "EventStore", "Exponential", "FailureCause", "Fixed", "IdReusePolicy",
     "InvalidBatch", "InvalidQuery", "InvalidStoreUrl", "Linear", "MarkerRecorded", "NonDeterminismError",
-    "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "OutcomeKind", "ParentClosePolicy", "Payload",
+    "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "Observer", "ObserverEvent", "OutcomeKind", "ParentClosePolicy", "Payload",
     "PayloadCodec",
     "PayloadError", "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity", "PluginError",
-    "PolicyRefused", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable", "RetryPolicy", "RunHandle", "SearchAttributesUpserted", "SearchOp",
+    "PolicyRefused", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable", "RecoveryFinished", "RetryPolicy", "RunHandle", "SearchAttributesUpserted", "SearchOp",
     "SearchPredicate", "SequenceConflict", "SerializationError", "SignalReceived", "Store", "StoreError",
-    "StoreOpenError", "StorePathError", "StoreSchemeConflict", "TerminalError", "Timeout", "TimeoutKind", "TimeoutScope",
+    "StoreOpenError", "StoreOperation", "StorePathError", "StoreSchemeConflict", "TerminalError", "Timeout", "TimeoutKind", "TimeoutScope",
     "TimerCancelCause", "TimerCancelled", "TimerFired", "TimerHandle", "TimerStarted", "UnknownActivityType", "UnknownQuery",
     "UnknownStoreScheme", "UnknownWorkflowType", "VisibilityFilter", "VisibilityRow", "VisibilityStore",
     "WorkerLost", "WorkflowAlreadyStarted", "WorkflowCancelRequested", "WorkflowCancelled",
     "WorkflowCommandError", "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew",
     "WorkflowDefinition", "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowNotFound",
-    "WorkflowReopened", "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut", "activity",
+    "WorkflowReopened", "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut", "activity",
     "activity_info", "heartbeat", "open_engine", "open_store", "workflow",
 ]
 
