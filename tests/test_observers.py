@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -330,7 +331,8 @@ async def test_an_entry_point_plugin_observes_every_engine(
     seen = aion_trio_test_observer.SEEN
     assert [e.workflow_id for e in _of(seen, aion.WorkflowRunEnded)] == ["ep"]
     # Disabled by name, it is not loaded.
-    monkeypatch.setenv(DISABLE_ENV, "test-observer")
+    disabled = [name for name in os.environ.get(DISABLE_ENV, "").split(",") if name]
+    monkeypatch.setenv(DISABLE_ENV, ",".join([*disabled, "test-observer"]))
     async with aion.open_engine(store_url(), workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
         assert engine._core.observers is None
 
