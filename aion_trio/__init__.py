@@ -137,6 +137,16 @@ from ._events import (
     WorkflowStatus as WorkflowStatus,
     WorkflowTimedOut as WorkflowTimedOut,
 )
+from ._observe import (
+    ActivityAttemptEnded as ActivityAttemptEnded,
+    ActivityAttemptStarted as ActivityAttemptStarted,
+    Observer as Observer,
+    ObserverEvent as ObserverEvent,
+    RecoveryFinished as RecoveryFinished,
+    StoreOperation as StoreOperation,
+    WorkflowRunEnded as WorkflowRunEnded,
+    WorkflowRunStarted as WorkflowRunStarted,
+)
 from ._ownership import OwnerClaim as OwnerClaim, OwnerIdentity as OwnerIdentity
 from ._payload import Payload as Payload, PayloadCodec as PayloadCodec
 from ._plugins import open_store as open_store

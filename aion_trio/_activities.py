@@ -48,6 +48,7 @@ from ._events import (
     EventBody,
     FailureCause,
 )
+from ._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from ._payload import Payload, PayloadCodec
 from ._projections import activity_settled_or_run_ended, retry_trail, run_segment
 from ._retry import ActivityOptions, TransientBackoff
@@ -325,6 +326,14 @@ class InProcessDispatcher:
         return await trio_asyncio.aio_as_trio(definition.fn, loop=self._asyncio_loop)(*args)
 
 
+def _observed_outcome(outcome: ActivityOutcome) -> tuple[str, str | None]:
+    """An attempt's outcome as observers see it: (outcome, error type)."""
+    if outcome.kind is OutcomeKind.FAILED and outcome.error is not None:
+        kind = "timed_out" if outcome.error.cause is FailureCause.TIMEOUT else "failed"
+        return kind, outcome.error.type
+    return outcome.kind.value, None
+
+
 class RecordOutcome(enum.Enum):
     RECORDED = "recorded"
     #: The activity or its run already has a terminal: stop, record nothing.
@@ -491,6 +500,37 @@ class ActivityDriver:
     # -- one attempt -------------------------------------------------------------
 
     async def _attempt(self, state: _LoopState) -> ActivityOutcome:
+        hub = self.recorder.observers
+        if hub is None:
+            return await self._dispatch_attempt(state)
+        request = self.request
+        common: dict[str, Any] = {
+            "workflow_id": request.workflow_id,
+            "run_id": request.run_id,
+            "activity_id": request.activity_id,
+            "activity_type": request.activity_type,
+            "attempt": state.attempt,
+        }
+        hub.emit(ActivityAttemptStarted(task_queue=state.current_queue, **common))
+        began = trio.current_time()
+        kind, error_type = "cancelled", None
+        try:
+            outcome = await self._dispatch_attempt(state)
+            kind, error_type = _observed_outcome(outcome)
+            return outcome
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:
+            kind, error_type = "failed", type(exc).__name__
+            raise
+        finally:
+            hub.emit(
+                ActivityAttemptEnded(
+                    outcome=kind, seconds=trio.current_time() - began, error_type=error_type, **common
+                )
+            )
+
+    async def _dispatch_attempt(self, state: _LoopState) -> ActivityOutcome:
         request = self.request
         if request.attempt != state.attempt or request.task_queue != state.current_queue:
             request = attrs.evolve(request, attempt=state.attempt, task_queue=state.current_queue)

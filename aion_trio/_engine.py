@@ -94,9 +94,10 @@ from ._events import (
 )
 from ._ids import deadline_timer_id, new_run_id, new_workflow_id, validate_workflow_id
 from ._inbox import InboxDrainer, Ownership
+from ._observe import ObserverHub, RecoveryFinished, build_hub
 from ._ownership import OwnerClaim, OwnerIdentity, wall_now
 from ._payload import Payload, PayloadCodec
-from ._plugins import open_store
+from ._plugins import default_plugin_manager, open_store
 from ._projections import (
     current_lease_terminal,
     failure,
@@ -264,10 +265,16 @@ class EngineCore:
         config: EngineConfig,
         clock: EngineClock,
         dispatcher: ActivityDispatcher,
+        observers: ObserverHub | None = None,
     ) -> None:
         self.store = store
+        #: The engine's observers; ``None`` (nobody observes) costs nothing.
+        self.observers = observers
         self.events: EventStore = store.events
         self.visibility: VisibilityStore = store.visibility
+        if observers is not None:
+            self.events = observers.wrap_events(self.events)
+            self.visibility = observers.wrap_visibility(self.visibility)
         self.epoch = epoch
         self.workflows = workflows
         self.activities = activities
@@ -340,7 +347,9 @@ class EngineCore:
         done = trio.Event()
         self._loading[workflow_id] = done
         try:
-            recorder = await Recorder.load(workflow_id, self.events, self.epoch, self.clock)
+            recorder = await Recorder.load(
+                workflow_id, self.events, self.epoch, self.clock, observers=self.observers
+            )
             self._recorders[workflow_id] = recorder
             return recorder
         finally:
@@ -360,7 +369,7 @@ class EngineCore:
         if workflow_id in self._recorders or workflow_id in self._loading:
             return None
         self._loading[workflow_id] = trio.Event()
-        return Recorder(workflow_id, self.events, self.epoch, self.clock)
+        return Recorder(workflow_id, self.events, self.epoch, self.clock, observers=self.observers)
 
     def release_unloaded(self, recorder: Recorder, *, adopt: bool) -> None:
         """End a :meth:`claim_unloaded`: install the recorder (its append landed) or drop it.
@@ -772,7 +781,12 @@ class EngineCore:
         try:
             await self.events.schedule_timer(workflow_id, timer_id, fire_at)
         except StoreError as exc:
-            logger.warning("timer %s not written to the index (it fires anyway): %s", timer_id, exc)
+            logger.warning(
+                "timer %s not written to the index (it fires anyway): %s",
+                timer_id,
+                exc,
+                extra={"workflow_id": workflow_id, "run_id": run_id, "timer": timer_id},
+            )
 
     async def timer_service(self) -> None:
         """Fire due timers by appending ``TimerFired`` (history decides; the heap is a schedule)."""
@@ -908,7 +922,12 @@ class EngineCore:
         try:
             await self.events.remove_timer(workflow_id, timer_id)
         except StoreError as exc:
-            logger.warning("could not remove timer %s from the index (harmless): %s", timer_id, exc)
+            logger.warning(
+                "could not remove timer %s from the index (harmless): %s",
+                timer_id,
+                exc,
+                extra={"workflow_id": workflow_id, "timer": timer_id},
+            )
 
     # -- visibility --------------------------------------------------------
 
@@ -1102,6 +1121,7 @@ class EngineCore:
 
     async def recover(self) -> None:
         """The startup sweep: resume every active workflow; one failure does not stop the others."""
+        began = trio.current_time()
         active = await self.events.list_active()
         resumed = 0
         for workflow_id in active:
@@ -1115,9 +1135,18 @@ class EngineCore:
                 self.stuck[workflow_id] = reason
                 logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
         if active:
-            logger.info("recovery resumed %d of %d active workflows", resumed, len(active))
+            logger.info(
+                "recovery resumed %d of %d active workflows",
+                resumed,
+                len(active),
+                extra={"active": len(active), "resumed": resumed},
+            )
         await self.resume_teardowns(set(active))
         await self.reconcile_visibility(set(active))
+        if self.observers is not None:
+            self.observers.emit(
+                RecoveryFinished(active=len(active), resumed=resumed, seconds=trio.current_time() - began)
+            )
 
     async def resume_teardowns(self, active: set[str]) -> None:
         """Deadline teardowns interrupted by a crash (``WorkflowTimedOut`` recorded, deadline
@@ -1498,7 +1527,9 @@ class Engine:
             core.stop_run_locally(workflow_id, run_id, events[0])
             await forget_retired(core, workflow_id, bodies)
         logger.warning(
-            "workflow run terminated: %s", reason or "(no reason given)", extra={"workflow_id": workflow_id}
+            "workflow run terminated: %s",
+            reason or "(no reason given)",
+            extra={"workflow_id": workflow_id, "run_id": run_id},
         )
         with trio.CancelScope(shield=True), trio.move_on_after(core.config.bookkeeping_timeout):
             await core.upsert_visibility(workflow_id)
@@ -1794,6 +1825,7 @@ async def open_engine(
     config: EngineConfig | None = None,
     dispatcher: ActivityDispatcher | None = None,
     drain_timeout: float | None = None,
+    observers: Iterable[object] = (),
 ) -> AsyncIterator[Engine]:
     """Open an engine over ``store`` (a URL such as ``sqlite:///orders.db`` or an opened store).
 
@@ -1816,11 +1848,15 @@ async def open_engine(
     raised.  A store with a :class:`~aion_trio.CommandInbox` is drained after
     recovery and then every ``config.inbox_poll_interval`` seconds
     (:meth:`Engine.drain_inbox` drains at once).
+    ``observers``: callables ``observer(event)`` (or plugin objects implementing
+    ``aion_trio_observe``) handed each :class:`ObserverEvent`, after the
+    observers plugins registered through the ``aion_trio`` entry points.
     """
     config = config or EngineConfig()
     if drain_timeout is not None:
         config = attrs.evolve(config, drain_timeout=drain_timeout)
     workflow_map, activity_map = index_definitions(workflows, activities)
+    hub = build_hub(observers, default_plugin_manager())
     clock = config.clock
     async with contextlib.AsyncExitStack() as stack:
         if isinstance(store, str):
@@ -1864,6 +1900,7 @@ async def open_engine(
                     clock=clock or TrioClock.start(),
                     dispatcher=dispatcher
                     or InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter),
+                    observers=hub,
                 )
                 engine = Engine(core)
                 engine._ownership = ownership

@@ -111,15 +111,24 @@ class EngineEpoch:
         """Start a background task in the epoch nursery (refused once closed)."""
         if not self._open:
             raise epoch_closed(workflow_id, run_id, f"start background task {name}")
-        self._nursery.start_soon(self._counted, fn, args, name, name=name)
+        self._nursery.start_soon(self._counted, fn, args, name, workflow_id, run_id, name=name)
 
-    async def _counted(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], name: str) -> None:
+    async def _counted(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        name: str,
+        workflow_id: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
         self._tasks += 1
         try:
             await fn(*args)
         except Exception:
             # One task's failure must not take down the epoch (and every other run).
-            logger.exception("background task %s failed", name)
+            logger.exception(
+                "background task %s failed", name, extra={"workflow_id": workflow_id, "run_id": run_id}
+            )
         finally:
             self._tasks -= 1
 
@@ -165,7 +174,15 @@ class EngineEpoch:
         try:
             await body(slot)
         except Exception:
-            logger.exception("completion retry for %s failed", slot.key)
+            logger.exception(
+                "completion retry for %s failed",
+                slot.key,
+                extra={
+                    "workflow_id": slot.key.workflow_id,
+                    "run_id": slot.key.run_id,
+                    "lease": slot.key.lease_id,
+                },
+            )
         finally:
             self._tasks -= 1
             self.release_completion_retry(slot)

@@ -111,6 +111,16 @@ class _Specs:
         the opener is called.
         """
 
+    @hookspec
+    def aion_trio_observe(self, event: Any) -> None:
+        """Observe one engine event (an :class:`aion_trio.ObserverEvent` record).
+
+        Called synchronously from the engine, never while a recorder lock is
+        held and never for what replay re-reads; keep it quick and do not
+        block (hand slow work to a thread or a queue).  An exception is logged
+        and the engine carries on.
+        """
+
 
 def _disabled_names() -> set[str]:
     raw = os.environ.get(DISABLE_ENV, "")
@@ -197,6 +207,7 @@ def build_registry(pm: pluggy.PluginManager, *, group: str = ENTRY_POINT_GROUP) 
 
 _default_lock = threading.Lock()
 _default_registry: StoreRegistry | None = None
+_default_managers: dict[str, pluggy.PluginManager] = {}
 
 
 def default_registry(*, reload: bool = False) -> StoreRegistry:
@@ -206,6 +217,17 @@ def default_registry(*, reload: bool = False) -> StoreRegistry:
         if _default_registry is None or reload:
             _default_registry = build_registry(make_plugin_manager())
         return _default_registry
+
+
+def default_plugin_manager() -> pluggy.PluginManager:
+    """The process-wide manager of entry-point plugins (observers use it), built once per
+    value of ``AION_TRIO_DISABLE_PLUGINS``."""
+    key = os.environ.get(DISABLE_ENV, "")
+    with _default_lock:
+        pm = _default_managers.get(key)
+        if pm is None:
+            pm = _default_managers[key] = make_plugin_manager()
+        return pm
 
 
 def url_scheme(url: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime
-from typing import final
+from typing import TYPE_CHECKING, final
 
 import trio
 
@@ -27,6 +27,9 @@ from ._epoch import EngineEpoch
 from ._errors import AionInternalError, SequenceConflict
 from ._events import Event, EventBody, WorkflowReopened, WorkflowStarted, make_batch
 from ._store import EventStore
+
+if TYPE_CHECKING:
+    from ._observe import ObservedLock, ObserverHub
 
 logger = logging.getLogger("aion_trio.recorder")
 
@@ -42,8 +45,12 @@ class Recorder:
         epoch: EngineEpoch,
         clock: EngineClock,
         history: Sequence[Event] = (),
+        *,
+        observers: ObserverHub | None = None,
     ) -> None:
         self.workflow_id = workflow_id
+        #: The engine's observers (``None``: nobody observes, nothing is built).
+        self.observers = observers
         self._store = store
         self._epoch = epoch
         self._clock = clock
@@ -59,11 +66,17 @@ class Recorder:
 
     @classmethod
     async def load(
-        cls, workflow_id: str, store: EventStore, epoch: EngineEpoch, clock: EngineClock
+        cls,
+        workflow_id: str,
+        store: EventStore,
+        epoch: EngineEpoch,
+        clock: EngineClock,
+        *,
+        observers: ObserverHub | None = None,
     ) -> Recorder:
         """A recorder resumed at the stored head, with the stored history."""
         history = await store.read_history(workflow_id)
-        return cls(workflow_id, store, epoch, clock, history)
+        return cls(workflow_id, store, epoch, clock, history, observers=observers)
 
     @classmethod
     def resume_at(
@@ -73,20 +86,28 @@ class Recorder:
         epoch: EngineEpoch,
         clock: EngineClock,
         history: Sequence[Event],
+        *,
+        observers: ObserverHub | None = None,
     ) -> Recorder:
-        return cls(workflow_id, store, epoch, clock, history)
+        return cls(workflow_id, store, epoch, clock, history, observers=observers)
 
     # -- state -------------------------------------------------------------
 
     @property
-    def lock(self) -> trio.Lock:
-        return self._lock
+    def lock(self) -> trio.Lock | ObservedLock:
+        """The lock (``async with recorder.lock:``).  With observers, a wrapper whose
+        release delivers what the holder observed meanwhile (never under the lock)."""
+        if self.observers is None:
+            return self._lock
+        return self.observers.lock(self._lock)
 
-    def hold(self) -> _Hold:
+    def hold(self) -> _Hold | ObservedLock:
         """``async with recorder.hold():`` -- the lock, taken without a scheduler
         round trip when it is free (the append that follows is the checkpoint);
         a cancelled caller still raises here, and a busy lock waits as usual."""
-        return _Hold(self._lock)
+        if self.observers is None:
+            return _Hold(self._lock)
+        return self.observers.lock(self._lock, nowait=True)
 
     @property
     def head(self) -> int:
@@ -154,6 +175,8 @@ class Recorder:
         self._stale = False
         self._pending = None
         self._grew(extra)
+        if self.observers is not None:
+            self.observers.appended(self._history, extra)
 
     # -- writing -----------------------------------------------------------
 
@@ -197,6 +220,8 @@ class Recorder:
         self._head = events[-1].seq
         self.appends += 1
         self._grew(events)
+        if self.observers is not None:
+            self.observers.appended(self._history, events)
         return events
 
     # -- waiting -----------------------------------------------------------

@@ -38,7 +38,7 @@ def public_names(module: types.ModuleType) -> list[str]:
 
 # fmt: off
 AION_TRIO_NAMES = [
-    "ActivityAdvisoryExhausted", "ActivityCancelled", "ActivityCompleted", "ActivityDefinition",
+    "ActivityAdvisoryExhausted", "ActivityAttemptEnded", "ActivityAttemptStarted", "ActivityCancelled", "ActivityCompleted", "ActivityDefinition",
     "ActivityDispatcher", "ActivityError", "ActivityFailed", "ActivityFailure", "ActivityFallbackRouted",
     "ActivityHandle", "ActivityInfo", "ActivityOptions", "ActivityOutcome", "ActivityRequest",
     "ActivityScheduled", "ActivityStarted", "AionError", "AionInternalError", "BackendUnavailable",
@@ -48,21 +48,22 @@ AION_TRIO_NAMES = [
     "EngineClock", "EngineConfig", "EngineEpochClosed", "EngineError", "EngineStatistics", "ErrorInfo",
     "Event", "EventBody", "EventDecodeError", "EventStore", "Exponential", "FailureCause", "Fixed",
     "IdReusePolicy", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl", "Linear", "MarkerRecorded",
-    "NonDeterminismError", "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "OutcomeKind",
-    "OwnedStore", "OwnerClaim", "OwnerIdentity", "ParentClosePolicy", "Payload", "PayloadCodec",
-    "PayloadError", "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity", "PendingCommand",
-    "PluginError", "PolicyRefused", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable",
-    "ReopenCommand", "RetryPolicy", "RunHandle", "SearchAttributesUpserted", "SearchOp", "SearchPredicate",
-    "SequenceConflict", "SerializationError", "SignalCommand", "SignalReceived", "StartCommand", "Store",
-    "StoreError", "StoreOpenError", "StoreOwned", "StorePathError", "StoreSchemeConflict", "TerminalError",
+    "NonDeterminismError", "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "Observer",
+    "ObserverEvent", "OutcomeKind", "OwnedStore", "OwnerClaim", "OwnerIdentity", "ParentClosePolicy",
+    "Payload", "PayloadCodec", "PayloadError", "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity",
+    "PendingCommand", "PluginError", "PolicyRefused", "QueryError", "QueryFailed", "QueryReadOnly",
+    "QueryUnavailable", "RecoveryFinished", "ReopenCommand", "RetryPolicy", "RunHandle",
+    "SearchAttributesUpserted", "SearchOp", "SearchPredicate", "SequenceConflict", "SerializationError",
+    "SignalCommand", "SignalReceived", "StartCommand", "Store", "StoreError", "StoreOpenError",
+    "StoreOperation", "StoreOwned", "StorePathError", "StoreSchemeConflict", "TerminalError",
     "TerminateCommand", "Timeout", "TimeoutKind", "TimeoutScope", "TimerCancelCause", "TimerCancelled",
     "TimerFired", "TimerHandle", "TimerStarted", "UnknownActivityType", "UnknownQuery", "UnknownStoreScheme",
     "UnknownWorkflowType", "VisibilityFilter", "VisibilityRow", "VisibilityStore", "WorkerLost",
     "WorkflowAlreadyStarted", "WorkflowCancelRequested", "WorkflowCancelled", "WorkflowCommandError",
     "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew", "WorkflowDefinition",
     "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowNotFound", "WorkflowReopened",
-    "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut", "activity", "activity_info", "heartbeat",
-    "open_engine", "open_store", "workflow",
+    "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut",
+    "activity", "activity_info", "heartbeat", "open_engine", "open_store", "workflow",
 ]
 
 PLUGIN_NAMES = [
