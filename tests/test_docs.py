@@ -246,8 +246,14 @@ def check_plugin_page(run: PageRun) -> None:
     assert drawn <= set(run.files), f"the layout names files the page does not give: {drawn - set(run.files)}"
 
 
+def check_testing(run: PageRun) -> None:
+    tested = run.output_of("pytest -q test_billing.py")
+    assert re.search(r"\b5 passed\b", tested), tested
+
+
 PAGE_CHECKS: dict[str, Callable[[PageRun], None]] = {
     "tutorial.md": check_tutorial,
+    "testing.md": check_testing,
     "operating.md": check_operating,
     "writing-a-store-plugin.md": check_plugin_page,
 }
