@@ -76,9 +76,7 @@ class Block:
 
 def page_blocks(page: Path) -> list[Block]:
     text = page.read_text(encoding="utf-8")
-    return [
-        Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1) for m in FENCE.finditer(text)
-    ]
+    return [Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1) for m in FENCE.finditer(text)]
 
 
 @attrs.define
@@ -143,7 +141,10 @@ def _install_metadata(pyproject: Path) -> None:
 
 
 def _console_pattern(expected: list[str]) -> re.Pattern[str]:
-    parts = [r"(?:[^\n]*\n)*?" if line.strip() == "..." else re.escape(line.rstrip()) + r"[ \t]*\n" for line in expected]
+    parts = [
+        r"(?:[^\n]*\n)*?" if line.strip() == "..." else re.escape(line.rstrip()) + r"[ \t]*\n"
+        for line in expected
+    ]
     return re.compile("".join(parts) + r"\s*\Z")
 
 
@@ -180,7 +181,9 @@ def run_page(page: Path, directory: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
         skipped = NOT_RUN.match(block.code)
         if skipped:
             reason = skipped.group(1).strip()
-            assert block.lang in ("python", "bash"), f"{page.name} {block.where}: only python/bash may be not run"
+            assert block.lang in ("python", "bash"), (
+                f"{page.name} {block.where}: only python/bash may be not run"
+            )
             assert reason, f"{page.name} {block.where}: '# not run:' needs a reason"
             run.not_run.append((block, reason))
             continue
@@ -196,7 +199,9 @@ def run_page(page: Path, directory: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
             # Padding with the lines above the block makes tracebacks give the line in the page.
             exec(compile("\n" * block.line + block.code, str(page), "exec"), run.namespace)
         elif block.lang == "bash":
-            run.outputs.append((block, _shell(block.code, directory, f"{page.name} bash block at {block.where}")))
+            run.outputs.append(
+                (block, _shell(block.code, directory, f"{page.name} bash block at {block.where}"))
+            )
         elif block.lang == "console":
             run.outputs.append((block, _run_console(block, directory)))
         else:
@@ -216,13 +221,16 @@ def run_page(page: Path, directory: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
 
 def check_tutorial(run: PageRun) -> None:
     first = run.output_of("aion-trio demo --orders 20 --fresh")
-    assert "Starting 20 orders" in first and "shipped" in first, first
+    assert "Starting 20 orders" in first, first
+    assert "shipped" in first, first
     again = run.output_of("aion-trio demo --orders 20\n")
     assert "Resuming from aion-demo.db: 20 orders found" in again, again
     listing = run.output_of("aion-trio list --store aion-demo.db")
-    assert "demo-order-7 " in listing and "completed" in listing, listing
+    assert "demo-order-7 " in listing, listing
+    assert "completed" in listing, listing
     shown = run.output_of("aion-trio show demo-order-7")
-    assert "WorkflowStarted" in shown and "WorkflowCompleted" in shown, shown
+    assert "WorkflowStarted" in shown, shown
+    assert "WorkflowCompleted" in shown, shown
     assert "{'order': 7, 'receipt': 'receipt-7', 'approved_by': 'ann'}" in run.output_of("python shop.py")
     assert '"receipt-8"' in run.output_of("aion-trio start checkout")
     tested = run.output_of("pytest -q")
@@ -235,7 +243,8 @@ def check_operating(run: PageRun) -> None:
     shown = run.output_of("aion-trio show order-1")
     assert "non-determinism" in shown, shown
     helped = run.output_of("aion-trio --help")
-    assert "Commands:" in helped and "worker" in helped, helped
+    assert "Commands:" in helped, helped
+    assert "worker" in helped, helped
 
 
 def check_plugin_page(run: PageRun) -> None:
