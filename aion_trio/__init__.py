@@ -24,6 +24,7 @@ from ._commands import (
     Command as Command,
     CommandOutcome as CommandOutcome,
     PendingCommand as PendingCommand,
+    QueryCommand as QueryCommand,
     ReopenCommand as ReopenCommand,
     SignalCommand as SignalCommand,
     StartCommand as StartCommand,

@@ -67,6 +67,7 @@ from ._commands import (
     CancelCommand,
     Command,
     CommandOutcome,
+    QueryCommand,
     ReopenCommand,
     SignalCommand,
     StartCommand,
@@ -1098,6 +1099,47 @@ def signal(
         return f"signal {name!r} recorded for workflow {workflow_id!r}"
 
     _write_command(url, app, command, direct, wait, queue_timeout)
+
+
+@cli.command()
+@_store_option
+@_module_option
+@click.argument("workflow_id")
+@click.argument("name")
+@click.argument("args_json", nargs=-1, metavar="[ARGS_JSON]...")
+@_queue_timeout_option
+def query(
+    store: str | None,
+    module: str,
+    workflow_id: str,
+    name: str,
+    args_json: tuple[str, ...],
+    queue_timeout: float,
+) -> None:
+    """Ask a running workflow's query handler NAME (with JSON arguments); prints the JSON answer.
+
+    Read-only: nothing is recorded.  If a worker owns the store the query is
+    queued for it and this waits for the answer; otherwise an engine opens here
+    (replaying the run) and answers.
+    """
+    url = _resolve_store(store)
+    args = [_json_argument(text, "ARGS_JSON") for text in args_json]
+    app = load_app(module)
+    command = _command(lambda: QueryCommand(workflow_id=workflow_id, name=name, args=Payload.of(args)))
+
+    async def direct(engine: Engine) -> str:
+        return json.dumps(
+            await engine.query(workflow_id, name, *args), ensure_ascii=False, separators=(",", ":")
+        )
+
+    delivered = _run(
+        url, lambda: _apply_or_queue(url, app, command, direct, wait=True, queue_timeout=queue_timeout)
+    )
+    if delivered.queued:
+        assert delivered.outcome is not None
+        click.echo(delivered.outcome.message)
+    else:
+        click.echo(delivered.value)
 
 
 def _command(build: Callable[[], Command]) -> Command:

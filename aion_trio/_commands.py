@@ -123,11 +123,29 @@ class ReopenCommand:
         return f"reopen {self.workflow_id!r}"
 
 
-Command = Union[StartCommand, SignalCommand, CancelCommand, TerminateCommand, ReopenCommand]
+@final
+@attrs.frozen(kw_only=True)
+class QueryCommand:
+    """Ask the workflow's running run a query; the outcome's message is the JSON answer.
+
+    Read-only like every query: applying it appends nothing.
+    """
+
+    KIND: ClassVar[str] = "query"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+    name: str = attrs.field(validator=_non_empty)
+    args: Payload = attrs.field(factory=lambda: Payload("[]"), validator=_args)
+
+    def describe(self) -> str:
+        return f"query {self.name!r} of {self.workflow_id!r}"
+
+
+Command = Union[StartCommand, SignalCommand, CancelCommand, TerminateCommand, ReopenCommand, QueryCommand]
 """Any inbox command."""
 
 COMMAND_TYPES: dict[str, type[Any]] = {
-    cls.KIND: cls for cls in (StartCommand, SignalCommand, CancelCommand, TerminateCommand, ReopenCommand)
+    cls.KIND: cls
+    for cls in (StartCommand, SignalCommand, CancelCommand, TerminateCommand, ReopenCommand, QueryCommand)
 }
 """Wire type name -> command class."""
 

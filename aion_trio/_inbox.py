@@ -8,6 +8,7 @@ starve them.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, final
@@ -19,6 +20,7 @@ from ._commands import (
     CancelCommand,
     Command,
     CommandOutcome,
+    QueryCommand,
     ReopenCommand,
     SignalCommand,
     StartCommand,
@@ -134,6 +136,9 @@ async def apply_command(engine: Engine, command: Command, codec_decode: Any) -> 
             return CommandOutcome.success(
                 f"reopened workflow {handle.workflow_id!r} run {handle.run_id}", run_id=handle.run_id
             )
+        if isinstance(command, QueryCommand):
+            answer = await engine.query(command.workflow_id, command.name, *codec_decode(command.args))
+            return CommandOutcome.success(json.dumps(answer, ensure_ascii=False, separators=(",", ":")))
         raise AionInternalError(f"unknown inbox command {command!r}; please report this")
     except (EngineEpochClosed, BackendUnavailable):
         raise

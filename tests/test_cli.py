@@ -984,9 +984,14 @@ def test_writes_go_through_the_inbox_to_a_running_worker(
         assert queued + "1" in started.stderr
         assert json.loads(started.stdout)["workflow_id"] == "ap"
 
+        asked = run_cli("query", "ap", "pending")  # queued after the start: FIFO, so the run exists
+        assert asked.exit_code == 0, everything(asked)
+        assert queued + "2" in asked.stderr
+        assert asked.stdout == '{"order":7,"waiting":true}\n'
+
         sent = run_cli("signal", "ap", "approve", '{"by": "ops"}')
         assert sent.exit_code == 0, everything(sent)
-        assert queued + "2" in sent.stderr
+        assert queued + "3" in sent.stderr
         assert "applied by the worker: signal 'approve' recorded for workflow 'ap'" in sent.stderr
 
         # start --wait through the inbox: the id is generated here, the result read from the store.
@@ -1022,6 +1027,16 @@ def test_writes_go_through_the_inbox_to_a_running_worker(
     direct = run_cli("start", "hello", '"again"', "--id", "h2")
     assert direct.exit_code == 0, everything(direct)
     assert "(no worker owns the store: applied directly by this process)" in direct.stderr
+    # A query with no worker: an engine opens here, replays the run and answers; nothing is recorded.
+    assert run_cli("start", "approval", "8", "--id", "ap2", "--no-wait").exit_code == 0
+    before = run_cli("history", "ap2", "--json").stdout
+    answered = run_cli("query", "ap2", "pending")
+    assert answered.exit_code == 0, everything(answered)
+    assert answered.stdout == '{"order":8,"waiting":true}\n'
+    assert run_cli("history", "ap2", "--json").stdout == before
+    unknown = run_cli("query", "ap2", "nope")
+    assert unknown.exit_code == 1
+    assert "nope" in error_lines(unknown)[-1]
 
 
 def test_a_command_still_queued_at_the_timeout_is_applied_by_the_next_engine(

@@ -51,7 +51,7 @@ AION_TRIO_NAMES = [
     "NonDeterminismError", "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "Observer",
     "ObserverEvent", "OutcomeKind", "OwnedStore", "OwnerClaim", "OwnerIdentity", "ParentClosePolicy",
     "Payload", "PayloadCodec", "PayloadError", "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity",
-    "PendingCommand", "PluginError", "PolicyRefused", "QueryError", "QueryFailed", "QueryReadOnly",
+    "PendingCommand", "PluginError", "PolicyRefused", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly",
     "QueryUnavailable", "RecoveryFinished", "ReopenCommand", "RetryPolicy", "RunHandle",
     "SearchAttributesUpserted", "SearchOp", "SearchPredicate", "SequenceConflict", "SerializationError",
     "SignalCommand", "SignalReceived", "StartCommand", "Store", "StoreError", "StoreOpenError",

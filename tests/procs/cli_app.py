@@ -48,6 +48,7 @@ async def fails(ctx: aion.WorkflowContext, message: str) -> str:
 
 @aion.workflow
 async def approval(ctx: aion.WorkflowContext, order: int) -> dict[str, object]:
+    ctx.set_query_handler("pending", lambda: {"order": order, "waiting": True})
     decision = await ctx.wait_signal("approve")
     return {"order": order, "decision": decision}
 
