@@ -16,6 +16,7 @@ so.  ``--fresh`` starts over with a new database.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -142,18 +143,26 @@ async def run_demo(db: Path, orders: int, console: Console) -> dict[str, Any]:
             )
         else:
             console.print(f"Starting {orders} orders in {db} (interrupt any time, then run again to resume).")
-        for n, wid in enumerate(ids, 1):
-            await engine.start(demo_order, {"n": n}, workflow_id=wid, id_reuse=IdReusePolicy.USE_EXISTING)
+        # Orders arrive over a few seconds (all at once when resuming), so there is time
+        # to watch them, and to interrupt the demo mid-way.
+        to_start = list(enumerate(ids, 1))
+        per_tick = orders if existing else max(1, math.ceil(orders / 40))
+        live_ids: list[str] = []
         signalled: set[str] = set()
-        for wid in ids:
-            if any(isinstance(e.body, SignalReceived) for e in await engine.history(wid)):
-                signalled.add(wid)
+
+        async def start_some() -> None:
+            for _ in range(min(per_tick, len(to_start))):
+                n, wid = to_start.pop(0)
+                await engine.start(demo_order, {"n": n}, workflow_id=wid, id_reuse=IdReusePolicy.USE_EXISTING)
+                live_ids.append(wid)
+                if any(isinstance(e.body, SignalReceived) for e in await engine.history(wid)):
+                    signalled.add(wid)
 
         async def counts() -> tuple[dict[str, int], int]:
             running = await engine.count(workflow_type="demo_order", status=WorkflowStatus.RUNNING)
             completed = await engine.count(workflow_type="demo_order", status=WorkflowStatus.COMPLETED)
-            failed = orders - running - completed
-            stages = await _stages(engine, [w for w in ids if w not in done])
+            failed = len(live_ids) - running - completed
+            stages = await _stages(engine, [w for w in live_ids if w not in done])
             waiting = sum(stages[s] for s in WAITING_STAGES)
             retries = 0
             for wid in ids:
@@ -177,7 +186,8 @@ async def run_demo(db: Path, orders: int, console: Console) -> dict[str, Any]:
             Live(console=console, auto_refresh=False, transient=False) if live_console else _NoLive() as live
         ):
             while True:
-                for wid in ids:
+                await start_some()
+                for wid in live_ids:
                     if wid in done:
                         continue
                     if wid not in signalled:
@@ -203,7 +213,7 @@ async def run_demo(db: Path, orders: int, console: Console) -> dict[str, Any]:
                         + f" retries={retries}",
                         flush=True,
                     )
-                if len(done) == orders:
+                if len(done) == orders and not to_start:
                     break
                 await trio.sleep(0.2)
         outcomes: Counter[str] = Counter()
