@@ -39,6 +39,8 @@ import pytest
 
 import aion_trio
 
+pytestmark = pytest.mark.slow  # runs every docs page, with real aion-trio subprocesses
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pytest depends on tomli before 3.11

@@ -10,6 +10,8 @@ import pytest
 import trio
 import trio.testing
 
+pytestmark = pytest.mark.slow  # runs the README, including a SQLite example
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
