@@ -37,6 +37,7 @@ from ._definitions import activity, workflow
 from ._engine import Engine, IdReusePolicy, open_engine
 from ._errors import ActivityFailure, NotRunning, QueryError, TerminalError, WorkflowFailure
 from ._events import ActivityFailed, SignalReceived, WorkflowStatus
+from ._projections import workflow_status
 from ._retry import Fixed, RetryPolicy
 
 #: Seconds; the demo's own timings (kept short so a run takes a few seconds).
@@ -197,10 +198,9 @@ async def run_demo(db: Path, orders: int, console: Console) -> dict[str, Any]:
                                 signalled.add(wid)
                         except (NotRunning, QueryError):
                             pass
-                    description = await engine.describe(wid)
-                    if description.status is not WorkflowStatus.RUNNING:
+                    history = engine_history[wid] = await engine.history(wid)
+                    if workflow_status(history) is not WorkflowStatus.RUNNING:
                         done.add(wid)
-                    engine_history[wid] = await engine.history(wid)
                 current, retries = await counts()
                 elapsed = time.monotonic() - started
                 if live_console is not None:

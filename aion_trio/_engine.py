@@ -1881,7 +1881,7 @@ async def open_engine(
             ownership = Ownership(
                 store=opened, claim=claim, heartbeat=config.owner_heartbeat, limiter=service_threads
             )
-            stack.push_async_callback(ownership.release, config.bookkeeping_timeout)
+            stack.push_async_callback(ownership.release)
         asyncio_loop = None
         if any(a.loop is ActivityLoop.ASYNCIO for a in activity_map.values()):
             import trio_asyncio

@@ -77,15 +77,13 @@ class Ownership:
             except StoreError as exc:
                 logger.warning("could not renew the store's owner claim (will retry): %s", exc)
 
-    async def release(self, within: float) -> None:
+    async def release(self) -> None:
         """Drop the claim (shielded): the next engine need not wait.
 
         Not bounded by Trio's clock: under a mock clock that jumps while the store's
         thread works, a Trio deadline would cancel the release and leave the claim
-        behind.  The store's own busy timeout bounds the write.  (``within`` is kept
-        for callers; it is no longer used.)
+        behind.  The store's own busy timeout bounds the write.
         """
-        del within
         with trio.CancelScope(shield=True):
             try:
                 await self.store.release_owner(self.claim)
