@@ -856,7 +856,7 @@ class PostgresClusterStore(PostgresStore):
             with conn.transaction():
                 if conn.execute(_SQL_ACK, (text, command_id)).fetchone() is None:
                     if conn.execute(_SQL_INBOX_ROW, (command_id,)).fetchone() is None:
-                        raise NotFound(f"no inbox command #{command_id} in {self.location}")
+                        raise NotFound(f"no inbox command #{command_id} in {self.url.location}")
                     return
                 conn.execute(_SQL_NOTIFY, (channel, ""))
 
@@ -870,7 +870,7 @@ class PostgresClusterStore(PostgresStore):
 
         found = await self._backend.run("reading a command outcome", run)
         if found is None:
-            raise NotFound(f"no inbox command #{command_id} in {self.location}")
+            raise NotFound(f"no inbox command #{command_id} in {self.url.location}")
         acked, text = found
         return outcome_from_json(text) if acked and text is not None else None
 
