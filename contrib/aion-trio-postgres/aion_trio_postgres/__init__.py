@@ -57,8 +57,15 @@ A node whose workflow was claimed by another gets ``NotOwner`` on its next
 append and writes nothing, so a history never forks.  A store opened without
 ``node`` does no claiming and refuses to append to workflows a node owns.
 
-Multi-node work distribution (SKIP LOCKED queues, inbox, remote activity
-workers) is not part of this package yet.
+Cluster mode
+------------
+Opened with a node, the store is a :class:`PostgresClusterStore`: it offers
+:class:`aion_trio.plugin.ClusterStore` (re-claiming this node's workflows,
+claiming orphans with ``FOR UPDATE SKIP LOCKED``, a local lease judgement, a
+LISTEN connection in a thread backed by polling) and
+:class:`aion_trio.plugin.CommandInbox` (the ``inbox`` table, migration 2), so
+engines on several machines share the schema; see the README.  Remote
+activity workers are not part of this package yet.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from aion_trio.plugin import StoreRegistry, hookimpl
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._store import (
     NodeLease as NodeLease,
+    PostgresClusterStore as PostgresClusterStore,
     PostgresEventStore as PostgresEventStore,
     PostgresStore as PostgresStore,
     PostgresVisibilityStore as PostgresVisibilityStore,
@@ -78,6 +86,7 @@ from ._url import PostgresUrl as PostgresUrl, parse_postgres_url as parse_postgr
 __all__ = [
     "SCHEMA_VERSION",
     "NodeLease",
+    "PostgresClusterStore",
     "PostgresEventStore",
     "PostgresStore",
     "PostgresUrl",
@@ -86,7 +95,14 @@ __all__ = [
     "parse_postgres_url",
 ]
 
-for _obj in (NodeLease, PostgresEventStore, PostgresStore, PostgresVisibilityStore, PostgresUrl):
+for _obj in (
+    NodeLease,
+    PostgresClusterStore,
+    PostgresEventStore,
+    PostgresStore,
+    PostgresVisibilityStore,
+    PostgresUrl,
+):
     _obj.__module__ = __name__
 del _obj
 
