@@ -144,6 +144,7 @@ class ClusterServices:
                 extra={"node": self.cluster.node_id, "claimed": len(claimed)},
             )
         for workflow_id in claimed:
+            await self.core.take_fresh(workflow_id)
             await self.core.recover_one(workflow_id)
         return claimed
 

@@ -419,9 +419,48 @@ class EngineCore:
         leave the registry, and it is logged once and reported to observers.
         Never retried here: the new owner's recovery carries the workflow on.
         """
+        if not self._stop_locally(recorder):
+            return  # a recorder already dropped (another of its tasks was fenced first)
+        workflow_id = recorder.workflow_id
+        self.relinquished += 1
+        node = self.cluster.node_id if self.cluster is not None else ""
+        logger.warning(
+            "workflow relinquished: another node claimed it, so this node stopped it (nothing retried "
+            "here): %s",
+            error,
+            extra={"workflow_id": workflow_id, "node": node, "reason": str(error)},
+        )
+        if self.observers is not None:
+            self.observers.emit(
+                WorkflowRelinquished(workflow_id=workflow_id, node_id=node, reason=str(error))
+            )
+
+    async def take_fresh(self, workflow_id: str) -> None:
+        """Cluster mode, before recovering a workflow this node has just claimed: forget
+        what this node held of it.
+
+        A node that was stopped (or cut off) past its lease can claim back a
+        workflow another node owned meanwhile; its in-memory run and recorder
+        are then stale, and its recovery must start from the store.  The old
+        run and its attempts are cancelled (recording nothing) and an append
+        already in flight under the recorder's lock is waited out."""
+        recorder = self._recorders.get(workflow_id)
+        if recorder is None:
+            return
+        if self._stop_locally(recorder):
+            logger.info(
+                "re-claimed a workflow this node was running: its run restarts from the store",
+                extra={"workflow_id": workflow_id},
+            )
+        async with recorder.lock:
+            pass
+
+    def _stop_locally(self, recorder: Recorder) -> bool:
+        """Drop ``recorder``'s workflow from this node: cancel its runs and attempts, drop
+        its timers, leases and recorder.  ``False``: it was already dropped."""
         workflow_id = recorder.workflow_id
         if self._recorders.get(workflow_id) is not recorder:
-            return  # a recorder already dropped (another of its tasks was fenced first)
+            return False
         del self._recorders[workflow_id]
         for lease in self.registry.leases():
             if lease.workflow_id != workflow_id:
@@ -439,21 +478,14 @@ class EngineCore:
             self._timers_changed.set()
         self.stuck.pop(workflow_id, None)
         recorder.notify()
-        self.relinquished += 1
-        node = self.cluster.node_id if self.cluster is not None else ""
-        logger.warning(
-            "workflow relinquished: another node claimed it, so this node stopped it (nothing retried "
-            "here): %s",
-            error,
-            extra={"workflow_id": workflow_id, "node": node, "reason": str(error)},
-        )
-        if self.observers is not None:
-            self.observers.emit(
-                WorkflowRelinquished(workflow_id=workflow_id, node_id=node, reason=str(error))
-            )
+        return True
 
     def loaded_recorder(self, workflow_id: str) -> Recorder | None:
         return self._recorders.get(workflow_id)
+
+    def drives(self, workflow_id: str) -> bool:
+        """Whether a run of ``workflow_id`` is registered here (this engine drives it)."""
+        return any(lease.workflow_id == workflow_id for lease in self.registry.leases())
 
     def claim_unloaded(self, workflow_id: str) -> Recorder | None:
         """An empty recorder for an id this engine has neither loaded nor is loading, or ``None``.
@@ -1520,6 +1552,22 @@ class Engine:
         await core.refresh_visibility_soon(wid)
         return RunHandle(self, wid, run_id)
 
+    async def _await_lifecycle(self, workflow_id: str, recorder: Recorder) -> list[Event] | None:
+        """Wait until ``workflow_id``'s history may hold a new lifecycle event.
+
+        ``None``: look at ``recorder`` (this engine drives the workflow).  In
+        cluster mode, for a workflow driven elsewhere (or relinquished while
+        waiting), the history freshly read from the store."""
+        cluster = self._cluster
+        core = self._core
+        if cluster is None or (core.loaded_recorder(workflow_id) is recorder and core.drives(workflow_id)):
+            await recorder.wait_lifecycle()
+            if cluster is None or core.loaded_recorder(workflow_id) is recorder:
+                return None
+        else:
+            await cluster.woken()
+        return await core.events.read_history(workflow_id)
+
     async def _existing_recorder(self, workflow_id: str) -> Recorder:
         recorder = await self._core.recorder_for(workflow_id)
         if not recorder.history:
@@ -1537,12 +1585,16 @@ class Engine:
         current = run_id or latest_run_id(recorder.history)
         assert current is not None
         checked = 0
+        # Cluster mode: a workflow another node drives grows in the store, not in
+        # this node's recorder; it is re-read after each wake-up of the cluster
+        # waker (a notification, or every sweep_interval).
+        fresh: list[Event] | None = None
         while True:
-            history = recorder.history
+            history = recorder.history if fresh is None else fresh
             if checked and not any(_ends_or_starts(e) for e in history[checked:]):
                 # Nothing that could end (or continue) the run was appended: keep waiting.
                 checked = len(history)
-                await recorder.wait_lifecycle()
+                fresh = await self._await_lifecycle(workflow_id, recorder)
                 continue
             checked = len(history)
             segment = run_segment(history, current)
@@ -1578,7 +1630,7 @@ class Engine:
                         status.value if status else "closed",
                         reason=getattr(body, "reason", ""),
                     )
-            await recorder.wait_lifecycle()
+            fresh = await self._await_lifecycle(workflow_id, recorder)
 
     async def signal(self, workflow_id: str, name: str, payload: Any = None) -> None:
         """Record a signal for the workflow's running run and wake it.
@@ -1897,9 +1949,13 @@ class Engine:
 
     async def describe(self, workflow_id: str) -> WorkflowDescription:
         core = self._core
-        recorder = await self._existing_recorder(workflow_id)
+        if self._cluster is not None and not core.drives(workflow_id):
+            # Another node drives it (cluster mode): what the store holds now.
+            history: Sequence[Event] = await self.history(workflow_id)
+        else:
+            history = (await self._existing_recorder(workflow_id)).history
         return describe_history(
-            workflow_id, recorder.history, codec=core.codec, stuck_reason=core.stuck.get(workflow_id)
+            workflow_id, history, codec=core.codec, stuck_reason=core.stuck.get(workflow_id)
         )
 
     async def list(self, filter: VisibilityFilter | None = None, **criteria: Any) -> list[VisibilityRow]:

@@ -315,3 +315,74 @@ async def test_a_redelivered_signal_command_is_applied_once(
         await a.signal("w", "tick", 2)
         with trio.fail_after(10):
             assert await b.result("w") == [1, 2]
+
+
+async def test_result_and_describe_on_a_non_owner_follow_the_store(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    async with node(url, "a") as (_, a), node(url, "b") as (_, b):
+        await a.start(approval, 7, workflow_id="w")
+        assert (await b.describe("w")).status is aion.WorkflowStatus.RUNNING
+        got: list[object] = []
+
+        async def wait_on_b() -> None:
+            got.append(await b.result("w"))
+
+        with trio.fail_after(15):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_on_b)
+                # b's wait has read the history (no terminal yet: the signal is still to come).
+                await eventually(lambda: _true(b._core.loaded_recorder("w") is not None))
+                await a.signal("w", "approve", "ok")
+                with trio.fail_after(10):
+                    assert await a.result("w") == {"order": 7, "decision": "ok"}
+        # b never drove "w": its answer came from the store, not from a snapshot it cached.
+        assert got == [{"order": 7, "decision": "ok"}]
+        assert (await b.describe("w")).status is aion.WorkflowStatus.COMPLETED
+        assert not b._core.drives("w")
+
+
+async def test_a_claim_recovers_from_the_store_not_from_a_cached_read(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "old", ttl=0.6, renew_every=None) as (_, old), node(url, "new") as (_, new):
+        await old.start(two_ticks, workflow_id="w")
+        # "new" reads the workflow early (as a result() call does), caching a recorder ...
+        cached = await new._core.recorder_for("w")
+        assert cached.head == 1
+        await old.signal("w", "tick", 1)  # ... then the owner records more.
+        await eventually(lambda: _owned_by(pg_url, schema, "w", "new"))
+        await new.signal("w", "tick", 2)
+        with trio.fail_after(10):
+            assert await new.result("w") == [1, 2]
+        assert "w" not in new._core.stuck
+    assert_unforked(pg_url, schema)
+
+
+async def test_a_zombie_that_claims_back_its_workflow_restarts_it_from_the_store(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    # "zombie" stops renewing (as a stopped process would); its run of "w" stays parked in memory.
+    async with node(url, "zombie", ttl=0.6, renew_every=None) as (store_z, zombie):
+        await zombie.start(two_ticks, workflow_id="w")
+        assert zombie._core.drives("w")
+        async with node(url, "other") as (_, other):
+            await eventually(lambda: _owned_by(pg_url, schema, "w", "other"))
+            await other.signal("w", "tick", 1)  # recorded under other's epoch
+        # "other" shut down (its lease released); the zombie comes back and sweeps "w" up again.
+        assert zombie._core.drives("w"), "control: the zombie still holds its stale run"
+        await store_z.renew_lease()
+        await eventually(lambda: _owned_by(pg_url, schema, "w", "zombie"))
+        await eventually(lambda: _true("w" in {r.workflow_id for r in zombie._core.registry.leases()}))
+        await zombie.signal("w", "tick", 2)
+        with trio.fail_after(10):
+            assert await zombie.result("w") == [1, 2]
+        assert "w" not in zombie._core.stuck
+    epochs = sql(pg_url, schema, "SELECT DISTINCT owner_epoch FROM events WHERE workflow_id = 'w' ORDER BY 1")
+    assert [e for (e,) in epochs] == [1, 2, 3]
+    assert_unforked(pg_url, schema)
