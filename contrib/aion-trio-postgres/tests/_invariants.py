@@ -207,7 +207,11 @@ def check_invariants(
             elif terminals == 0:
                 add("terminal_count", wid, f"run segment {segment} ended without a terminal event")
             if first is not None and first < last:
-                add("event_after_terminal", wid, f"segment {segment}: terminal at seq {first}, events up to {last}")
+                add(
+                    "event_after_terminal",
+                    wid,
+                    f"segment {segment}: terminal at seq {first}, events up to {last}",
+                )
         for wid, run, activity, completed, settled, events in conn.execute(_SQL_COMPLETIONS):
             add(
                 "duplicate_completion",

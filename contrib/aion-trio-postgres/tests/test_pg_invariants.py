@@ -60,7 +60,9 @@ def set_event(conn: Conn, wid: str, seq: int, kind: str, data: dict[str, Any]) -
 
 
 @pytest.fixture
-def seeded(fresh_store_url: Callable[..., str], schema_of: Callable[[str], str]) -> Iterator[tuple[Conn, str]]:
+def seeded(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str]
+) -> Iterator[tuple[Conn, str]]:
     """A migrated schema holding the clean histories ``a`` and ``b``, and a connection to it."""
     url = fresh_store_url()
 
