@@ -62,6 +62,7 @@ from ._errors import (
     CannotReopen as CannotReopen,
     ChildWorkflowFailure as ChildWorkflowFailure,
     CommandDecodeError as CommandDecodeError,
+    CommandNotAnswered as CommandNotAnswered,
     DatabaseCorrupt as DatabaseCorrupt,
     DatabaseTooNew as DatabaseTooNew,
     EngineEpochClosed as EngineEpochClosed,
@@ -145,6 +146,7 @@ from ._observe import (
     ObserverEvent as ObserverEvent,
     RecoveryFinished as RecoveryFinished,
     StoreOperation as StoreOperation,
+    WorkflowRelinquished as WorkflowRelinquished,
     WorkflowRunEnded as WorkflowRunEnded,
     WorkflowRunStarted as WorkflowRunStarted,
 )

@@ -191,6 +191,16 @@ class CommandOutcome:
         return cls(ok=False, message=" ".join(str(exc).split()), error_type=type(exc).__name__)
 
 
+def signal_recorded_outcome(workflow_id: str, name: str) -> CommandOutcome:
+    """The outcome of a signal command whose ``SignalReceived`` was recorded.
+
+    A store that acks the command in the append that records the signal (its
+    event carries ``command_id``) stores this outcome, the one the owning
+    engine's drain reports.
+    """
+    return CommandOutcome.success(f"signal {name!r} recorded for workflow {workflow_id!r}")
+
+
 def command_data_json(command: Command) -> tuple[str, str]:
     """``(type_name, data_as_compact_json_text)``: the form stores keep in columns."""
     if not is_command(command):

@@ -6,9 +6,10 @@ import contextlib
 import enum
 import heapq
 import logging
+import math
 import sys
 import traceback
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, final
 
@@ -23,6 +24,16 @@ from ._activities import (
     InProcessDispatcher,
 )
 from ._clock import EngineClock, TrioClock
+from ._cluster import ClusterServices, LeaseGatedDispatcher, outcome_error, query_answer
+from ._commands import (
+    CancelCommand,
+    Command,
+    CommandOutcome,
+    QueryCommand,
+    ReopenCommand,
+    SignalCommand,
+    TerminateCommand,
+)
 from ._completion import (
     CompletionRetryConfig,
     TerminalIntent,
@@ -94,7 +105,7 @@ from ._events import (
 )
 from ._ids import deadline_timer_id, new_run_id, new_workflow_id, validate_workflow_id
 from ._inbox import InboxDrainer, Ownership
-from ._observe import ObserverHub, RecoveryFinished, build_hub
+from ._observe import ObserverHub, RecoveryFinished, WorkflowRelinquished, build_hub
 from ._ownership import OwnerClaim, OwnerIdentity, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import default_plugin_manager, open_store
@@ -116,6 +127,7 @@ from ._recorder import Recorder
 from ._registry import Lease, Registry, Residency
 from ._retry import TransientBackoff, check_layer, resolve_options
 from ._store import (
+    ClusterStore,
     CommandInbox,
     EventStore,
     OwnedStore,
@@ -189,6 +201,15 @@ class EngineConfig:
     inbox_poll_interval: float | None = 1.0
     #: Commands read from the inbox per store call while draining.
     inbox_batch: int = 100
+    #: Cluster stores (:class:`~aion_trio.plugin.ClusterStore`): seconds of wall-clock
+    #: time between orphan sweeps, inbox polls and outcome polls of remote commands
+    #: (a store notification wakes them sooner).
+    sweep_interval: float = 1.0
+    #: Cluster stores: at most this many orphaned workflows claimed per sweep.
+    sweep_batch: int = 100
+    #: Cluster stores: seconds of wall-clock time a command sent to the node owning a
+    #: workflow may wait for its outcome (:class:`~aion_trio.CommandNotAnswered` then).
+    remote_command_timeout: float = 30.0
 
     def __attrs_post_init__(self) -> None:
         if self.drain_timeout is not None and (self.drain_timeout < 0):
@@ -208,6 +229,23 @@ class EngineConfig:
             )
         if self.inbox_batch < 1:
             raise ValueError(f"inbox_batch must be >= 1, got {self.inbox_batch!r}")
+        if not (isinstance(self.sweep_interval, (int, float)) and 0 < self.sweep_interval < math.inf):
+            raise ValueError(
+                f"sweep_interval must be a finite number > 0 seconds, got {self.sweep_interval!r}"
+            )
+        if (
+            isinstance(self.sweep_batch, bool)
+            or not isinstance(self.sweep_batch, int)
+            or self.sweep_batch < 1
+        ):
+            raise ValueError(f"sweep_batch must be an int >= 1, got {self.sweep_batch!r}")
+        if not (
+            isinstance(self.remote_command_timeout, (int, float))
+            and 0 < self.remote_command_timeout < math.inf
+        ):
+            raise ValueError(
+                f"remote_command_timeout must be a finite number > 0 seconds, got {self.remote_command_timeout!r}"
+            )
 
 
 @final
@@ -293,6 +331,12 @@ class EngineCore:
         self._default_options: dict[str, tuple[str, Payload]] = {}
         # Background visibility refreshes in flight, by workflow id.
         self._visibility_owed: dict[str, _Refresh] = {}
+        #: Cluster mode: the store's node capability (``None``: a single-owner store).
+        self.cluster: ClusterStore | None = None
+        #: Threads for wall-clock waits of the engine's services.
+        self.service_threads = trio.CapacityLimiter(2)
+        #: Cluster mode: workflows this engine stopped because another node claimed them.
+        self.relinquished = 0
 
     # -- definitions -------------------------------------------------------
 
@@ -348,13 +392,65 @@ class EngineCore:
         self._loading[workflow_id] = done
         try:
             recorder = await Recorder.load(
-                workflow_id, self.events, self.epoch, self.clock, observers=self.observers
+                workflow_id,
+                self.events,
+                self.epoch,
+                self.clock,
+                observers=self.observers,
+                on_fenced=self._on_fenced,
             )
             self._recorders[workflow_id] = recorder
             return recorder
         finally:
             del self._loading[workflow_id]
             done.set()
+
+    @property
+    def _on_fenced(self) -> Callable[[Recorder, NotOwner], None] | None:
+        return self.relinquish if self.cluster is not None else None
+
+    def relinquish(self, recorder: Recorder, error: NotOwner) -> None:
+        """Cluster mode's one choke point for a fenced workflow: stop it on this node.
+
+        Called by the recorder when the store refuses an append with
+        ``NotOwner`` (another node claimed the workflow).  No checkpoint: the
+        run's task and in-flight activity attempts are cancelled (parked, they
+        record nothing), its timers leave the heap, its recorder and leases
+        leave the registry, and it is logged once and reported to observers.
+        Never retried here: the new owner's recovery carries the workflow on.
+        """
+        workflow_id = recorder.workflow_id
+        if self._recorders.get(workflow_id) is not recorder:
+            return  # a recorder already dropped (another of its tasks was fenced first)
+        del self._recorders[workflow_id]
+        for lease in self.registry.leases():
+            if lease.workflow_id != workflow_id:
+                continue
+            self.registry.remove(workflow_id, lease.run_id)
+            if lease.cancel_scope is not None:
+                lease.cancel_scope.cancel()
+        for key, scope in list(self.inflight.items()):
+            if key[0] == workflow_id:
+                scope.cancel()
+        kept = [t for t in self._timers if t[2] != workflow_id]
+        if len(kept) != len(self._timers):
+            heapq.heapify(kept)
+            self._timers = kept
+            self._timers_changed.set()
+        self.stuck.pop(workflow_id, None)
+        recorder.notify()
+        self.relinquished += 1
+        node = self.cluster.node_id if self.cluster is not None else ""
+        logger.warning(
+            "workflow relinquished: another node claimed it, so this node stopped it (nothing retried "
+            "here): %s",
+            error,
+            extra={"workflow_id": workflow_id, "node": node, "reason": str(error)},
+        )
+        if self.observers is not None:
+            self.observers.emit(
+                WorkflowRelinquished(workflow_id=workflow_id, node_id=node, reason=str(error))
+            )
 
     def loaded_recorder(self, workflow_id: str) -> Recorder | None:
         return self._recorders.get(workflow_id)
@@ -369,7 +465,14 @@ class EngineCore:
         if workflow_id in self._recorders or workflow_id in self._loading:
             return None
         self._loading[workflow_id] = trio.Event()
-        return Recorder(workflow_id, self.events, self.epoch, self.clock, observers=self.observers)
+        return Recorder(
+            workflow_id,
+            self.events,
+            self.epoch,
+            self.clock,
+            observers=self.observers,
+            on_fenced=self._on_fenced,
+        )
 
     def release_unloaded(self, recorder: Recorder, *, adopt: bool) -> None:
         """End a :meth:`claim_unloaded`: install the recorder (its append landed) or drop it.
@@ -556,7 +659,12 @@ class EngineCore:
                 await backoff.failed(what, exc)
             except EngineEpochClosed:
                 raise RunAborted() from None
-            except (SequenceConflict, NotOwner) as exc:
+            except NotOwner as exc:
+                if self.cluster is not None:
+                    raise RunAborted() from exc  # relinquished by the recorder's fence hook
+                await self.mark_stuck(lease, f"could not {what}: {exc}")
+                raise RunAborted() from exc
+            except SequenceConflict as exc:
                 await self.mark_stuck(lease, f"could not {what}: {exc}")
                 raise RunAborted() from exc
             except StoreError as exc:
@@ -827,6 +935,10 @@ class EngineCore:
                     fired = True
         except EngineEpochClosed:
             return False
+        except NotOwner as exc:
+            if self.cluster is None:
+                logger.error("could not fire timer: %s", exc, extra=fields)
+            return False  # cluster mode: the workflow was relinquished (logged there)
         except BackendUnavailable as exc:
             logger.warning("could not fire timer (retrying): %s", exc, extra=fields)
             retry_at = self.clock.now() + timedelta(seconds=self.config.completion_retry.initial)
@@ -1120,20 +1232,21 @@ class EngineCore:
     # -- recovery -----------------------------------------------------------
 
     async def recover(self) -> None:
-        """The startup sweep: resume every active workflow; one failure does not stop the others."""
+        """The startup sweep: resume every active workflow; one failure does not stop the others.
+
+        Cluster mode: the active workflows this node owns (re-claimed) and the
+        orphans it can claim now, not every active workflow of the store.
+        """
         began = trio.current_time()
-        active = await self.events.list_active()
+        if self.cluster is not None:
+            active = await self.cluster.owned_active()
+            active += await self.cluster.claim_orphans(self.config.sweep_batch)
+        else:
+            active = await self.events.list_active()
         resumed = 0
         for workflow_id in active:
-            try:
-                await self.recover_workflow(workflow_id)
+            if await self.recover_one(workflow_id):
                 resumed += 1
-            except (trio.Cancelled, KeyboardInterrupt):
-                raise
-            except Exception as exc:
-                reason = f"recovery failed: {type(exc).__name__}: {exc}"
-                self.stuck[workflow_id] = reason
-                logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
         if active:
             logger.info(
                 "recovery resumed %d of %d active workflows",
@@ -1147,6 +1260,21 @@ class EngineCore:
             self.observers.emit(
                 RecoveryFinished(active=len(active), resumed=resumed, seconds=trio.current_time() - began)
             )
+
+    async def recover_one(self, workflow_id: str) -> bool:
+        """Recover one workflow; a failure is logged, marks it stuck and returns ``False``."""
+        try:
+            await self.recover_workflow(workflow_id)
+            return True
+        except (trio.Cancelled, KeyboardInterrupt):
+            raise
+        except NotOwner:
+            return False  # claimed by another node meanwhile: relinquished (logged there)
+        except Exception as exc:
+            reason = f"recovery failed: {type(exc).__name__}: {exc}"
+            self.stuck[workflow_id] = reason
+            logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
+            return False
 
     async def resume_teardowns(self, active: set[str]) -> None:
         """Deadline teardowns interrupted by a crash (``WorkflowTimedOut`` recorded, deadline
@@ -1176,6 +1304,11 @@ class EngineCore:
             return
         for row in rows:
             if row.workflow_id not in active:
+                if (
+                    self.cluster is not None
+                    and await self.cluster.command_target(row.workflow_id) is not None
+                ):
+                    continue  # another node owns it: its rows are that node's to write
                 await self.upsert_visibility_quietly(row.workflow_id)
 
     async def recover_workflow(self, workflow_id: str) -> None:
@@ -1250,6 +1383,8 @@ class Engine:
         self._core = core
         self._ownership: Ownership | None = None
         self._inbox: InboxDrainer | None = None
+        #: Cluster mode's services (``None``: a single-owner store).
+        self._cluster: ClusterServices | None = None
 
     @property
     def epoch(self) -> EngineEpoch:
@@ -1458,16 +1593,63 @@ class Engine:
         encoded = core.codec.encode(payload, what=f"payload of signal {name!r}")
         if not core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "record a signal")
+        await self._here_or_owner(
+            workflow_id,
+            lambda: self._signal_here(workflow_id, name, encoded),
+            lambda: SignalCommand(workflow_id=workflow_id, name=name, payload=encoded),
+        )
+
+    async def _signal_here(
+        self, workflow_id: str, name: str, encoded: Payload, command_id: int | None = None
+    ) -> None:
+        """Record the signal through this engine's recorder.  ``command_id``: the inbox
+        command delivering it; a command already recorded is not recorded again."""
+        if not self._core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "record a signal")
         recorder = await self._existing_recorder(workflow_id)
         async with recorder.lock:
             history = await recorder.current_history()
+            if command_id is not None and any(
+                isinstance(e.body, SignalReceived) and e.body.command_id == command_id for e in history
+            ):
+                logger.info(
+                    "inbox command #%d: its signal %r is already recorded; not recorded again",
+                    command_id,
+                    name,
+                    extra={"workflow_id": workflow_id, "command_id": command_id},
+                )
+                return
             status = workflow_status(history)
             run_id = latest_run_id(history)
             if status is not WorkflowStatus.RUNNING or run_id is None:
                 raise NotRunning(workflow_id, status.value if status else "unknown", f"signal {name!r} to")
             await recorder.append(
-                [SignalReceived(name=name, payload=encoded)], action=f"record signal {name!r}", run_id=run_id
+                [SignalReceived(name=name, payload=encoded, command_id=command_id)],
+                action=f"record signal {name!r}",
+                run_id=run_id,
             )
+
+    # -- cluster mode: commands for workflows another node owns ------------------
+
+    async def _here_or_owner(
+        self, workflow_id: str, here: Callable[[], Any], command: Callable[[], Command]
+    ) -> Any:
+        """Apply locally (``await here()``), or, in cluster mode for a workflow another
+        node owns, send ``command()`` through the inbox and return its outcome
+        (a refusal is raised as the owner raised it).  A local attempt fenced by the
+        store (the workflow was claimed meanwhile) is sent to the owner instead."""
+        cluster = self._cluster
+        if cluster is None:
+            return await here()
+        if await cluster.cluster.command_target(workflow_id) is None:
+            try:
+                return await here()
+            except NotOwner:
+                pass  # claimed by another node meanwhile (relinquished here): ask the owner
+        outcome: CommandOutcome = await cluster.send(command())
+        if not outcome.ok:
+            raise outcome_error(outcome, workflow_id)
+        return outcome
 
     async def _running_run(self, recorder: Recorder, operation: str) -> tuple[str, list[Event]]:
         """Under the lock: the running run's id and segment, or :class:`NotRunning`."""
@@ -1486,10 +1668,18 @@ class Engine:
         the exception leaves it.  A second request while one is pending records
         nothing.  Unknown or terminal workflows are refused with a typed error.
         """
-        core = self._core
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {reason!r}")
-        if not core.epoch.admitting:
+        if not self._core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "cancel a workflow")
+        await self._here_or_owner(
+            workflow_id,
+            lambda: self._cancel_here(workflow_id, reason),
+            lambda: CancelCommand(workflow_id=workflow_id, reason=reason),
+        )
+
+    async def _cancel_here(self, workflow_id: str, reason: str) -> None:
+        if not self._core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "cancel a workflow")
         recorder = await self._existing_recorder(workflow_id)
         async with recorder.lock:
@@ -1511,9 +1701,18 @@ class Engine:
         """End the running run at once, without running its code: records
         ``WorkflowCancelled(terminated=True)`` with its in-flight activities cancelled
         and its timers retired in the same batch, then stops the run's task."""
-        core = self._core
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {reason!r}")
+        if not self._core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "terminate a workflow")
+        await self._here_or_owner(
+            workflow_id,
+            lambda: self._terminate_here(workflow_id, reason),
+            lambda: TerminateCommand(workflow_id=workflow_id, reason=reason),
+        )
+
+    async def _terminate_here(self, workflow_id: str, reason: str) -> None:
+        core = self._core
         if not core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "terminate a workflow")
         recorder = await self._existing_recorder(workflow_id)
@@ -1544,6 +1743,20 @@ class Engine:
         code reacted to the cancellation (it recorded commands after the request: replaying
         without the cancellation would take another path).
         """
+        if not self._core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "reopen a workflow")
+        found = await self._here_or_owner(
+            workflow_id,
+            lambda: self._reopen_here(workflow_id),
+            lambda: ReopenCommand(workflow_id=workflow_id),
+        )
+        if isinstance(found, CommandOutcome):
+            assert found.run_id is not None
+            return RunHandle(self, workflow_id, found.run_id)
+        assert isinstance(found, RunHandle)
+        return found
+
+    async def _reopen_here(self, workflow_id: str) -> RunHandle:
         core = self._core
         if not core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "reopen a workflow")
@@ -1621,6 +1834,15 @@ class Engine:
         if not isinstance(name, str) or not name:
             raise ValueError(f"query name must be a non-empty str, got {name!r}")
         arguments = core.codec.encode(list(args), what=f"arguments of query {name!r}")
+        found = await self._here_or_owner(
+            workflow_id,
+            lambda: self._query_here(workflow_id, name, arguments),
+            lambda: QueryCommand(workflow_id=workflow_id, name=name, args=arguments),
+        )
+        return query_answer(found) if isinstance(found, CommandOutcome) else found
+
+    async def _query_here(self, workflow_id: str, name: str, arguments: Payload) -> Any:
+        core = self._core
         recorder = await self._existing_recorder(workflow_id)
         while True:
             history = recorder.history
@@ -1888,6 +2110,13 @@ async def open_engine(
 
             asyncio_loop = await stack.enter_async_context(trio_asyncio.open_loop())
         limiter = trio.CapacityLimiter(config.max_activity_threads)
+        # Cluster mode (DESIGN §10): per-workflow ownership fenced by the store.
+        cluster = opened if isinstance(opened, ClusterStore) else None
+        chosen: ActivityDispatcher = dispatcher or InProcessDispatcher(
+            activity_map, config.codec, asyncio_loop, limiter
+        )
+        if cluster is not None:
+            chosen = LeaseGatedDispatcher(chosen, cluster, service_threads)
         try:
             async with trio.open_nursery() as nursery:
                 epoch = EngineEpoch(nursery)
@@ -1898,17 +2127,26 @@ async def open_engine(
                     activities=activity_map,
                     config=config,
                     clock=clock or TrioClock.start(),
-                    dispatcher=dispatcher
-                    or InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter),
+                    dispatcher=chosen,
                     observers=hub,
                 )
+                core.service_threads = service_threads
+                core.cluster = cluster
                 engine = Engine(core)
                 engine._ownership = ownership
+                services: ClusterServices | None = None
+                if cluster is not None:
+                    services = ClusterServices(
+                        core, cluster, opened if isinstance(opened, CommandInbox) else None
+                    )
+                    engine._cluster = services
                 try:
                     if ownership is not None:
                         # Not epoch.spawn: losing the claim must end the engine, not be logged.
                         nursery.start_soon(ownership.keep_alive, epoch, name="owner-heartbeat")
                     epoch.spawn(core.timer_service, name="timer-service")
+                    if services is not None:
+                        epoch.spawn(services.waker, name="cluster-waker")
                     await core.recover()
                     if isinstance(opened, CommandInbox):
                         drainer = InboxDrainer(
@@ -1916,8 +2154,12 @@ async def open_engine(
                         )
                         engine._inbox = drainer
                         await drainer.drain()
-                        if config.inbox_poll_interval is not None:
+                        if services is not None:
+                            services.drain = drainer.drain  # on every wake-up, after the sweep
+                        elif config.inbox_poll_interval is not None:
                             epoch.spawn(drainer.poll_forever, name="inbox-poller")
+                    if services is not None:
+                        epoch.spawn(services.sweeper, name="cluster-sweeper")
                     yield engine
                 except BaseException:
                     epoch.begin_close()

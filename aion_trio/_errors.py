@@ -278,6 +278,25 @@ class EngineEpochClosed(EngineError):
         )
 
 
+class CommandNotAnswered(EngineError):
+    """A command sent to the node that owns a workflow (cluster mode) got no outcome in time.
+
+    The command stays queued in the store's inbox: the owner (or, if it died,
+    the node that claims the workflow next) may still apply it.  Check the
+    workflow's history before sending it again.
+    """
+
+    def __init__(self, command_id: int, description: str, timeout: float) -> None:
+        self.command_id = command_id
+        self.description = description
+        self.timeout = timeout
+        super().__init__(
+            f"inbox command #{command_id} ({description}) got no outcome within {timeout:g}s: the node "
+            "owning the workflow has not applied it yet (it stays queued and may still be applied); check "
+            "that engine nodes are running, or raise EngineConfig.remote_command_timeout"
+        )
+
+
 def epoch_closed(workflow_id: str | None, run_id: str | None, action: str) -> EngineEpochClosed:
     """The one place an :class:`EngineEpochClosed` is constructed."""
     return EngineEpochClosed(workflow_id, run_id, action)

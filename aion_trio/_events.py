@@ -77,6 +77,16 @@ def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> 
         raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
 
 
+OMIT_NONE = "aion_trio_wire_omit_none"
+"""attrs field metadata key: an optional field whose ``None`` is left off the wire
+(so records written before the field existed keep their exact form)."""
+
+
+def _optional_command_id(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{attribute.name} must be an int >= 1 or None, got {value!r}")
+
+
 def _non_empty_str(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{attribute.name} must be a non-empty str, got {value!r}")
@@ -419,6 +429,11 @@ class TimerCancelled(EventBody):
 class SignalReceived(EventBody):
     name: str = attrs.field(validator=_non_empty_str)
     payload: Payload = attrs.field(validator=_payload)
+    #: The inbox command that delivered the signal (cluster mode), so a redelivered
+    #: command is recognised in history and applied once; absent from the wire when ``None``.
+    command_id: int | None = attrs.field(
+        default=None, validator=_optional_command_id, metadata={OMIT_NONE: True}
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -25,6 +25,7 @@ from ._commands import (
     SignalCommand,
     StartCommand,
     TerminateCommand,
+    signal_recorded_outcome,
 )
 from ._errors import AionError, AionInternalError, BackendUnavailable, EngineEpochClosed, NotOwner, StoreError
 from ._ownership import OwnerClaim, wall_now
@@ -95,11 +96,16 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-async def apply_command(engine: Engine, command: Command, codec_decode: Any) -> CommandOutcome:
-    """Apply one command through the engine's client methods; a refusal becomes a failed outcome.
+async def apply_command(
+    engine: Engine, command: Command, codec_decode: Any, command_id: int | None = None
+) -> CommandOutcome:
+    """Apply one command here, through the engine's local client paths; a refusal becomes a failed outcome.
 
-    ``EngineEpochClosed`` and ``BackendUnavailable`` propagate: the command was
-    not (or not knowably) applied and stays queued for a later drain.
+    ``EngineEpochClosed``, ``BackendUnavailable`` and ``NotOwner`` (cluster mode:
+    another node claimed the workflow) propagate: the command was not (or not
+    knowably) applied and stays queued for a later drain, or for the new owner.
+    A signal carries ``command_id`` into its event, so a command delivered again
+    is recognised in history and not recorded twice.
     """
     from ._engine import IdReusePolicy
 
@@ -119,26 +125,24 @@ async def apply_command(engine: Engine, command: Command, codec_decode: Any) -> 
                 f"{verb} workflow {handle.workflow_id!r} run {handle.run_id}", run_id=handle.run_id
             )
         if isinstance(command, SignalCommand):
-            await engine.signal(command.workflow_id, command.name, codec_decode(command.payload))
-            return CommandOutcome.success(
-                f"signal {command.name!r} recorded for workflow {command.workflow_id!r}"
-            )
+            await engine._signal_here(command.workflow_id, command.name, command.payload, command_id)
+            return signal_recorded_outcome(command.workflow_id, command.name)
         if isinstance(command, CancelCommand):
-            await engine.cancel(command.workflow_id, command.reason)
+            await engine._cancel_here(command.workflow_id, command.reason)
             return CommandOutcome.success(f"cancellation requested for workflow {command.workflow_id!r}")
         if isinstance(command, TerminateCommand):
-            await engine.terminate(command.workflow_id, command.reason)
+            await engine._terminate_here(command.workflow_id, command.reason)
             return CommandOutcome.success(f"workflow {command.workflow_id!r} terminated")
         if isinstance(command, ReopenCommand):
-            handle = await engine.reopen(command.workflow_id)
+            handle = await engine._reopen_here(command.workflow_id)
             return CommandOutcome.success(
                 f"reopened workflow {handle.workflow_id!r} run {handle.run_id}", run_id=handle.run_id
             )
         if isinstance(command, QueryCommand):
-            answer = await engine.query(command.workflow_id, command.name, *codec_decode(command.args))
+            answer = await engine._query_here(command.workflow_id, command.name, command.args)
             return CommandOutcome.success(json.dumps(answer, ensure_ascii=False, separators=(",", ":")))
         raise AionInternalError(f"unknown inbox command {command!r}; please report this")
-    except (EngineEpochClosed, BackendUnavailable):
+    except (EngineEpochClosed, BackendUnavailable, NotOwner):
         raise
     except (AionError, ValueError, TypeError, LookupError) as exc:
         return CommandOutcome.failure(exc)
@@ -183,10 +187,19 @@ class InboxDrainer:
                         return done
                     try:
                         outcome = await apply_command(
-                            self.engine, pending.command, self.engine._core.codec.decode
+                            self.engine, pending.command, self.engine._core.codec.decode, pending.command_id
                         )
                     except EngineEpochClosed:
                         return done
+                    except NotOwner as exc:
+                        logger.info(
+                            "inbox command #%d (%s) not applied: another node owns the workflow now; "
+                            "it stays queued for that node: %s",
+                            pending.command_id,
+                            pending.command.describe(),
+                            exc,
+                        )
+                        continue
                     except BackendUnavailable as exc:
                         logger.warning(
                             "inbox command #%d (%s) not applied, store unavailable; it stays queued: %s",

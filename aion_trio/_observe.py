@@ -44,6 +44,7 @@ __all__ = [
     "ObserverHub",
     "RecoveryFinished",
     "StoreOperation",
+    "WorkflowRelinquished",
     "WorkflowRunEnded",
     "WorkflowRunStarted",
 ]
@@ -140,6 +141,18 @@ class RecoveryFinished(ObserverEvent):
     active: int
     resumed: int
     seconds: float
+
+
+@final
+@attrs.frozen(kw_only=True)
+class WorkflowRelinquished(ObserverEvent):
+    """Cluster mode: another node claimed the workflow (the store fenced this node's append),
+    so this engine stopped it here: its run and in-flight activity attempts were cancelled
+    (recording nothing) and its timers and cached history dropped."""
+
+    workflow_id: str
+    node_id: str
+    reason: str
 
 
 Observer = Callable[[ObserverEvent], None]

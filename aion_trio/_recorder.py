@@ -16,7 +16,7 @@ terminal and takes the resume path instead of writing a second one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, final
 
@@ -24,7 +24,7 @@ import trio
 
 from ._clock import EngineClock
 from ._epoch import EngineEpoch
-from ._errors import AionInternalError, SequenceConflict
+from ._errors import AionInternalError, NotOwner, SequenceConflict
 from ._events import Event, EventBody, WorkflowReopened, WorkflowStarted, make_batch
 from ._store import EventStore
 
@@ -47,8 +47,12 @@ class Recorder:
         history: Sequence[Event] = (),
         *,
         observers: ObserverHub | None = None,
+        on_fenced: Callable[[Recorder, NotOwner], None] | None = None,
     ) -> None:
         self.workflow_id = workflow_id
+        #: Called (synchronously, no checkpoint) when the store refuses an append with
+        #: ``NotOwner``: the one place a fenced workflow is noticed (cluster mode).
+        self.on_fenced = on_fenced
         #: The engine's observers (``None``: nobody observes, nothing is built).
         self.observers = observers
         self._store = store
@@ -73,10 +77,11 @@ class Recorder:
         clock: EngineClock,
         *,
         observers: ObserverHub | None = None,
+        on_fenced: Callable[[Recorder, NotOwner], None] | None = None,
     ) -> Recorder:
         """A recorder resumed at the stored head, with the stored history."""
         history = await store.read_history(workflow_id)
-        return cls(workflow_id, store, epoch, clock, history, observers=observers)
+        return cls(workflow_id, store, epoch, clock, history, observers=observers, on_fenced=on_fenced)
 
     @classmethod
     def resume_at(
@@ -206,6 +211,14 @@ class Recorder:
             await self._store.append(self.workflow_id, events, self._head)
         except SequenceConflict:
             self._pending = None
+            raise
+        except NotOwner as exc:
+            if self.on_fenced is None:
+                self._stale = True  # as for any other failure: the outcome is treated as unknown
+                raise
+            # A fencing store refuses the whole batch: nothing was written.
+            self._pending = None
+            self.on_fenced(self, exc)
             raise
         except trio.Cancelled:
             # Store contract: a cancelled append wrote nothing.

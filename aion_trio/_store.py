@@ -367,6 +367,54 @@ class CommandInbox(Protocol):
     async def command_outcome(self, command_id: int) -> CommandOutcome | None: ...
 
 
+@runtime_checkable
+class ClusterStore(Protocol):
+    """Optional capability: several engines share one store, each workflow owned by one node.
+
+    Offered by a store opened with a node identity (PostgreSQL with
+    ``?node=NAME``); the engine detects it at runtime and runs in cluster
+    mode.  Ownership is per workflow and fenced by the store: an append for
+    a workflow another node has claimed raises :class:`~aion_trio.NotOwner`
+    and writes nothing.
+
+    * ``node_id``: this node's identity.
+    * ``owned_active()``: active workflows owned by this node id, re-claimed
+      (their fencing epoch bumped) so an engine restarted under the same id
+      takes them back and fences its previous incarnation.
+    * ``claim_orphans(limit)``: in one transaction, claim at most ``limit``
+      active workflows that no node owns or whose owner's lease has expired
+      by the store's clock; concurrent callers on several nodes never claim
+      the same workflow.  Returns the claimed ids.
+    * ``lease_valid()``: this node's local judgement that its lease is still
+      live (the send time of the last successful renewal, plus the lease's
+      length, minus a safety margin, is still ahead).  No I/O.  A node whose
+      lease is not valid starts no side effect.
+    * ``wait_for_work(timeout)``: returns when the store signals work for
+      this node or the cluster (a notification) or after ``timeout``
+      seconds; callers always re-check the store afterwards (polling backs
+      notifications, which may be lost).
+    * ``command_target(workflow_id)``: ``None`` when commands for the
+      workflow are applied by this node (it owns it, or no live node does and
+      it is not active, or it does not exist); otherwise the id of the node
+      that owns it (``""``: an active workflow whose owner is gone, which the
+      next claim will own).  Commands for such a workflow go through the
+      store's :class:`CommandInbox`.
+    """
+
+    @property
+    def node_id(self) -> str: ...
+
+    async def owned_active(self) -> list[str]: ...
+
+    async def claim_orphans(self, limit: int) -> list[str]: ...
+
+    def lease_valid(self) -> bool: ...
+
+    async def wait_for_work(self, timeout: float) -> None: ...
+
+    async def command_target(self, workflow_id: str) -> str | None: ...
+
+
 def validate_batch(workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
     """Raise :class:`InvalidBatch` unless ``events`` are the contiguous next seqs of ``workflow_id``.
 

@@ -29,7 +29,7 @@ from typing import Any, Union
 import attrs
 
 from ._errors import EventDecodeError
-from ._events import EVENT_TYPES, ActivityError, ErrorInfo, Event, EventBody
+from ._events import EVENT_TYPES, OMIT_NONE, ActivityError, ErrorInfo, Event, EventBody
 from ._payload import Payload
 
 _SEPARATORS = (",", ":")
@@ -214,13 +214,20 @@ def _codec_for(tp: Any) -> _FieldCodec:
 _CODECS: dict[type, dict[str, _FieldCodec]] = {}
 
 
+def _field_codec(field: attrs.Attribute[Any], hint: Any) -> _FieldCodec:
+    codec = _codec_for(hint)
+    if field.metadata.get(OMIT_NONE) and not codec.omit_none:
+        codec = attrs.evolve(codec, omit_none=True)
+    return codec
+
+
 def _codecs(cls: type) -> dict[str, _FieldCodec]:
     found = _CODECS.get(cls)
     if found is None:
         import aion_trio._events as events_module
 
         hints = typing.get_type_hints(cls, vars(events_module))
-        found = {f.name: _codec_for(hints[f.name]) for f in attrs.fields(cls)}
+        found = {f.name: _field_codec(f, hints[f.name]) for f in attrs.fields(cls)}
         _CODECS[cls] = found
     return found
 
@@ -229,7 +236,7 @@ def register_wire_record(cls: type, namespace: Mapping[str, Any]) -> None:
     """Give another frozen attrs record of the domain model (an inbox command) the field
     encodings events use; ``namespace`` resolves its annotations."""
     hints = typing.get_type_hints(cls, dict(namespace))
-    _CODECS[cls] = {f.name: _codec_for(hints[f.name]) for f in attrs.fields(cls)}
+    _CODECS[cls] = {f.name: _field_codec(f, hints[f.name]) for f in attrs.fields(cls)}
 
 
 def record_to_wire(value: Any) -> dict[str, Any]:

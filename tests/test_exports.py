@@ -44,7 +44,7 @@ AION_TRIO_NAMES = [
     "ActivityScheduled", "ActivityStarted", "AionError", "AionInternalError", "BackendUnavailable",
     "CancelCommand", "CannotReopen", "ChildHandle", "ChildWorkflowCancelled", "ChildWorkflowCompleted",
     "ChildWorkflowFailed", "ChildWorkflowFailure", "ChildWorkflowStarted", "Command", "CommandDecodeError",
-    "CommandInbox", "CommandOutcome", "CompletionRetryConfig", "DatabaseCorrupt", "DatabaseTooNew", "Engine",
+    "CommandInbox", "CommandNotAnswered", "CommandOutcome", "CompletionRetryConfig", "DatabaseCorrupt", "DatabaseTooNew", "Engine",
     "EngineClock", "EngineConfig", "EngineEpochClosed", "EngineError", "EngineStatistics", "ErrorInfo",
     "Event", "EventBody", "EventDecodeError", "EventStore", "Exponential", "FailureCause", "Fixed",
     "IdReusePolicy", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl", "Linear", "MarkerRecorded",
@@ -61,13 +61,13 @@ AION_TRIO_NAMES = [
     "UnknownWorkflowType", "VisibilityFilter", "VisibilityRow", "VisibilityStore", "WorkerLost",
     "WorkflowAlreadyStarted", "WorkflowCancelRequested", "WorkflowCancelled", "WorkflowCommandError",
     "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew", "WorkflowDefinition",
-    "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowNotFound", "WorkflowReopened",
+    "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowNotFound", "WorkflowRelinquished", "WorkflowReopened",
     "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut",
     "activity", "activity_info", "heartbeat", "open_engine", "open_store", "workflow",
 ]
 
 PLUGIN_NAMES = [
-    "BackendUnavailable", "CancelCommand", "Command", "CommandDecodeError", "CommandInbox",
+    "BackendUnavailable", "CancelCommand", "ClusterStore", "Command", "CommandDecodeError", "CommandInbox",
     "CommandOutcome", "DISABLE_ENV", "DatabaseCorrupt", "DatabaseTooNew", "ENTRY_POINT_GROUP", "Event",
     "EventBody", "EventDecodeError", "EventStore", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl",
     "NotAnAionDatabase", "NotFound", "NotOwner", "OwnedStore", "OwnerClaim", "OwnerIdentity",
@@ -78,7 +78,8 @@ PLUGIN_NAMES = [
     "WorkflowStatus", "body_data_json", "body_from_data_json", "build_registry", "claim_is_live",
     "command_data_json", "command_from_data_json", "decide_claim", "decide_renew", "event_from_json",
     "event_to_json", "format_datetime", "hookimpl", "hookspec", "is_active_status", "make_plugin_manager",
-    "outcome_from_json", "outcome_to_json", "parse_datetime", "pid_alive", "status_after", "this_host",
+    "outcome_from_json", "outcome_to_json", "parse_datetime", "pid_alive", "signal_recorded_outcome",
+    "status_after", "this_host",
     "validate_batch",
 ]
 

@@ -20,6 +20,7 @@ from .._commands import (
     command_from_data_json as command_from_data_json,
     outcome_from_json as outcome_from_json,
     outcome_to_json as outcome_to_json,
+    signal_recorded_outcome as signal_recorded_outcome,
 )
 from .._errors import (
     BackendUnavailable as BackendUnavailable,
@@ -72,6 +73,7 @@ from .._projections import (
     status_after as status_after,
 )
 from .._store import (
+    ClusterStore as ClusterStore,
     CommandInbox as CommandInbox,
     EventStore as EventStore,
     OwnedStore as OwnedStore,

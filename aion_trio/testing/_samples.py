@@ -134,7 +134,7 @@ def full_bodies() -> list[EventBody]:
         TimerStarted(timer_id="named:reminder", fire_at=at(86400.5, tz=PLUS_0530)),
         TimerFired(timer_id="anonymous:0"),
         TimerCancelled(timer_id="scope:1", cause=TimerCancelCause.CANCEL_TEARDOWN),
-        SignalReceived(name="approve", payload=Payload.of({"by": "o'brien"})),
+        SignalReceived(name="approve", payload=Payload.of({"by": "o'brien"}), command_id=7),
         ChildWorkflowStarted(
             child_workflow_id="child-1", workflow_type="ship", input=Payload.of({"to": "Brno"})
         ),

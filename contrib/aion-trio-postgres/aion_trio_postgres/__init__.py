@@ -68,6 +68,7 @@ from aion_trio.plugin import StoreRegistry, hookimpl
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._store import (
     NodeLease as NodeLease,
+    PostgresClusterStore as PostgresClusterStore,
     PostgresEventStore as PostgresEventStore,
     PostgresStore as PostgresStore,
     PostgresVisibilityStore as PostgresVisibilityStore,
@@ -78,6 +79,7 @@ from ._url import PostgresUrl as PostgresUrl, parse_postgres_url as parse_postgr
 __all__ = [
     "SCHEMA_VERSION",
     "NodeLease",
+    "PostgresClusterStore",
     "PostgresEventStore",
     "PostgresStore",
     "PostgresUrl",
@@ -86,7 +88,14 @@ __all__ = [
     "parse_postgres_url",
 ]
 
-for _obj in (NodeLease, PostgresEventStore, PostgresStore, PostgresVisibilityStore, PostgresUrl):
+for _obj in (
+    NodeLease,
+    PostgresClusterStore,
+    PostgresEventStore,
+    PostgresStore,
+    PostgresVisibilityStore,
+    PostgresUrl,
+):
     _obj.__module__ = __name__
 del _obj
 

@@ -185,6 +185,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         _APPEND_FUNCTION,
         _CLAIM_FUNCTION,
     ),
+    # 2: cluster mode's command inbox.  A command for a workflow another node
+    # owns waits here until that node (or the next one to claim the workflow)
+    # applies it; acked rows keep their outcome for the sender.
+    (
+        "CREATE TABLE inbox ("
+        ' id bigserial PRIMARY KEY, workflow_id text COLLATE "C" NOT NULL, type text NOT NULL,'
+        " data text NOT NULL, enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
+        " outcome text, acked boolean NOT NULL DEFAULT false)",
+        "CREATE INDEX inbox_pending ON inbox (workflow_id, id) WHERE NOT acked",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar, cast, final
@@ -13,16 +16,26 @@ import psycopg
 import psycopg_pool
 import trio
 
+from aion_trio.events import SignalReceived
 from aion_trio.plugin import (
     BackendUnavailable,
+    Command,
+    CommandOutcome,
     Event,
+    NotFound,
     NotOwner,
+    PendingCommand,
     SequenceConflict,
     SerializationError,
     StoreError,
     TimerEntry,
     VisibilityFilter,
     VisibilityRow,
+    command_data_json,
+    command_from_data_json,
+    outcome_from_json,
+    outcome_to_json,
+    signal_recorded_outcome,
     status_after,
     validate_batch,
 )
@@ -31,6 +44,7 @@ from . import _codec
 from ._mapping import backend_error, cause
 from ._schema import (
     ACTIVE_LIST,
+    ACTIVE_STATUSES,
     SQLSTATE_NOT_OWNER,
     SQLSTATE_SEQUENCE_CONFLICT,
     configure,
@@ -39,6 +53,7 @@ from ._schema import (
 from ._url import PostgresUrl, parse_postgres_url
 
 logger = logging.getLogger("aion_trio.postgres")
+ACTIVE_LIST_VALUES = frozenset(ACTIVE_STATUSES)
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -93,6 +108,38 @@ _SQL_RENEW_LEASE = (
 _SQL_RELEASE_LEASE = (
     "UPDATE nodes SET lease_expires_at = clock_timestamp() WHERE node_id = %s AND incarnation = %s"
 )
+_SQL_NOTIFY = "SELECT pg_notify(%s, %s)"
+_SQL_CHECK_INCARNATION = "SELECT incarnation FROM nodes WHERE node_id = %s FOR SHARE"
+_SQL_OWNED_ACTIVE = (
+    "UPDATE workflows SET owner_epoch = owner_epoch + 1"
+    f" WHERE owner_node = %s AND status IN ({ACTIVE_LIST}) RETURNING workflow_id, owner_epoch"
+)
+# The orphans: active, not ours, and unowned or owned by a node whose lease has
+# run out by the database clock.  SKIP LOCKED: a row another sweeper (or an
+# append) holds is left to it, so concurrent sweepers never claim one twice.
+_SQL_CLAIM_ORPHANS = (
+    "WITH c AS (SELECT w.workflow_id FROM workflows w LEFT JOIN nodes n ON n.node_id = w.owner_node"
+    f" WHERE w.status IN ({ACTIVE_LIST}) AND w.owner_node IS DISTINCT FROM %(me)s"
+    " AND (w.owner_node IS NULL OR n.node_id IS NULL OR n.lease_expires_at <= clock_timestamp())"
+    " ORDER BY w.workflow_id LIMIT %(limit)s FOR UPDATE OF w SKIP LOCKED)"
+    " UPDATE workflows w SET owner_node = %(me)s, owner_epoch = w.owner_epoch + 1 FROM c"
+    " WHERE w.workflow_id = c.workflow_id RETURNING w.workflow_id, w.owner_epoch"
+)
+_SQL_OWNER_OF = (
+    "SELECT w.owner_node, w.status, w.head, n.lease_expires_at > clock_timestamp()"
+    " FROM workflows w LEFT JOIN nodes n ON n.node_id = w.owner_node WHERE w.workflow_id = %s"
+)
+_SQL_ENQUEUE = (
+    "WITH c AS (INSERT INTO inbox (workflow_id, type, data) VALUES (%s, %s, %s) RETURNING id, workflow_id)"
+    " SELECT c.id, pg_notify(%s, coalesce((SELECT w.owner_node FROM workflows w"
+    " WHERE w.workflow_id = c.workflow_id), '')) FROM c"
+)
+_SQL_PENDING = (
+    "SELECT i.id, i.type, i.data FROM inbox i JOIN workflows w ON w.workflow_id = i.workflow_id"
+    " WHERE NOT i.acked AND w.owner_node = %s ORDER BY i.id LIMIT %s"
+)
+_SQL_ACK = "UPDATE inbox SET acked = true, outcome = %s WHERE id = %s AND NOT acked RETURNING id"
+_SQL_INBOX_ROW = "SELECT acked, outcome FROM inbox WHERE id = %s"
 
 
 # --------------------------------------------------------------------------
@@ -112,6 +159,20 @@ class NodeLease:
     expires_at: datetime
     superseded: bool = False
     """True once a renewal found a newer incarnation of this node id."""
+    valid_until: float = 0.0
+    """Local judgement (``time.monotonic()``): the send time of the last successful
+    registration or renewal, plus ``lease_ttl``, minus :meth:`margin`."""
+
+    def margin(self) -> float:
+        """The safety margin taken off the lease locally: a fifth of it, at most 5 seconds."""
+        return min(self.lease_ttl / 5, 5.0)
+
+    def renewed(self, sent: float) -> None:
+        """A registration or renewal sent at ``sent`` (monotonic) succeeded."""
+        self.valid_until = max(self.valid_until, sent + self.lease_ttl - self.margin())
+
+    def valid(self) -> bool:
+        return not self.superseded and time.monotonic() < self.valid_until
 
 
 @attrs.define(eq=False)
@@ -125,6 +186,11 @@ class _Backend:
     @property
     def location(self) -> str:
         return self.url.location
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel of this schema (channels are database-wide)."""
+        return notify_channel(self.url.schema)
 
     async def run(self, doing: str, function: Callable[[Conn], T]) -> T:
         """Run ``function(conn)`` in a worker thread on a pooled connection.
@@ -302,10 +368,28 @@ class PostgresEventStore(_Facade):
             batch.dropped_timers,
         )
         first_seq = events[0].seq
+        # Signals delivered by inbox commands: their commands are acked in the
+        # append's own transaction, so a command is applied exactly once.
+        acks = [
+            (outcome_to_json(signal_recorded_outcome(workflow_id, e.body.name)), e.body.command_id)
+            for e in events
+            if isinstance(e.body, SignalReceived) and e.body.command_id is not None
+        ]
+        channel = self._backend.channel
+
+        def write(conn: Conn) -> Any:
+            if not acks:
+                return conn.execute(_SQL_APPEND, params).fetchone()
+            with conn.transaction():
+                row = conn.execute(_SQL_APPEND, params).fetchone()
+                with conn.cursor() as cur:
+                    cur.executemany(_SQL_ACK, acks)
+                conn.execute(_SQL_NOTIFY, (channel, ""))
+                return row
 
         def run(conn: Conn) -> int:
             try:
-                row = conn.execute(_SQL_APPEND, params).fetchone()
+                row = write(conn)
             except psycopg.Error as exc:
                 refusal = _append_error(exc, workflow_id, expected_seq, first_seq)
                 if refusal is not None:
@@ -494,7 +578,6 @@ class PostgresVisibilityStore(_Facade):
 # --------------------------------------------------------------------------
 
 
-@final
 @attrs.define(eq=False)
 class PostgresStore:
     """An opened PostgreSQL store: ``events`` and ``visibility`` over one schema."""
@@ -528,6 +611,7 @@ class PostgresStore:
             ).fetchone()
             return None if found is None else _codec.utc(found[0])
 
+        sent = time.monotonic()
         expires = await self._backend.run("renewing the node lease", run)
         if expires is None:
             node.superseded = True
@@ -536,6 +620,7 @@ class PostgresStore:
                 f"incarnation {node.incarnation} has been superseded by a newer open of this node id",
             )
         node.expires_at = expires
+        node.renewed(sent)
         return expires
 
     async def aclose(self) -> None:
@@ -549,6 +634,250 @@ class PostgresStore:
         await trio.lowlevel.checkpoint()
 
 
+def notify_channel(schema: str) -> str:
+    """``aion_trio_`` plus a digest of the schema name: a valid channel of bounded length."""
+    return "aion_trio_" + hashlib.sha256(schema.encode()).hexdigest()[:24]
+
+
+@final
+class _Listener:
+    """A dedicated connection, held in a thread, LISTENing on the schema's channel.
+
+    Each notification for this node (payload = its id) or for the cluster
+    (empty payload) bumps ``generation``.  A dropped connection (a restarted
+    server, ``pg_terminate_backend``) is reconnected; every (re)connect bumps
+    too, because notifications sent meanwhile are lost and waiters must
+    re-check the tables.  Notifications only wake sooner: the engine polls.
+    """
+
+    def __init__(self, url: PostgresUrl, channel: str, node_id: str) -> None:
+        self._url = url
+        self._channel = channel
+        self._node_id = node_id
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self.connected = threading.Event()
+        self.generation = 0
+        self.connects = 0
+        self.backend_pid: int | None = None
+        self._thread = threading.Thread(target=self._run, name=f"aion_trio LISTEN {node_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _bump(self) -> None:
+        with self._cond:
+            self.generation += 1
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._url.conninfo, autocommit=True) as conn:
+                    conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self._channel)))
+                    self.backend_pid = conn.info.backend_pid
+                    self.connects += 1
+                    self.connected.set()
+                    self._bump()
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.2):
+                            if note.payload in ("", self._node_id):
+                                self._bump()
+            except psycopg.Error as exc:
+                self.connected.clear()
+                if not self._stop.is_set():
+                    logger.warning(
+                        "%s: the LISTEN connection of node %s dropped (reconnecting; polling covers the gap): %s",
+                        self._url.location,
+                        self._node_id,
+                        str(exc).strip(),
+                    )
+                    self._stop.wait(0.2)
+
+    def wait(self, since: int, timeout: float) -> int:
+        """Block until ``generation`` differs from ``since`` or ``timeout`` seconds pass; return it."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.generation != since or self._stop.is_set(), timeout)
+            return self.generation
+
+    def close(self) -> None:
+        self._stop.set()
+        self._bump()
+        self._thread.join(timeout=5.0)
+
+
+@final
+@attrs.define(eq=False)
+class PostgresClusterStore(PostgresStore):
+    """A store opened with a node identity: cluster mode's capabilities.
+
+    Implements :class:`aion_trio.plugin.ClusterStore` (the engine detects it
+    and runs in cluster mode) and :class:`aion_trio.plugin.CommandInbox` (the
+    ``inbox`` table; ``pending_commands`` lists only commands for workflows
+    this node owns).  Notifications travel on one channel per schema
+    (:func:`notify_channel`): enqueued commands notify the owning node,
+    acked commands and released leases notify everyone.
+    """
+
+    _listener: _Listener = attrs.field(alias="listener", repr=False)
+    _seen: int = attrs.field(default=0, init=False, repr=False)
+    _waits: trio.CapacityLimiter = attrs.field(
+        factory=lambda: trio.CapacityLimiter(4), init=False, repr=False
+    )
+
+    @property
+    def node_id(self) -> str:
+        node = self._backend.node
+        assert node is not None
+        return node.node_id
+
+    @property
+    def listener(self) -> _Listener:
+        """The LISTEN connection's thread (``backend_pid``, ``connects``; for operators and tests)."""
+        return self._listener
+
+    def _node(self) -> NodeLease:
+        node = self._backend.node
+        assert node is not None
+        return node
+
+    def lease_valid(self) -> bool:
+        """Local judgement, no I/O: the last successful renewal's *send* time plus the TTL, minus
+        the safety margin, is still ahead (``time.monotonic()``)."""
+        return self._node().valid()
+
+    def _check_incarnation(self, conn: Conn) -> None:
+        node = self._node()
+        found = conn.execute(_SQL_CHECK_INCARNATION, (node.node_id,)).fetchone()
+        if found is None or int(found[0]) != node.incarnation:
+            raise NotOwner(
+                node.node_id,
+                f"incarnation {node.incarnation} has been superseded by a newer open of this node id",
+            )
+
+    async def owned_active(self) -> list[str]:
+        """This node id's active workflows, each re-claimed (its epoch bumped), sorted."""
+        await self.events._enter()
+
+        def run(conn: Conn) -> list[tuple[str, int]]:
+            with conn.transaction():
+                self._check_incarnation(conn)
+                return [(r[0], int(r[1])) for r in conn.execute(_SQL_OWNED_ACTIVE, (self.node_id,))]
+
+        rows = await self._backend.run("re-claiming this node's workflows", run)
+        for workflow_id, epoch in rows:
+            self.events._remember(workflow_id, epoch)
+        return sorted(w for w, _ in rows)
+
+    async def claim_orphans(self, limit: int) -> list[str]:
+        """Claim at most ``limit`` orphaned active workflows in one transaction; return their ids."""
+        await self.events._enter()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            await _refuse(ValueError(f"limit must be an int >= 1, got {limit!r}"))
+
+        def run(conn: Conn) -> list[tuple[str, int]]:
+            with conn.transaction():
+                self._check_incarnation(conn)
+                params = {"me": self.node_id, "limit": limit}
+                return [(r[0], int(r[1])) for r in conn.execute(_SQL_CLAIM_ORPHANS, params)]
+
+        rows = await self._backend.run("claiming orphaned workflows", run)
+        for workflow_id, epoch in rows:
+            self.events._remember(workflow_id, epoch)
+        return sorted(w for w, _ in rows)
+
+    async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109 - a wall-clock poll bound
+        """Return on a notification for this node or the cluster (also one that arrived since
+        the previous call returned) or after ``timeout`` seconds of wall time."""
+        await self.events._enter()
+        since = self._seen
+        self._seen = await trio.to_thread.run_sync(
+            self._listener.wait, since, timeout, abandon_on_cancel=True, limiter=self._waits
+        )
+
+    async def command_target(self, workflow_id: str) -> str | None:
+        """``None``: commands for the workflow are applied here; else the owning node's id
+        (``""`` for an active workflow whose owner is gone: the next claimant applies them)."""
+        await self.events._enter()
+        me = self.node_id
+
+        def run(conn: Conn) -> tuple[Any, ...] | None:
+            return conn.execute(_SQL_OWNER_OF, (workflow_id,)).fetchone()
+
+        found = await self._backend.run("looking up a workflow's owner", run)
+        if found is None or int(found[2]) == 0:
+            return None
+        owner, status, _, live = found
+        if owner == me:
+            return None
+        if owner is not None and live:
+            return str(owner)
+        active = status in ACTIVE_LIST_VALUES
+        return "" if active else None
+
+    # -- the command inbox -------------------------------------------------------
+
+    async def enqueue_command(self, command: Command) -> int:
+        await self.events._enter()
+        try:
+            type_name, data = command_data_json(command)
+        except Exception as exc:
+            await _refuse(exc)
+        params = (command.workflow_id, type_name, data, self._backend.channel)
+
+        def run(conn: Conn) -> int:
+            found = conn.execute(_SQL_ENQUEUE, params).fetchone()
+            assert found is not None
+            return int(found[0])
+
+        return await self._backend.run("queueing a command", run)
+
+    async def pending_commands(self, limit: int = 100) -> list[PendingCommand]:
+        """Un-acked commands for workflows this node owns, oldest first."""
+        await self.events._enter()
+
+        def run(conn: Conn) -> list[tuple[int, str, str]]:
+            return [(int(r[0]), r[1], r[2]) for r in conn.execute(_SQL_PENDING, (self.node_id, limit))]
+
+        rows = await self._backend.run("reading the command inbox", run)
+        return [PendingCommand(command_id=i, command=command_from_data_json(t, d)) for i, t, d in rows]
+
+    async def ack_command(self, command_id: int, outcome: CommandOutcome) -> None:
+        """Mark the command done with ``outcome`` (an acked one keeps its first outcome)."""
+        await self.events._enter()
+        text = outcome_to_json(outcome)
+        channel = self._backend.channel
+
+        def run(conn: Conn) -> None:
+            with conn.transaction():
+                if conn.execute(_SQL_ACK, (text, command_id)).fetchone() is None:
+                    if conn.execute(_SQL_INBOX_ROW, (command_id,)).fetchone() is None:
+                        raise NotFound(f"no inbox command #{command_id} in {self.location}")
+                    return
+                conn.execute(_SQL_NOTIFY, (channel, ""))
+
+        await self._backend.run("acking a command", run)
+
+    async def command_outcome(self, command_id: int) -> CommandOutcome | None:
+        await self.events._enter()
+
+        def run(conn: Conn) -> tuple[Any, ...] | None:
+            return conn.execute(_SQL_INBOX_ROW, (command_id,)).fetchone()
+
+        found = await self._backend.run("reading a command outcome", run)
+        if found is None:
+            raise NotFound(f"no inbox command #{command_id} in {self.location}")
+        acked, text = found
+        return outcome_from_json(text) if acked and text is not None else None
+
+    async def aclose(self) -> None:
+        """Stop listening, then close as :class:`PostgresStore` does (the lease is released)."""
+        if not self._backend.closed:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._listener.close)
+        await super().aclose()
+
+
 def _close_backend(backend: _Backend) -> None:
     node = backend.node
     try:
@@ -556,6 +885,8 @@ def _close_backend(backend: _Backend) -> None:
             # A clean shutdown hands this node's workflows over at once.
             with backend.pool.connection(timeout=min(backend.url.pool_timeout, 5.0)) as conn:
                 conn.execute(_SQL_RELEASE_LEASE, (node.node_id, node.incarnation))
+                # The other nodes sweep at once instead of at their next interval.
+                conn.execute(_SQL_NOTIFY, (backend.channel, ""))
     except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
         logger.warning("%s: could not release the lease of node %s: %s", backend.location, node, exc)
     finally:
@@ -580,6 +911,7 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
         configure(conn, url)
         migrate(conn, url)
         if node_id is not None:
+            sent = time.monotonic()
             found = conn.execute(_SQL_REGISTER_NODE, (node_id, lease_ttl)).fetchone()
             assert found is not None
             node = NodeLease(
@@ -588,6 +920,7 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
                 lease_ttl=lease_ttl,
                 expires_at=_codec.utc(found[1]),
             )
+            node.renewed(sent)
     except psycopg.Error as exc:
         raise backend_error(exc, url.location, doing) from exc
     finally:
@@ -649,12 +982,20 @@ async def open_postgres_store(
     # Opening blocks (network, maybe a migration): off the Trio thread and
     # never abandoned, so a cancelled open still closes what it opened.
     backend = await trio.to_thread.run_sync(_open_sync, parsed, node_id, ttl)
-    store = PostgresStore(
-        events=PostgresEventStore(backend=backend),
-        visibility=PostgresVisibilityStore(backend=backend),
-        url=parsed,
-        backend=backend,
-    )
+    events = PostgresEventStore(backend=backend)
+    visibility = PostgresVisibilityStore(backend=backend)
+    store: PostgresStore
+    if backend.node is None:
+        store = PostgresStore(events=events, visibility=visibility, url=parsed, backend=backend)
+    else:
+        listener = _Listener(parsed, backend.channel, backend.node.node_id)
+        listener.start()
+        store = PostgresClusterStore(
+            events=events, visibility=visibility, url=parsed, backend=backend, listener=listener
+        )
+        # Listening before the engine looks at the tables: a notification sent after
+        # that look is not lost.  Bounded: polling covers a slow connect.
+        await trio.to_thread.run_sync(listener.connected.wait, parsed.pool_timeout)
     try:
         async with trio.open_nursery() as nursery:
             if backend.node is not None and every is not None:

@@ -1,0 +1,199 @@
+"""Cluster mode (DESIGN §10): several engines on one store, each workflow owned by one node.
+
+The store (a :class:`~aion_trio.plugin.ClusterStore`) fences every append; this
+module is the engine's side of it:
+
+* :class:`ClusterServices` runs the waker (one task waiting on the store's
+  notifications, bounded by ``EngineConfig.sweep_interval``) and the sweeper
+  (claims orphaned workflows and recovers them), and sends commands for
+  workflows another node owns through the store's inbox, waiting for their
+  outcome.
+* :class:`LeaseGatedDispatcher` holds every activity attempt back while this
+  node's lease is not valid: a node that may have been taken for dead starts
+  no side effect.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+
+from ._activities import ActivityDispatcher, ActivityOutcome, ActivityRequest
+from ._commands import Command, CommandOutcome
+from ._errors import AionError, CommandNotAnswered, EngineEpochClosed, StoreError
+from ._inbox import wall_sleep
+from ._store import ClusterStore, CommandInbox
+
+if TYPE_CHECKING:
+    from ._engine import EngineConfig, EngineCore
+
+logger = logging.getLogger("aion_trio.cluster")
+
+#: How often a held-back activity attempt re-checks the lease (wall-clock seconds).
+LEASE_RECHECK = 0.05
+
+
+@final
+@attrs.define(eq=False)
+class LeaseGatedDispatcher:
+    """Wraps a dispatcher: each attempt waits (re-checking) until the node's lease is valid."""
+
+    inner: ActivityDispatcher
+    cluster: ClusterStore
+    limiter: trio.CapacityLimiter
+    held_back: int = 0
+    """Attempts that had to wait for the lease (statistics, tests)."""
+
+    async def dispatch(self, request: ActivityRequest) -> ActivityOutcome:
+        if not self.cluster.lease_valid():
+            self.held_back += 1
+            logger.warning(
+                "activity attempt held back: this node's lease is not valid (it dispatches once renewed)",
+                extra={
+                    "workflow_id": request.workflow_id,
+                    "run_id": request.run_id,
+                    "activity": request.activity_id,
+                    "node": self.cluster.node_id,
+                },
+            )
+            while not self.cluster.lease_valid():
+                await wall_sleep(LEASE_RECHECK, self.limiter)
+        return await self.inner.dispatch(request)
+
+
+def outcome_error(outcome: CommandOutcome, workflow_id: str) -> BaseException:
+    """The exception a refused remote command stands for: the class the owner raised, same message.
+
+    The owner sends the class name and its one-line message; the exception is
+    rebuilt as an instance of that class (an aion_trio error, or ``ValueError``
+    / ``TypeError`` / ``LookupError`` and their builtin subclasses) carrying the
+    message and ``workflow_id``.  An unknown name becomes :class:`AionError`.
+    """
+    import aion_trio
+
+    name = outcome.error_type or "AionError"
+    cls = getattr(aion_trio, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, AionError)):
+        builtin = getattr(builtins, name, None)
+        cls = (
+            builtin
+            if isinstance(builtin, type) and issubclass(builtin, (ValueError, TypeError, LookupError))
+            else AionError
+        )
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, outcome.message)
+    if isinstance(exc, AionError):
+        exc.workflow_id = workflow_id  # type: ignore[attr-defined]
+    return exc
+
+
+@final
+class ClusterServices:
+    """The waker, the sweeper and remote commands of an engine in cluster mode."""
+
+    def __init__(self, core: EngineCore, cluster: ClusterStore, inbox: CommandInbox | None) -> None:
+        self.core = core
+        self.cluster = cluster
+        self.inbox = inbox
+        self.config: EngineConfig = core.config
+        self._wake = trio.Event()
+        self.sweeps = 0
+        self.claimed = 0
+        self.remote_commands = 0
+        #: Set by the engine: drains the inbox (the owner's side of remote commands).
+        self.drain: Any = None
+
+    # -- waking --------------------------------------------------------------
+
+    async def waker(self) -> None:
+        """Wake the sweeper, the drainer and remote waiters on each notification or every
+        ``sweep_interval`` seconds (the store's wait is wall-clock bounded)."""
+        interval = self.config.sweep_interval
+        while True:
+            try:
+                await self.cluster.wait_for_work(interval)
+            except (StoreError, trio.ClosedResourceError) as exc:
+                logger.warning("waiting for cluster notifications failed (polling instead): %s", exc)
+                await wall_sleep(interval, self.core.service_threads)
+            wake, self._wake = self._wake, trio.Event()
+            wake.set()
+
+    async def woken(self) -> None:
+        """Park until the waker fires next (a notification, or ``sweep_interval`` passed)."""
+        await self._wake.wait()
+
+    # -- the sweeper ------------------------------------------------------------
+
+    async def sweep_once(self) -> list[str]:
+        """Claim orphaned workflows (if the lease is valid) and recover each; returns the claimed ids."""
+        if not self.cluster.lease_valid() or not self.core.epoch.admitting:
+            return []
+        claimed = await self.cluster.claim_orphans(self.config.sweep_batch)
+        self.sweeps += 1
+        if claimed:
+            self.claimed += len(claimed)
+            logger.info(
+                "claimed %d orphaned workflow(s)",
+                len(claimed),
+                extra={"node": self.cluster.node_id, "claimed": len(claimed)},
+            )
+        for workflow_id in claimed:
+            await self.core.recover_one(workflow_id)
+        return claimed
+
+    async def sweeper(self) -> None:
+        """Sweep on every wake-up; then drain the commands the claimed workflows brought along."""
+        while True:
+            await self.woken()
+            try:
+                claimed = await self.sweep_once()
+                if self.drain is not None:
+                    await self.drain()
+            except (StoreError, trio.ClosedResourceError) as exc:
+                logger.warning("orphan sweep failed (will retry): %s", exc)
+                continue
+            except EngineEpochClosed:
+                return
+            if claimed and len(claimed) >= self.config.sweep_batch:
+                # More may be waiting: go round again without waiting for the next interval.
+                wake, self._wake = self._wake, trio.Event()
+                wake.set()
+
+    # -- remote commands ------------------------------------------------------
+
+    async def send(self, command: Command) -> CommandOutcome:
+        """Enqueue ``command`` for the owning node and wait for its outcome.
+
+        Bounded by ``EngineConfig.remote_command_timeout`` seconds of wall time:
+        :class:`CommandNotAnswered` then (the command stays queued and may still
+        be applied).
+        """
+        if self.inbox is None:
+            raise AionError(
+                f"workflow {command.workflow_id!r} is owned by another node and this store has no "
+                "command inbox to reach it"
+            )
+        command_id = await self.inbox.enqueue_command(command)
+        self.remote_commands += 1
+        timeout = self.config.remote_command_timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            outcome = await self.inbox.command_outcome(command_id)
+            if outcome is not None:
+                return outcome
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandNotAnswered(command_id, command.describe(), timeout)
+            # The waker fires at least every sweep_interval (wall clock): a bounded wait.
+            await self.woken()
+
+
+def query_answer(outcome: CommandOutcome) -> Any:
+    """A successful remote query's answer (the owner sends it as JSON text)."""
+    return json.loads(outcome.message)
