@@ -20,6 +20,7 @@ from ._activities import (
     ActivityDispatcher,
     ActivityDriver,
     ActivityRequest,
+    DelegatingDispatcher,
     InProcessDispatcher,
 )
 from ._clock import EngineClock, TrioClock
@@ -1848,6 +1849,10 @@ async def open_engine(
     raised.  A store with a :class:`~aion_trio.CommandInbox` is drained after
     recovery and then every ``config.inbox_poll_interval`` seconds
     (:meth:`Engine.drain_inbox` drains at once).
+    ``dispatcher``: runs activity attempts instead of this process (default:
+    the registered activities run here); one that is a
+    :class:`~aion_trio.DelegatingDispatcher` is handed the in-process
+    dispatcher for the work it keeps local.
     ``observers``: callables ``observer(event)`` (or plugin objects implementing
     ``aion_trio_observe``) handed each :class:`ObserverEvent`, after the
     observers plugins registered through the ``aion_trio`` entry points.
@@ -1888,6 +1893,10 @@ async def open_engine(
 
             asyncio_loop = await stack.enter_async_context(trio_asyncio.open_loop())
         limiter = trio.CapacityLimiter(config.max_activity_threads)
+        in_process = InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter)
+        delegating: object = dispatcher
+        if isinstance(delegating, DelegatingDispatcher):
+            delegating.use_in_process(in_process)
         try:
             async with trio.open_nursery() as nursery:
                 epoch = EngineEpoch(nursery)
@@ -1898,8 +1907,7 @@ async def open_engine(
                     activities=activity_map,
                     config=config,
                     clock=clock or TrioClock.start(),
-                    dispatcher=dispatcher
-                    or InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter),
+                    dispatcher=dispatcher or in_process,
                     observers=hub,
                 )
                 engine = Engine(core)

@@ -73,6 +73,11 @@ from ._store import (
     PostgresVisibilityStore as PostgresVisibilityStore,
     open_postgres_store as open_postgres_store,
 )
+from ._tasks import (
+    PostgresTaskDispatcher as PostgresTaskDispatcher,
+    open_task_dispatcher as open_task_dispatcher,
+    reap_expired as reap_expired,
+)
 from ._url import PostgresUrl as PostgresUrl, parse_postgres_url as parse_postgres_url
 
 __all__ = [
@@ -80,13 +85,23 @@ __all__ = [
     "NodeLease",
     "PostgresEventStore",
     "PostgresStore",
+    "PostgresTaskDispatcher",
     "PostgresUrl",
     "PostgresVisibilityStore",
     "open_postgres_store",
+    "open_task_dispatcher",
     "parse_postgres_url",
+    "reap_expired",
 ]
 
-for _obj in (NodeLease, PostgresEventStore, PostgresStore, PostgresVisibilityStore, PostgresUrl):
+for _obj in (
+    NodeLease,
+    PostgresEventStore,
+    PostgresStore,
+    PostgresTaskDispatcher,
+    PostgresVisibilityStore,
+    PostgresUrl,
+):
     _obj.__module__ = __name__
 del _obj
 
