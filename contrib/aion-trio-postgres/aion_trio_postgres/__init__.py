@@ -74,6 +74,11 @@ from ._store import (
     PostgresVisibilityStore as PostgresVisibilityStore,
     open_postgres_store as open_postgres_store,
 )
+from ._tasks import (
+    PostgresTaskDispatcher as PostgresTaskDispatcher,
+    open_task_dispatcher as open_task_dispatcher,
+    reap_expired as reap_expired,
+)
 from ._url import PostgresUrl as PostgresUrl, parse_postgres_url as parse_postgres_url
 
 __all__ = [
@@ -82,10 +87,13 @@ __all__ = [
     "PostgresClusterStore",
     "PostgresEventStore",
     "PostgresStore",
+    "PostgresTaskDispatcher",
     "PostgresUrl",
     "PostgresVisibilityStore",
     "open_postgres_store",
+    "open_task_dispatcher",
     "parse_postgres_url",
+    "reap_expired",
 ]
 
 for _obj in (
@@ -93,6 +101,7 @@ for _obj in (
     PostgresClusterStore,
     PostgresEventStore,
     PostgresStore,
+    PostgresTaskDispatcher,
     PostgresVisibilityStore,
     PostgresUrl,
 ):
