@@ -113,7 +113,7 @@ FULL_BODIES: dict[str, EventBody] = {
         TimerStarted(timer_id="named:reminder", fire_at=FIRE_AT),
         TimerFired(timer_id="anonymous:3"),
         TimerCancelled(timer_id="scope:1", cause=TimerCancelCause.CANCEL_TEARDOWN),
-        SignalReceived(name="approve", payload=Payload.of({"by": "alice", "ok": True})),
+        SignalReceived(name="approve", payload=Payload.of({"by": "alice", "ok": True}), command_id=3),
         ChildWorkflowStarted(
             child_workflow_id="order-7/ship", workflow_type="ship", input=Payload.of({"id": 7})
         ),
@@ -140,6 +140,7 @@ MINIMAL_BODIES: dict[str, EventBody] = {
         ActivityScheduled(activity_id=0, activity_type="charge", input=Payload.of({})),
         ActivityFailed(activity_id=0, error=MINIMAL_ACTIVITY_ERROR, attempt=1, final=False),
         ChildWorkflowFailed(child_workflow_id="child", error=MINIMAL_ERROR_INFO),
+        SignalReceived(name="approve", payload=Payload.of({"by": "alice", "ok": True})),
     )
 }
 

@@ -57,8 +57,15 @@ A node whose workflow was claimed by another gets ``NotOwner`` on its next
 append and writes nothing, so a history never forks.  A store opened without
 ``node`` does no claiming and refuses to append to workflows a node owns.
 
-Multi-node work distribution (SKIP LOCKED queues, inbox, remote activity
-workers) is not part of this package yet.
+Cluster mode
+------------
+Opened with a node, the store is a :class:`PostgresClusterStore`: it offers
+:class:`aion_trio.plugin.ClusterStore` (re-claiming this node's workflows,
+claiming orphans with ``FOR UPDATE SKIP LOCKED``, a local lease judgement, a
+LISTEN connection in a thread backed by polling) and
+:class:`aion_trio.plugin.CommandInbox` (the ``inbox`` table, migration 2), so
+engines on several machines share the schema; see the README.  Remote
+activity workers are not part of this package yet.
 """
 
 from __future__ import annotations

@@ -118,11 +118,15 @@ _SQL_OWNED_ACTIVE = (
 # The orphans: active, not ours, and unowned or owned by a node whose lease has
 # run out by the database clock.  SKIP LOCKED: a row another sweeper (or an
 # append) holds is left to it, so concurrent sweepers never claim one twice.
+# The owner's lease is looked up in a subquery, not a join: a row claimed and
+# committed meanwhile is re-checked with its new owner (a joined row would be
+# re-checked as it was, and the claim would be taken twice).
 _SQL_CLAIM_ORPHANS = (
-    "WITH c AS (SELECT w.workflow_id FROM workflows w LEFT JOIN nodes n ON n.node_id = w.owner_node"
+    "WITH c AS (SELECT w.workflow_id FROM workflows w"
     f" WHERE w.status IN ({ACTIVE_LIST}) AND w.owner_node IS DISTINCT FROM %(me)s"
-    " AND (w.owner_node IS NULL OR n.node_id IS NULL OR n.lease_expires_at <= clock_timestamp())"
-    " ORDER BY w.workflow_id LIMIT %(limit)s FOR UPDATE OF w SKIP LOCKED)"
+    " AND (w.owner_node IS NULL OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.node_id = w.owner_node"
+    " AND n.lease_expires_at > clock_timestamp()))"
+    " ORDER BY w.workflow_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
     " UPDATE workflows w SET owner_node = %(me)s, owner_epoch = w.owner_epoch + 1 FROM c"
     " WHERE w.workflow_id = c.workflow_id RETURNING w.workflow_id, w.owner_epoch"
 )
@@ -886,7 +890,7 @@ class PostgresClusterStore(PostgresStore):
             with conn.transaction():
                 if conn.execute(_SQL_ACK, (text, command_id)).fetchone() is None:
                     if conn.execute(_SQL_INBOX_ROW, (command_id,)).fetchone() is None:
-                        raise NotFound(f"no inbox command #{command_id} in {self.location}")
+                        raise NotFound(f"no inbox command #{command_id} in {self.url.location}")
                     return
                 conn.execute(_SQL_NOTIFY, (channel, ""))
 
@@ -900,7 +904,7 @@ class PostgresClusterStore(PostgresStore):
 
         found = await self._backend.run("reading a command outcome", run)
         if found is None:
-            raise NotFound(f"no inbox command #{command_id} in {self.location}")
+            raise NotFound(f"no inbox command #{command_id} in {self.url.location}")
         acked, text = found
         return outcome_from_json(text) if acked and text is not None else None
 

@@ -1,0 +1,317 @@
+"""Cluster mode on PostgreSQL (DESIGN §10): several in-process engines with different node ids.
+
+Real PostgreSQL, a fresh schema per test.  Leases are short (0.5-1 s) and real
+time passes only where the database clock must (a lease running out); every
+wait is for a condition, bounded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+import trio.testing
+from aion_trio_postgres import PostgresClusterStore, open_postgres_store
+
+import aion_trio as aion
+from aion_trio import EngineConfig, NotRunning, Payload, WorkflowRelinquished
+from aion_trio._ids import new_run_id
+from aion_trio.events import SignalReceived, TimerFired, WorkflowStarted
+from aion_trio.plugin import ClusterStore
+
+FAST = EngineConfig(sweep_interval=0.1, remote_command_timeout=10.0)
+CALLS: list[str] = []
+
+
+@aion.activity
+async def note(text: str) -> str:
+    CALLS.append(text)
+    return f"noted {text}"
+
+
+@aion.workflow
+async def approval(ctx: aion.WorkflowContext, order: int) -> dict[str, object]:
+    ctx.set_query_handler("order", lambda: {"order": order})
+    decision = await ctx.wait_signal("approve")
+    return {"order": order, "decision": decision}
+
+
+@aion.workflow
+async def two_ticks(ctx: aion.WorkflowContext) -> list[object]:
+    first = await ctx.wait_signal("tick")
+    second = await ctx.wait_signal("tick")
+    return [first, second]
+
+
+@aion.workflow
+async def nap_then_note(ctx: aion.WorkflowContext, text: str) -> str:
+    await ctx.sleep(1.5)
+    return str(await ctx.run(note, text))
+
+
+@aion.workflow
+async def just_note(ctx: aion.WorkflowContext, text: str) -> str:
+    return str(await ctx.run(note, text))
+
+
+WORKFLOWS = [approval, two_ticks, nap_then_note, just_note]
+
+
+@pytest.fixture(autouse=True)
+def _clear_calls() -> None:
+    CALLS.clear()
+
+
+@contextlib.asynccontextmanager
+async def node(
+    url: str, name: str, *, ttl: float = 1.0, renew_every: float | None = -1.0, observers: Any = ()
+) -> AsyncIterator[tuple[PostgresClusterStore, aion.Engine]]:
+    async with open_postgres_store(url, node=name, lease_ttl=ttl, renew_every=renew_every) as store:
+        assert isinstance(store, PostgresClusterStore)
+        async with aion.open_engine(
+            store, workflows=WORKFLOWS, activities=[note], config=FAST, observers=observers
+        ) as engine:
+            yield store, engine
+
+
+def sql(url: str, schema: str, text: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema)))
+        cur = conn.execute(text, params)
+        return cur.fetchall() if cur.description is not None else []
+
+
+async def sql_async(url: str, schema: str, text: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    return await trio.to_thread.run_sync(sql, url, schema, text, params)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> None:
+    """Poll ``check`` until it holds (bounded: a hang fails the test)."""
+    with trio.fail_after(seconds):
+        while not await check():  # noqa: ASYNC110 - the condition lives in the database
+            await trio.sleep(0.02)
+
+
+async def owner_of(url: str, schema: str, workflow_id: str) -> str | None:
+    rows = await sql_async(
+        url, schema, "SELECT owner_node FROM workflows WHERE workflow_id = %s", (workflow_id,)
+    )
+    return rows[0][0] if rows else None
+
+
+async def finished(url: str, schema: str, workflow_id: str) -> bool:
+    rows = await sql_async(url, schema, "SELECT status FROM workflows WHERE workflow_id = %s", (workflow_id,))
+    return bool(rows) and rows[0][0] not in ("running", "continued_as_new")
+
+
+def assert_unforked(url: str, schema: str) -> None:
+    """Every history: seqs 1..n without a gap, owner epochs never decreasing."""
+    rows = sql(url, schema, "SELECT workflow_id, seq, owner_epoch FROM events ORDER BY workflow_id, seq")
+    by_workflow: dict[str, list[tuple[int, int]]] = {}
+    for workflow_id, seq, epoch in rows:
+        by_workflow.setdefault(workflow_id, []).append((seq, epoch))
+    assert by_workflow, "control: there are histories to check"
+    for workflow_id, pairs in by_workflow.items():
+        assert [s for s, _ in pairs] == list(range(1, len(pairs) + 1)), workflow_id
+        epochs = [e for _, e in pairs]
+        assert epochs == sorted(epochs), (workflow_id, epochs)
+
+
+async def test_two_engines_split_work_and_commands_reach_the_owner(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (store_a, a), node(url, "b") as (_, b):
+        assert isinstance(store_a, ClusterStore)
+        for i in range(3):
+            await a.start(approval, i, workflow_id=f"a-{i}")
+            await b.start(approval, 10 + i, workflow_id=f"b-{i}")
+        assert [await owner_of(pg_url, schema, f"a-{i}") for i in range(3)] == ["a", "a", "a"]
+        assert [await owner_of(pg_url, schema, f"b-{i}") for i in range(3)] == ["b", "b", "b"]
+        assert await store_a.command_target("b-0") == "b"
+        assert await store_a.command_target("a-0") is None
+
+        # Query, signal and cancel sent to the non-owner come back with the owner's outcome.
+        assert await a.query("b-0", "order") == {"order": 10}
+        await a.signal("b-0", "approve", "yes")
+        await a.signal("a-0", "approve", "local")
+        await a.cancel("b-1", "not needed")
+        await b.signal("a-1", "approve", "from b")
+        await eventually(lambda: finished(pg_url, schema, "b-0"))
+        assert await b.result("b-0") == {"order": 10, "decision": "yes"}
+        assert await a.result("a-0") == {"order": 0, "decision": "local"}
+        assert await a.result("a-1") == {"order": 1, "decision": "from b"}
+        await eventually(lambda: finished(pg_url, schema, "b-1"))
+        status = await sql_async(pg_url, schema, "SELECT status FROM workflows WHERE workflow_id = 'b-1'")
+        assert status == [("cancelled",)]
+        # A refusal is raised as the owner raised it.
+        with pytest.raises(NotRunning):
+            await a.signal("b-0", "approve", "again")
+        assert a._cluster is not None
+        assert a._cluster.remote_commands == 4
+        assert b._cluster is not None
+        assert b._cluster.remote_commands == 1
+        # The owner recorded every signal: nothing was appended by the other node.
+        owners = await sql_async(
+            pg_url,
+            schema,
+            "SELECT DISTINCT w.owner_node FROM events e JOIN workflows w USING (workflow_id)"
+            " WHERE e.workflow_id LIKE 'b-%%'",
+        )
+        assert owners == [("b",)]
+    assert_unforked(pg_url, schema)
+
+
+async def test_expired_lease_is_taken_over_and_the_stale_node_relinquishes(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    seen: list[WorkflowRelinquished] = []
+
+    def observe(event: object) -> None:
+        if isinstance(event, WorkflowRelinquished):
+            seen.append(event)
+
+    # "stale" never renews its lease: it runs out after 0.6 s by the database clock.
+    async with node(url, "stale", ttl=0.6, renew_every=None, observers=[observe]) as (store_s, stale):
+        await stale.start(nap_then_note, "once", workflow_id="w")
+        assert await owner_of(pg_url, schema, "w") == "stale"
+        async with node(url, "fresh") as (_, fresh):
+            await eventually(lambda: _owned_by(pg_url, schema, "w", "fresh"))
+            assert not store_s.lease_valid()
+            await eventually(lambda: finished(pg_url, schema, "w"))
+            assert await fresh.result("w") == "noted once"
+            # The stale node's timer fire was refused: it stopped the workflow, retried nothing.
+            await eventually(lambda: _true(stale._core.relinquished == 1))
+            assert [e.workflow_id for e in seen] == ["w"]
+            assert seen[0].node_id == "stale"
+            assert stale._core.loaded_recorder("w") is None
+            assert [lease for lease in stale._core.registry.leases() if lease.workflow_id == "w"] == []
+            assert not any(t[2] == "w" for t in stale._core._timers)
+            assert CALLS == ["once"]
+    history = await _history(url, "w")
+    assert sum(isinstance(e.body, TimerFired) for e in history) == 1
+    assert sum(isinstance(e.body, WorkflowStarted) for e in history) == 1
+    epochs = sql(pg_url, schema, "SELECT DISTINCT owner_epoch FROM events WHERE workflow_id = 'w' ORDER BY 1")
+    assert [e for (e,) in epochs] == [1, 2]
+    assert_unforked(pg_url, schema)
+
+
+async def _owned_by(url: str, schema: str, workflow_id: str, node_id: str) -> bool:
+    return await owner_of(url, schema, workflow_id) == node_id
+
+
+async def _true(value: bool) -> bool:
+    await trio.lowlevel.checkpoint()
+    return value
+
+
+async def _history(url: str, workflow_id: str) -> list[Any]:
+    async with open_postgres_store(url) as store:
+        return await store.events.read_history(workflow_id)
+
+
+async def test_concurrent_orphan_sweeps_never_claim_one_workflow_twice(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    ids = [f"o-{i:02d}" for i in range(60)]
+    async with open_postgres_store(url) as plain:  # no node: the workflows stay unowned
+        now = datetime.now(timezone.utc)
+        for workflow_id in ids:
+            body = WorkflowStarted(workflow_type="approval", input=Payload.of([1]), run_id=new_run_id())
+            await plain.events.append(
+                workflow_id, [aion.Event(workflow_id=workflow_id, seq=1, recorded_at=now, body=body)], 0
+            )
+    claims: dict[str, list[str]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        stores = [
+            await stack.enter_async_context(open_postgres_store(url, node=f"n{i}", lease_ttl=5.0))
+            for i in range(3)
+        ]
+
+        async def sweep(store: Any) -> None:
+            mine = claims.setdefault(store.node_id, [])
+            while True:
+                got = await store.claim_orphans(3)
+                if not got:
+                    return
+                mine.extend(got)
+
+        async with trio.open_nursery() as nursery:
+            for store in stores:
+                nursery.start_soon(sweep, store)
+    every = [w for got in claims.values() for w in got]
+    assert sorted(every) == ids, "each orphan claimed exactly once"
+    assert sum(1 for got in claims.values() if got) >= 2, "control: the sweeps really ran side by side"
+    epochs = sql(pg_url, schema, "SELECT DISTINCT owner_epoch FROM workflows")
+    assert epochs == [(1,)]
+
+
+async def test_an_invalid_lease_holds_activity_dispatch_back(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    async with node(url, "lonely", ttl=0.5, renew_every=None) as (store, engine):
+        await eventually(lambda: _true(not store.lease_valid()))
+        await engine.start(just_note, "held", workflow_id="held")
+        gate = engine._core.dispatcher
+        await eventually(lambda: _true(getattr(gate, "held_back", 0) == 1))
+        await trio.testing.wait_all_tasks_blocked()
+        assert CALLS == []
+        await store.renew_lease()
+        assert store.lease_valid()
+        with trio.fail_after(10):
+            assert await engine.result("held") == "noted held"
+        assert CALLS == ["held"]
+
+
+async def test_a_killed_listen_connection_loses_no_command(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a), node(url, "b") as (store_b, b):
+        await b.start(approval, 5, workflow_id="w")
+        pid = store_b.listener.backend_pid
+        assert pid is not None
+        await sql_async(pg_url, schema, "SELECT pg_terminate_backend(%s)", (pid,))
+        await a.signal("w", "approve", "after the drop")
+        with trio.fail_after(10):
+            assert await b.result("w") == {"order": 5, "decision": "after the drop"}
+        await eventually(lambda: _true(store_b.listener.connects >= 2))
+        assert store_b.listener.backend_pid != pid
+
+
+async def test_a_redelivered_signal_command_is_applied_once(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a), node(url, "b") as (_, b):
+        await b.start(two_ticks, workflow_id="w")
+        await a.signal("w", "tick", 1)
+        rows = await sql_async(pg_url, schema, "SELECT id, acked FROM inbox")
+        assert len(rows) == 1
+        assert rows[0][1] is True
+        command_id = rows[0][0]
+        signals = [e.body for e in await b.history("w") if isinstance(e.body, SignalReceived)]
+        assert [(s.payload.json, s.command_id) for s in signals] == [("1", command_id)]
+        # The row is delivered again (as after a lost acknowledgement): history says it is done.
+        await sql_async(
+            pg_url, schema, "UPDATE inbox SET acked = false, outcome = NULL WHERE id = %s", (command_id,)
+        )
+        assert await b.drain_inbox() == 1
+        signals = [e.body for e in await b.history("w") if isinstance(e.body, SignalReceived)]
+        assert len(signals) == 1
+        await a.signal("w", "tick", 2)
+        with trio.fail_after(10):
+            assert await b.result("w") == [1, 2]
