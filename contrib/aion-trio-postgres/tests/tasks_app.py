@@ -88,7 +88,8 @@ async def mark_and_wait(directory: str, tag: str) -> dict[str, Any]:
 @aion.activity
 async def record_run(directory: str, key: str) -> int:
     """Create ``key`` exclusively: a second run of the same task would fail here."""
-    (Path(directory) / key).open("x").write(str(os.getpid()))
+    with (Path(directory) / key).open("x") as out:
+        out.write(str(os.getpid()))
     await trio.sleep(0.05)
     return os.getpid()
 

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,20 @@ def query(url: str, text: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description else []
 
 
+def wait_until_ready(proc: subprocess.Popen[str]) -> None:
+    """Read the worker's output until it says it is claiming (attempt timeouts count queue time)."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "ready: activity worker" in line:
+            return
+    raise AssertionError("the worker exited before it was ready:\n" + "".join(seen))
+
+
 @contextlib.contextmanager
 def worker_process(url: str, *queues: str) -> Iterator[subprocess.Popen[str]]:
-    """``aion-trio worker --activities-only`` in a subprocess; SIGKILLed on exit if still alive."""
+    """``aion-trio worker --activities-only`` in a subprocess, ready to claim; SIGKILLed on exit."""
     args = [sys.executable, "-c", "from aion_trio._cli import main; main()", "worker", "--activities-only"]
     args += ["--store", url, "--activities", "tasks_app:app", "--concurrency", "8", "--drain-timeout", "1"]
     for queue in queues:
@@ -59,13 +71,15 @@ def worker_process(url: str, *queues: str) -> Iterator[subprocess.Popen[str]]:
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(args, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        wait_until_ready(proc)
+        # Keep reading, so a chatty worker never blocks on a full pipe.
+        assert proc.stdout is not None
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
         yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
-        assert proc.stdout is not None
-        proc.stdout.close()
 
 
 @contextlib.asynccontextmanager
