@@ -70,16 +70,21 @@ def worker_process(url: str, *queues: str) -> Iterator[subprocess.Popen[str]]:
         args += ["--queue", queue]
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(args, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    reader: threading.Thread | None = None
     try:
         wait_until_ready(proc)
         # Keep reading, so a chatty worker never blocks on a full pipe.
-        assert proc.stdout is not None
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        reader = threading.Thread(target=proc.stdout.read, daemon=True)
+        reader.start()
         yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
+        if reader is not None:
+            reader.join(timeout=10)
+        proc.stdout.close()
 
 
 @contextlib.asynccontextmanager
