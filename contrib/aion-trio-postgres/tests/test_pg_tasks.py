@@ -274,25 +274,25 @@ async def test_a_stale_attempt_result_is_ignored(url: str) -> None:
         async def dispatch() -> None:
             outcomes.append(await dispatcher.dispatch(request))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(dispatch)
-            with trio.fail_after(10):
+        with trio.fail_after(15):  # the dispatch must return worker-lost
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(dispatch)
                 while not (claimed := await old.claim(1)):
                     await trio.sleep(0.02)
-            (task_id, claimed_request, _), *_ = claimed
-            query(url, "UPDATE activity_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'")
-            assert await reap_expired(store) == [task_id]
+                (task_id, claimed_request, _), *_ = claimed
+                query(url, "UPDATE activity_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'")
+                assert await reap_expired(store) == [task_id]
         assert [o.kind for o in outcomes] == [OutcomeKind.WORKER_LOST]
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(dispatch)  # the driver re-dispatches the same attempt
-            with trio.fail_after(10):
+        with trio.fail_after(15):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(dispatch)  # the driver re-dispatches the same attempt
                 while not await new.claim(1):
                     await trio.sleep(0.02)
-            late = aion.ActivityOutcome(result=Payload.of("stale"))
-            assert not await old.complete(task_id, 1, late)  # reaped: no longer this worker's
-            assert not await new.complete(task_id, 0, late)  # not the current attempt
-            assert await new.complete(task_id, 1, aion.ActivityOutcome(result=Payload.of("current")))
+                late = aion.ActivityOutcome(result=Payload.of("stale"))
+                assert not await old.complete(task_id, 1, late)  # reaped: no longer this worker's
+                assert not await new.complete(task_id, 0, late)  # not the current attempt
+                assert await new.complete(task_id, 1, aion.ActivityOutcome(result=Payload.of("current")))
     assert claimed_request.attempt == 1
     assert [o.result for o in outcomes[1:]] == [Payload.of("current")]
     assert query(url, "SELECT status, result, lost_count FROM activity_tasks") == [("done", '"current"', 1)]
