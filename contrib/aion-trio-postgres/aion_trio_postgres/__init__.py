@@ -57,8 +57,16 @@ A node whose workflow was claimed by another gets ``NotOwner`` on its next
 append and writes nothing, so a history never forks.  A store opened without
 ``node`` does no claiming and refuses to append to workflows a node owns.
 
-Multi-node work distribution (SKIP LOCKED queues, inbox, remote activity
-workers) is not part of this package yet.
+Remote activity workers
+-----------------------
+:func:`open_task_dispatcher` gives an engine a :class:`PostgresTaskDispatcher`
+(``open_engine(store, ..., dispatcher=...)``) that turns attempts on chosen
+task queues into ``activity_tasks`` rows; ``aion-trio worker
+--activities-only`` processes (or ``aion_trio.run_activity_worker``) claim
+them with ``FOR UPDATE SKIP LOCKED`` under leases renewed by heartbeat and
+write outcomes guarded by the attempt token; a reaper returns expired leases
+to their queues.  ``task_lease_ttl`` and ``poll_interval`` (seconds, defaults
+30 and 1) tune them.  See the README.
 """
 
 from __future__ import annotations

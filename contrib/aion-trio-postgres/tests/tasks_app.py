@@ -140,7 +140,9 @@ async def run_mark_and_wait(ctx: aion.WorkflowContext, directory: str, tag: str)
 
 @aion.workflow
 async def run_records(ctx: aion.WorkflowContext, directory: str, count: int) -> Any:
-    handles = [ctx.start(record_run, directory, f"{ctx.workflow_id}-{i}", task_queue=QUEUE) for i in range(count)]
+    handles = [
+        ctx.start(record_run, directory, f"{ctx.workflow_id}-{i}", task_queue=QUEUE) for i in range(count)
+    ]
     return [await h for h in handles]
 
 

@@ -69,7 +69,9 @@ def worker_process(url: str, *queues: str) -> Iterator[subprocess.Popen[str]]:
     for queue in queues:
         args += ["--queue", queue]
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(args, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        args, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     assert proc.stdout is not None
     reader: threading.Thread | None = None
     try:
@@ -88,13 +90,18 @@ def worker_process(url: str, *queues: str) -> Iterator[subprocess.Popen[str]]:
 
 
 @contextlib.asynccontextmanager
-async def remote_engine(url: str, **dispatcher_options: Any) -> AsyncIterator[tuple[aion.Engine, PostgresStore]]:
+async def remote_engine(
+    url: str, **dispatcher_options: Any
+) -> AsyncIterator[tuple[aion.Engine, PostgresStore]]:
     """An engine whose activities all go to remote workers (none run in this process)."""
     async with (
         open_postgres_store(url) as store,
         open_task_dispatcher(store, **dispatcher_options) as dispatcher,
         aion.open_engine(
-            store, workflows=tasks_app.app.workflows, activities=tasks_app.app.activities, dispatcher=dispatcher
+            store,
+            workflows=tasks_app.app.workflows,
+            activities=tasks_app.app.activities,
+            dispatcher=dispatcher,
         ) as engine,
     ):
         yield engine, store
@@ -111,7 +118,9 @@ def trail(history: list[Event]) -> list[tuple[str, int]]:
 
 async def wait_for_file(path: Path, seconds: float = 15) -> None:
     with trio.fail_after(seconds):
-        while not path.exists():
+        while True:
+            if await trio.Path(path).exists():
+                return
             await trio.sleep(0.02)
 
 
@@ -183,7 +192,9 @@ async def test_a_remote_worker_process_runs_every_attempt_with_the_engines_retry
     assert len([r for r in rows if r[0] == "flaky"]) == 3
 
 
-async def test_a_sigkilled_worker_attempt_is_reaped_and_rerun_as_the_same_attempt(url: str, tmp_path: Path) -> None:
+async def test_a_sigkilled_worker_attempt_is_reaped_and_rerun_as_the_same_attempt(
+    url: str, tmp_path: Path
+) -> None:
     """A worker SIGKILLed mid-attempt stops renewing its lease; the reaper returns the task to
     pending, a second worker runs the *same* attempt, and no retry budget is spent (no
     ActivityFailed, one ActivityStarted)."""
@@ -230,14 +241,17 @@ async def test_two_workers_never_run_the_same_task(url: str, tmp_path: Path) -> 
         first = await _in_process_worker(url, nursery, stop, concurrency=3)
         second = await _in_process_worker(url, nursery, stop, concurrency=3)
         runs = [
-            await engine.start(tasks_app.run_records, str(tmp_path), 10, workflow_id=f"batch{i}") for i in range(3)
+            await engine.start(tasks_app.run_records, str(tmp_path), 10, workflow_id=f"batch{i}")
+            for i in range(3)
         ]
         with trio.fail_after(20):
             for run in runs:
                 assert len(await run.result()) == 10
         stop.set()
-    assert len(list(tmp_path.iterdir())) == 30
-    rows = query(url, "SELECT worker_id, count(*) FROM activity_tasks WHERE status = 'done' GROUP BY worker_id")
+    assert len(os.listdir(tmp_path)) == 30
+    rows = query(
+        url, "SELECT worker_id, count(*) FROM activity_tasks WHERE status = 'done' GROUP BY worker_id"
+    )
     assert sum(n for _, n in rows) == 30
     assert {w for w, _ in rows} == {first, second}
 
@@ -262,12 +276,25 @@ async def test_a_stale_attempt_result_is_ignored(url: str) -> None:
         task_queue=tasks_app.QUEUE,
         options=Payload.of({}),
     )
-    async with open_postgres_store(url) as store, open_task_dispatcher(store, reap_interval=3600) as dispatcher:
+    async with (
+        open_postgres_store(url) as store,
+        open_task_dispatcher(store, reap_interval=3600) as dispatcher,
+    ):
         old = ActivityWorker(
-            store=store, execute=never, queues=(tasks_app.QUEUE,), concurrency=1, lease_ttl=30, poll_interval=1
+            store=store,
+            execute=never,
+            queues=(tasks_app.QUEUE,),
+            concurrency=1,
+            lease_ttl=30,
+            poll_interval=1,
         )
         new = ActivityWorker(
-            store=store, execute=never, queues=(tasks_app.QUEUE,), concurrency=1, lease_ttl=30, poll_interval=1
+            store=store,
+            execute=never,
+            queues=(tasks_app.QUEUE,),
+            concurrency=1,
+            lease_ttl=30,
+            poll_interval=1,
         )
         outcomes: list[aion.ActivityOutcome] = []
 
@@ -277,17 +304,24 @@ async def test_a_stale_attempt_result_is_ignored(url: str) -> None:
         with trio.fail_after(15):  # the dispatch must return worker-lost
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(dispatch)
-                while not (claimed := await old.claim(1)):
+                while True:
+                    if claimed := await old.claim(1):
+                        break
                     await trio.sleep(0.02)
                 (task_id, claimed_request, _), *_ = claimed
-                query(url, "UPDATE activity_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'")
+                query(
+                    url,
+                    "UPDATE activity_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'",
+                )
                 assert await reap_expired(store) == [task_id]
         assert [o.kind for o in outcomes] == [OutcomeKind.WORKER_LOST]
 
         with trio.fail_after(15):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(dispatch)  # the driver re-dispatches the same attempt
-                while not await new.claim(1):
+                while True:
+                    if await new.claim(1):
+                        break
                     await trio.sleep(0.02)
                 late = aion.ActivityOutcome(result=Payload.of("stale"))
                 assert not await old.complete(task_id, 1, late)  # reaped: no longer this worker's
