@@ -246,7 +246,8 @@ async def _listen(
             logger.warning("%s: LISTEN connection lost (%s); polling until it is back", backend.location, exc)
         finally:
             if conn is not None:
-                await trio.to_thread.run_sync(conn.close)
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(conn.close)
         await trio.sleep(retry_after)
 
 

@@ -88,7 +88,8 @@ async def mark_and_wait(directory: str, tag: str) -> dict[str, Any]:
 @aion.activity
 async def record_run(directory: str, key: str) -> int:
     """Create ``key`` exclusively: a second run of the same task would fail here."""
-    (Path(directory) / key).open("x").write(str(os.getpid()))
+    with (Path(directory) / key).open("x") as out:
+        out.write(str(os.getpid()))
     await trio.sleep(0.05)
     return os.getpid()
 
@@ -139,7 +140,9 @@ async def run_mark_and_wait(ctx: aion.WorkflowContext, directory: str, tag: str)
 
 @aion.workflow
 async def run_records(ctx: aion.WorkflowContext, directory: str, count: int) -> Any:
-    handles = [ctx.start(record_run, directory, f"{ctx.workflow_id}-{i}", task_queue=QUEUE) for i in range(count)]
+    handles = [
+        ctx.start(record_run, directory, f"{ctx.workflow_id}-{i}", task_queue=QUEUE) for i in range(count)
+    ]
     return [await h for h in handles]
 
 

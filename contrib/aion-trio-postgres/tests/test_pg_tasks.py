@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,33 +50,58 @@ def query(url: str, text: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description else []
 
 
+def wait_until_ready(proc: subprocess.Popen[str]) -> None:
+    """Read the worker's output until it says it is claiming (attempt timeouts count queue time)."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "ready: activity worker" in line:
+            return
+    raise AssertionError("the worker exited before it was ready:\n" + "".join(seen))
+
+
 @contextlib.contextmanager
 def worker_process(url: str, *queues: str) -> Iterator[subprocess.Popen[str]]:
-    """``aion-trio worker --activities-only`` in a subprocess; SIGKILLed on exit if still alive."""
+    """``aion-trio worker --activities-only`` in a subprocess, ready to claim; SIGKILLed on exit."""
     args = [sys.executable, "-c", "from aion_trio._cli import main; main()", "worker", "--activities-only"]
     args += ["--store", url, "--activities", "tasks_app:app", "--concurrency", "8", "--drain-timeout", "1"]
     for queue in queues:
         args += ["--queue", queue]
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(args, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        args, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    reader: threading.Thread | None = None
     try:
+        wait_until_ready(proc)
+        # Keep reading, so a chatty worker never blocks on a full pipe.
+        reader = threading.Thread(target=proc.stdout.read, daemon=True)
+        reader.start()
         yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
-        assert proc.stdout is not None
+        if reader is not None:
+            reader.join(timeout=10)
         proc.stdout.close()
 
 
 @contextlib.asynccontextmanager
-async def remote_engine(url: str, **dispatcher_options: Any) -> AsyncIterator[tuple[aion.Engine, PostgresStore]]:
+async def remote_engine(
+    url: str, **dispatcher_options: Any
+) -> AsyncIterator[tuple[aion.Engine, PostgresStore]]:
     """An engine whose activities all go to remote workers (none run in this process)."""
     async with (
         open_postgres_store(url) as store,
         open_task_dispatcher(store, **dispatcher_options) as dispatcher,
         aion.open_engine(
-            store, workflows=tasks_app.app.workflows, activities=tasks_app.app.activities, dispatcher=dispatcher
+            store,
+            workflows=tasks_app.app.workflows,
+            activities=tasks_app.app.activities,
+            dispatcher=dispatcher,
         ) as engine,
     ):
         yield engine, store
@@ -92,7 +118,9 @@ def trail(history: list[Event]) -> list[tuple[str, int]]:
 
 async def wait_for_file(path: Path, seconds: float = 15) -> None:
     with trio.fail_after(seconds):
-        while not path.exists():
+        while True:
+            if await trio.Path(path).exists():
+                return
             await trio.sleep(0.02)
 
 
@@ -164,7 +192,9 @@ async def test_a_remote_worker_process_runs_every_attempt_with_the_engines_retry
     assert len([r for r in rows if r[0] == "flaky"]) == 3
 
 
-async def test_a_sigkilled_worker_attempt_is_reaped_and_rerun_as_the_same_attempt(url: str, tmp_path: Path) -> None:
+async def test_a_sigkilled_worker_attempt_is_reaped_and_rerun_as_the_same_attempt(
+    url: str, tmp_path: Path
+) -> None:
     """A worker SIGKILLed mid-attempt stops renewing its lease; the reaper returns the task to
     pending, a second worker runs the *same* attempt, and no retry budget is spent (no
     ActivityFailed, one ActivityStarted)."""
@@ -211,14 +241,17 @@ async def test_two_workers_never_run_the_same_task(url: str, tmp_path: Path) -> 
         first = await _in_process_worker(url, nursery, stop, concurrency=3)
         second = await _in_process_worker(url, nursery, stop, concurrency=3)
         runs = [
-            await engine.start(tasks_app.run_records, str(tmp_path), 10, workflow_id=f"batch{i}") for i in range(3)
+            await engine.start(tasks_app.run_records, str(tmp_path), 10, workflow_id=f"batch{i}")
+            for i in range(3)
         ]
         with trio.fail_after(20):
             for run in runs:
                 assert len(await run.result()) == 10
         stop.set()
-    assert len(list(tmp_path.iterdir())) == 30
-    rows = query(url, "SELECT worker_id, count(*) FROM activity_tasks WHERE status = 'done' GROUP BY worker_id")
+    assert len(os.listdir(tmp_path)) == 30
+    rows = query(
+        url, "SELECT worker_id, count(*) FROM activity_tasks WHERE status = 'done' GROUP BY worker_id"
+    )
     assert sum(n for _, n in rows) == 30
     assert {w for w, _ in rows} == {first, second}
 
@@ -243,37 +276,57 @@ async def test_a_stale_attempt_result_is_ignored(url: str) -> None:
         task_queue=tasks_app.QUEUE,
         options=Payload.of({}),
     )
-    async with open_postgres_store(url) as store, open_task_dispatcher(store, reap_interval=3600) as dispatcher:
+    async with (
+        open_postgres_store(url) as store,
+        open_task_dispatcher(store, reap_interval=3600) as dispatcher,
+    ):
         old = ActivityWorker(
-            store=store, execute=never, queues=(tasks_app.QUEUE,), concurrency=1, lease_ttl=30, poll_interval=1
+            store=store,
+            execute=never,
+            queues=(tasks_app.QUEUE,),
+            concurrency=1,
+            lease_ttl=30,
+            poll_interval=1,
         )
         new = ActivityWorker(
-            store=store, execute=never, queues=(tasks_app.QUEUE,), concurrency=1, lease_ttl=30, poll_interval=1
+            store=store,
+            execute=never,
+            queues=(tasks_app.QUEUE,),
+            concurrency=1,
+            lease_ttl=30,
+            poll_interval=1,
         )
         outcomes: list[aion.ActivityOutcome] = []
 
         async def dispatch() -> None:
             outcomes.append(await dispatcher.dispatch(request))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(dispatch)
-            with trio.fail_after(10):
-                while not (claimed := await old.claim(1)):
+        with trio.fail_after(15):  # the dispatch must return worker-lost
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(dispatch)
+                while True:
+                    if claimed := await old.claim(1):
+                        break
                     await trio.sleep(0.02)
-            (task_id, claimed_request, _), *_ = claimed
-            query(url, "UPDATE activity_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'")
-            assert await reap_expired(store) == [task_id]
+                (task_id, claimed_request, _), *_ = claimed
+                query(
+                    url,
+                    "UPDATE activity_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'",
+                )
+                assert await reap_expired(store) == [task_id]
         assert [o.kind for o in outcomes] == [OutcomeKind.WORKER_LOST]
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(dispatch)  # the driver re-dispatches the same attempt
-            with trio.fail_after(10):
-                while not await new.claim(1):
+        with trio.fail_after(15):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(dispatch)  # the driver re-dispatches the same attempt
+                while True:
+                    if await new.claim(1):
+                        break
                     await trio.sleep(0.02)
-            late = aion.ActivityOutcome(result=Payload.of("stale"))
-            assert not await old.complete(task_id, 1, late)  # reaped: no longer this worker's
-            assert not await new.complete(task_id, 0, late)  # not the current attempt
-            assert await new.complete(task_id, 1, aion.ActivityOutcome(result=Payload.of("current")))
+                late = aion.ActivityOutcome(result=Payload.of("stale"))
+                assert not await old.complete(task_id, 1, late)  # reaped: no longer this worker's
+                assert not await new.complete(task_id, 0, late)  # not the current attempt
+                assert await new.complete(task_id, 1, aion.ActivityOutcome(result=Payload.of("current")))
     assert claimed_request.attempt == 1
     assert [o.result for o in outcomes[1:]] == [Payload.of("current")]
     assert query(url, "SELECT status, result, lost_count FROM activity_tasks") == [("done", '"current"', 1)]
