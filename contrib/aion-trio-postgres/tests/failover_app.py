@@ -9,7 +9,8 @@ row to the side table :data:`SIDE_TABLE` (in the store's schema), so a test
 counts executions, re-executions included, in SQL.
 
 ``chain(steps)`` (the throughput workload) awaits ``increment`` ``steps``
-times; ``nap(seconds)`` (the takeover workload) sleeps on a durable timer.
+times; ``nap(until)`` (the takeover workload) sleeps on a durable timer
+until a Unix time, so every run's timer comes due at one moment.
 
 The side table's connection comes from the environment: ``AIONFO_SIDE_URL``
 (a libpq URL), ``AIONFO_SCHEMA`` and ``AIONFO_NODE`` (recorded per row).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import types
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -52,7 +54,9 @@ def expected_result(index: int) -> int:
 def _record(workflow_id: str, step_no: int, attempt: int) -> None:
     with psycopg.connect(os.environ["AIONFO_SIDE_URL"], autocommit=True, connect_timeout=5) as conn:
         conn.execute("SELECT set_config('search_path', %s, false)", (os.environ["AIONFO_SCHEMA"],))
-        conn.execute(_SQL_RECORD, (workflow_id, step_no, attempt, os.environ.get("AIONFO_NODE", "?"), os.getpid()))
+        conn.execute(
+            _SQL_RECORD, (workflow_id, step_no, attempt, os.environ.get("AIONFO_NODE", "?"), os.getpid())
+        )
 
 
 @aion.activity(name="fo_step")
@@ -85,8 +89,9 @@ async def chain(ctx: aion.WorkflowContext, steps: int) -> int:
 
 
 @aion.workflow(name="fo_nap")
-async def nap(ctx: aion.WorkflowContext, seconds: float) -> str:
-    await ctx.sleep(seconds)
+async def nap(ctx: aion.WorkflowContext, until: float) -> str:
+    """Sleep on a durable timer until ``until`` (Unix time, seconds), then return the id."""
+    await ctx.sleep_until(datetime.fromtimestamp(until, tz=timezone.utc))
     return ctx.workflow_id
 
 

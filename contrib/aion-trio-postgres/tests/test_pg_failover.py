@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import failover_app
 import psycopg
 import pytest
 import trio
@@ -41,7 +42,6 @@ from _invariants import check_invariants
 from aion_trio_postgres import open_postgres_store, open_task_dispatcher
 
 import aion_trio as aion
-import failover_app
 
 HERE = Path(__file__).resolve().parent
 N = 200
@@ -107,7 +107,13 @@ class Cluster:
             f"{self.base}?schema={self.schema}&task_lease_ttl={TTL}&poll_interval={POLL}"
             f"&application_name=aionfo-{name}"
         )
-        args = [sys.executable, "-c", "from aion_trio._cli import main; main()", "worker", "--activities-only"]
+        args = [
+            sys.executable,
+            "-c",
+            "from aion_trio._cli import main; main()",
+            "worker",
+            "--activities-only",
+        ]
         args += ["--store", url, "--activities", "failover_app:app", "--queue", failover_app.REMOTE_QUEUE]
         args += ["--concurrency", "16", "--drain-timeout", "1"]
         return self._spawn(name, args)
@@ -119,7 +125,9 @@ class Cluster:
             return cur.fetchall() if cur.description else []
 
     def diagnostics(self) -> str:
-        statuses = self.query("SELECT status, owner_node, count(*) FROM workflows GROUP BY 1, 2 ORDER BY 1, 2")
+        statuses = self.query(
+            "SELECT status, owner_node, count(*) FROM workflows GROUP BY 1, 2 ORDER BY 1, 2"
+        )
         stuck = self.query(
             "SELECT w.workflow_id, w.owner_node, w.owner_epoch, e.type FROM workflows w"
             " JOIN events e ON e.workflow_id = w.workflow_id AND e.seq = w.head"
@@ -162,12 +170,15 @@ class Cluster:
 
     def owned_by(self, node: str) -> dict[str, int]:
         rows = self.query(
-            "SELECT workflow_id, owner_epoch FROM workflows WHERE owner_node = %s AND status = 'running'", (node,)
+            "SELECT workflow_id, owner_epoch FROM workflows WHERE owner_node = %s AND status = 'running'",
+            (node,),
         )
         return dict(rows)  # type: ignore[arg-type]
 
     def lease_expired(self, node: str) -> bool:
-        rows = self.query("SELECT lease_expires_at <= clock_timestamp() FROM nodes WHERE node_id = %s", (node,))
+        rows = self.query(
+            "SELECT lease_expires_at <= clock_timestamp() FROM nodes WHERE node_id = %s", (node,)
+        )
         return bool(rows and rows[0][0])
 
     def backends(self, name: str) -> list[tuple[int, str]]:
@@ -229,7 +240,8 @@ async def send_signals(engine: aion.Engine, cl: Cluster, done: trio.Event) -> No
 
     def recorded(index: int) -> bool:
         rows = cl.query(
-            "SELECT 1 FROM events WHERE workflow_id = %s AND type = 'SignalReceived' LIMIT 1", (f"wf-{index}",)
+            "SELECT 1 FROM events WHERE workflow_id = %s AND type = 'SignalReceived' LIMIT 1",
+            (f"wf-{index}",),
         )
         return bool(rows)
 
@@ -237,7 +249,9 @@ async def send_signals(engine: aion.Engine, cl: Cluster, done: trio.Event) -> No
         async with limiter:
             try:
                 with trio.fail_after(8):
-                    await engine.signal(f"wf-{index}", failover_app.SIGNAL, failover_app.signal_payload(index))
+                    await engine.signal(
+                        f"wf-{index}", failover_app.SIGNAL, failover_app.signal_payload(index)
+                    )
             except (aion.AionError, trio.TooSlowError):
                 if not recorded(index):
                     return  # sent again next round
@@ -253,7 +267,9 @@ async def send_signals(engine: aion.Engine, cl: Cluster, done: trio.Event) -> No
 
 
 @pytest.mark.slow
-async def test_faults_in_a_loop_leave_every_history_whole_and_every_workflow_finished(cluster: Cluster) -> None:
+async def test_faults_in_a_loop_leave_every_history_whole_and_every_workflow_finished(
+    cluster: Cluster,
+) -> None:
     cl = cluster
     workers = [cl.worker("w1"), cl.worker("w2")]
     nodes = [cl.node(name, "--start", f"{k}:{N}:{len(NODES)}") for k, name in enumerate(NODES)]
@@ -319,7 +335,8 @@ async def test_faults_in_a_loop_leave_every_history_whole_and_every_workflow_fin
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
             ("aionfo-n3",),
         )
-        assert terminated and all(ok for (ok,) in terminated)
+        assert terminated
+        assert all(ok for (ok,) in terminated)
         old = {pid for pid, _query in before}
         await cl.wait_for(
             "n3 to LISTEN again on a new connection",
@@ -363,7 +380,9 @@ async def test_faults_in_a_loop_leave_every_history_whole_and_every_workflow_fin
     assert len(completions) == 2 * N
     assert {(wid, activity, attempt) for wid, activity, attempt in completions} <= attempts
     total = sum(count for *_key, count in executions)
-    assert total < 2 * N + N, f"{total} executions for {2 * N} activities: far more re-running than the faults explain"
+    assert total < 2 * N + N, (
+        f"{total} executions for {2 * N} activities: far more re-running than the faults explain"
+    )
     remote = cl.query(
         f"SELECT count(DISTINCT workflow_id) FROM {failover_app.SIDE_TABLE} WHERE step = 1 AND node LIKE 'w%%'"
     )
