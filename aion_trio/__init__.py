@@ -13,6 +13,7 @@ from ._activities import (
     ActivityInfo as ActivityInfo,
     ActivityOutcome as ActivityOutcome,
     ActivityRequest as ActivityRequest,
+    DelegatingDispatcher as DelegatingDispatcher,
     OutcomeKind as OutcomeKind,
     activity_info as activity_info,
     heartbeat as heartbeat,
@@ -73,6 +74,7 @@ from ._errors import (
     InvalidStoreUrl as InvalidStoreUrl,
     NonDeterminismError as NonDeterminismError,
     NotAnAionDatabase as NotAnAionDatabase,
+    NoTaskQueues as NoTaskQueues,
     NotFound as NotFound,
     NotOwner as NotOwner,
     NotRunning as NotRunning,
@@ -171,6 +173,7 @@ from ._store import (
     VisibilityRow as VisibilityRow,
     VisibilityStore as VisibilityStore,
 )
+from ._taskqueues import ActivityTaskQueues as ActivityTaskQueues, run_activity_worker as run_activity_worker
 from ._util import fixup_module_metadata as _fixup_module_metadata
 from ._version import __version__ as __version__
 

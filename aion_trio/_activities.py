@@ -19,9 +19,9 @@ import json
 import logging
 import math
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol, final
+from typing import TYPE_CHECKING, Any, Protocol, final, runtime_checkable
 
 import attrs
 import trio
@@ -145,6 +145,25 @@ class ActivityDispatcher(Protocol):
     async def dispatch(self, request: ActivityRequest) -> ActivityOutcome: ...
 
 
+@runtime_checkable
+class DelegatingDispatcher(Protocol):
+    """A dispatcher that hands some requests to the engine's in-process dispatcher.
+
+    :func:`~aion_trio.open_engine` given such a ``dispatcher=`` calls
+    :meth:`use_in_process` once, before anything is dispatched, with the
+    dispatcher that runs the engine's registered activities in its own
+    process (threads, asyncio loop and codec as configured).  The PostgreSQL
+    task dispatcher uses it for the task queues it does not send to workers.
+    """
+
+    def use_in_process(self, local: ActivityDispatcher) -> None: ...
+
+
+#: Runs one attempt in this process: ``execute(request, on_heartbeat)``.
+#: ``on_heartbeat(details)`` is called (in the Trio thread) on each heartbeat.
+ActivityExecutor = Callable[[ActivityRequest, Callable[[Any], None] | None], Awaitable["ActivityOutcome"]]
+
+
 def error_from_exception(exc: BaseException, cause: FailureCause) -> ActivityError:
     return ActivityError(
         cause=cause,
@@ -163,18 +182,21 @@ def _decoded_options(options_json: str, task_queue: str) -> ActivityOptions:
 
 @final
 class _Heartbeat:
-    def __init__(self, timeout: float | None) -> None:
+    def __init__(self, timeout: float | None, on_beat: Callable[[Any], None] | None = None) -> None:
         self.timeout = timeout
         self.last = trio.current_time()
         self.details: Any = None
         self.expired = False
         self.changed = trio.Event()
+        self.on_beat = on_beat
 
     def beat(self, details: Any = None) -> None:
         self.last = trio.current_time()
         self.details = details
         self.changed.set()
         self.changed = trio.Event()
+        if self.on_beat is not None:
+            self.on_beat(details)
 
     async def watch(self, scope: trio.CancelScope) -> None:
         assert self.timeout is not None
@@ -232,6 +254,17 @@ class InProcessDispatcher:
         self._limiter = thread_limiter
 
     async def dispatch(self, request: ActivityRequest) -> ActivityOutcome:
+        return await self.execute(request)
+
+    async def execute(
+        self, request: ActivityRequest, on_heartbeat: Callable[[Any], None] | None = None
+    ) -> ActivityOutcome:
+        """Run one attempt here; ``on_heartbeat(details)`` hears each of its heartbeats.
+
+        An :data:`ActivityExecutor`: remote activity workers run the attempts
+        they claim through it, so every kind of activity behaves as it does in
+        an engine's own process.
+        """
         definition = self._activities.get(request.activity_type)
         if definition is None:
             error = UnknownActivityType(request.activity_type, sorted(self._activities))
@@ -248,7 +281,7 @@ class InProcessDispatcher:
             attempt=request.attempt,
             task_queue=request.task_queue,
         )
-        tracker = _Heartbeat(options.heartbeat_timeout)
+        tracker = _Heartbeat(options.heartbeat_timeout, on_heartbeat)
         info_token = _current_info.set(info)
         beat_token = _current_heartbeat.set(tracker)
         scope = trio.CancelScope()

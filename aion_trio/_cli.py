@@ -44,6 +44,7 @@ run, ...).  Tracebacks are for bugs only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -120,6 +121,7 @@ from ._store import (
     VisibilityFilter,
     VisibilityRow,
 )
+from ._taskqueues import run_activity_worker
 from ._version import __version__
 from ._wire import body_to_wire, event_to_json, format_datetime
 
@@ -393,8 +395,8 @@ class App:
         )
 
 
-def load_app(spec: str) -> App:
-    """Import ``MODULE[:ATTR]`` and return its workflow and activity definitions."""
+def _import_target(spec: str) -> Any:
+    """Import ``MODULE[:ATTR]`` and return the object it names."""
     module_name, _, attr_path = spec.partition(":")
     if not module_name or (":" in spec and not attr_path):
         raise UsageProblem(f"{spec!r} is not MODULE:ATTR (e.g. myapp.workflows:app) or MODULE")
@@ -417,6 +419,28 @@ def load_app(spec: str) -> App:
             target = getattr(target, part)
         except AttributeError:
             raise UserError(f"{spec}: {module_name!r} has no attribute {attr_path!r}") from None
+    return target
+
+
+def load_activities(spec: str) -> tuple[ActivityDefinition[Any], ...]:
+    """Import ``MODULE[:ATTR]`` and return its activity definitions (``.activities``)."""
+    target = _import_target(spec)
+    activities = getattr(target, "activities", None)
+    if not activities:
+        raise UserError(
+            f"{spec} has no 'activities': point --activities at an object with an .activities sequence "
+            "of @aion_trio.activity functions, or at a module defining a list named so"
+        )
+    try:
+        _, activity_map = index_definitions((), tuple(activities))
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{spec}: {exc}") from exc
+    return tuple(activity_map.values())
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE[:ATTR]`` and return its workflow and activity definitions."""
+    target = _import_target(spec)
     workflows = getattr(target, "workflows", None)
     activities = getattr(target, "activities", ())
     if workflows is None:
@@ -1291,9 +1315,106 @@ async def _serve(url: str, app: App, drain_timeout: float) -> _Lifecycle:
     return state
 
 
+async def _serve_activities(
+    url: str,
+    activities: Sequence[ActivityDefinition[Any]],
+    queues: Sequence[str],
+    concurrency: int,
+    drain_timeout: float,
+) -> _Lifecycle:
+    state = _Lifecycle()
+    stop = trio.Event()
+    with trio.open_signal_receiver(signal_module.SIGINT, signal_module.SIGTERM) as receiver:
+        async with trio.open_nursery() as nursery:
+            hard_stop = trio.CancelScope()
+            nursery.start_soon(_watch_signals, receiver, stop, hard_stop, state)
+            with hard_stop:
+                worker_log.info("opening store %s for activity queue(s) %s", url, ", ".join(queues))
+                async with trio.open_nursery() as inner:
+                    worker_id = await inner.start(
+                        functools.partial(
+                            run_activity_worker,
+                            url,
+                            activities,
+                            queues,
+                            concurrency=concurrency,
+                            drain_timeout=drain_timeout,
+                            stop=stop,
+                        )
+                    )
+                    worker_log.info(
+                        "ready: activity worker %s runs %d activity type(s) from queue(s) %s, up to %d at once; "
+                        "stop with SIGINT or SIGTERM",
+                        worker_id,
+                        len(activities),
+                        ", ".join(queues),
+                        concurrency,
+                    )
+                    await stop.wait()
+                    worker_log.info(
+                        "%s received: no new claims; running attempts may finish for up to %gs, then go back "
+                        "to their queues (send it again to stop at once)",
+                        state.signal_name,
+                        drain_timeout,
+                    )
+            nursery.cancel_scope.cancel()
+    return state
+
+
+def _worker_activities_only(
+    url: str,
+    module: str | None,
+    activities_spec: str | None,
+    queues: Sequence[str],
+    concurrency: int,
+    drain_timeout: float,
+) -> None:
+    if module is not None:
+        raise UsageProblem(
+            "--activities-only takes no MODULE:ATTR argument; name the activities with --activities MODULE:ATTR"
+        )
+    if activities_spec is None:
+        raise UsageProblem(
+            "--activities-only needs --activities MODULE:ATTR (the activities this worker runs)"
+        )
+    if not queues:
+        raise UsageProblem("--activities-only needs at least one --queue QUEUE (the task queues to serve)")
+    activities = load_activities(activities_spec)
+    state = _run(url, lambda: _serve_activities(url, activities, queues, concurrency, drain_timeout))
+    if state.forced:
+        raise UserError("stopped by a second signal; running attempts went back to their queues")
+    worker_log.info("stopped; unfinished attempts went back to their queues")
+
+
 @cli.command()
 @_store_option
-@click.argument("module", metavar="MODULE:ATTR")
+@click.argument("module", metavar="MODULE:ATTR", required=False)
+@click.option(
+    "--activities-only",
+    is_flag=True,
+    help="Run only activities, claimed from the store's task queues (a store with task queues, "
+    "e.g. postgresql://); needs --activities and --queue.",
+)
+@click.option(
+    "--activities",
+    "activities_spec",
+    metavar="MODULE:ATTR",
+    help="With --activities-only: where the activities are (an object or module with 'activities').",
+)
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    metavar="QUEUE",
+    help="With --activities-only: a task queue to serve (repeat for several).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="With --activities-only: attempts run at once.",
+)
 @click.option(
     "--drain-timeout",
     type=click.FloatRange(min=0),
@@ -1309,7 +1430,16 @@ async def _serve(url: str, app: App, drain_timeout: float) -> _Lifecycle:
     show_default=True,
     help="Level of the engine's own log lines (lifecycle lines are always shown).",
 )
-def worker(store: str | None, module: str, drain_timeout: float, log_level: str) -> None:
+def worker(
+    store: str | None,
+    module: str | None,
+    activities_only: bool,
+    activities_spec: str | None,
+    queues: tuple[str, ...],
+    concurrency: int,
+    drain_timeout: float,
+    log_level: str,
+) -> None:
     """Serve the workflows and activities of MODULE:ATTR until SIGINT or SIGTERM.
 
     \b
@@ -1326,9 +1456,22 @@ def worker(store: str | None, module: str, drain_timeout: float, log_level: str)
     attempts finish for up to --drain-timeout seconds; what is still running
     then is parked and re-dispatched by the next engine. A second signal stops
     at once. Exit status 0 after a graceful stop.
+
+    \b
+    With --activities-only the process runs no engine: it claims activity
+    tasks of the --queue queues from the store (one with task queues, such
+    as postgresql://) and runs the activities of --activities MODULE:ATTR:
+        aion-trio worker --activities-only --store postgresql://... \\
+            --queue payments --activities myapp.acts:app --concurrency 20
+    On SIGINT/SIGTERM it claims no more, lets running attempts finish for up
+    to --drain-timeout seconds and hands the rest back to their queues.
     """
     url = _resolve_store(store)
-    app = load_app(module)
+    if not activities_only and (activities_spec is not None or queues):
+        raise UsageProblem("--activities and --queue only apply with --activities-only")
+    if not activities_only and module is None:
+        raise UsageProblem("missing argument 'MODULE:ATTR' (or use --activities-only)")
+    app = None if activities_only else load_app(module or "")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     package_log = logging.getLogger("aion_trio")
@@ -1336,6 +1479,9 @@ def worker(store: str | None, module: str, drain_timeout: float, log_level: str)
     package_log.setLevel(log_level.upper())
     worker_log.setLevel(logging.INFO)
     try:
+        if app is None:
+            _worker_activities_only(url, module, activities_spec, queues, concurrency, drain_timeout)
+            return
         state = _run(url, lambda: _serve(url, app, drain_timeout))
         if state.forced:
             raise UserError("stopped by a second signal before the drain finished; unfinished work is parked")

@@ -21,6 +21,7 @@ from ._activities import (
     ActivityDispatcher,
     ActivityDriver,
     ActivityRequest,
+    DelegatingDispatcher,
     InProcessDispatcher,
 )
 from ._clock import EngineClock, TrioClock
@@ -2126,6 +2127,10 @@ async def open_engine(
     raised.  A store with a :class:`~aion_trio.CommandInbox` is drained after
     recovery and then every ``config.inbox_poll_interval`` seconds
     (:meth:`Engine.drain_inbox` drains at once).
+    ``dispatcher``: runs activity attempts instead of this process (default:
+    the registered activities run here); one that is a
+    :class:`~aion_trio.DelegatingDispatcher` is handed the in-process
+    dispatcher for the work it keeps local.
     ``observers``: callables ``observer(event)`` (or plugin objects implementing
     ``aion_trio_observe``) handed each :class:`ObserverEvent`, after the
     observers plugins registered through the ``aion_trio`` entry points.
@@ -2166,11 +2171,13 @@ async def open_engine(
 
             asyncio_loop = await stack.enter_async_context(trio_asyncio.open_loop())
         limiter = trio.CapacityLimiter(config.max_activity_threads)
+        in_process = InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter)
+        delegating: object = dispatcher
+        if isinstance(delegating, DelegatingDispatcher):
+            delegating.use_in_process(in_process)
         # Cluster mode (DESIGN §10): per-workflow ownership fenced by the store.
         cluster = opened if isinstance(opened, ClusterStore) else None
-        chosen: ActivityDispatcher = dispatcher or InProcessDispatcher(
-            activity_map, config.codec, asyncio_loop, limiter
-        )
+        chosen: ActivityDispatcher = dispatcher or in_process
         if cluster is not None:
             chosen = LeaseGatedDispatcher(chosen, cluster, service_threads)
         try:

@@ -91,6 +91,23 @@ class StoreOwned(StoreError):
         )
 
 
+class NoTaskQueues(StoreError):
+    """The store cannot hold activity tasks, so remote activity workers cannot serve it.
+
+    ``location`` names the store.  Use a store with task queues (for example
+    ``postgresql://``, from the aion-trio-postgres package) for both the
+    engines and their workers.
+    """
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        super().__init__(
+            f"the store {location} has no activity task queues, so remote activity workers cannot serve it; "
+            "open the engines and workers on a store that has them (e.g. postgresql://... with "
+            "aion-trio-postgres installed)"
+        )
+
+
 class InvalidBatch(StoreError, ValueError):
     """An append whose events are not the contiguous next seqs of one workflow.
 

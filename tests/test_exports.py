@@ -41,14 +41,14 @@ AION_TRIO_NAMES = [
     "ActivityAdvisoryExhausted", "ActivityAttemptEnded", "ActivityAttemptStarted", "ActivityCancelled", "ActivityCompleted", "ActivityDefinition",
     "ActivityDispatcher", "ActivityError", "ActivityFailed", "ActivityFailure", "ActivityFallbackRouted",
     "ActivityHandle", "ActivityInfo", "ActivityOptions", "ActivityOutcome", "ActivityRequest",
-    "ActivityScheduled", "ActivityStarted", "AionError", "AionInternalError", "BackendUnavailable",
+    "ActivityScheduled", "ActivityStarted", "ActivityTaskQueues", "AionError", "AionInternalError", "BackendUnavailable",
     "CancelCommand", "CannotReopen", "ChildHandle", "ChildWorkflowCancelled", "ChildWorkflowCompleted",
     "ChildWorkflowFailed", "ChildWorkflowFailure", "ChildWorkflowStarted", "Command", "CommandDecodeError",
-    "CommandInbox", "CommandNotAnswered", "CommandOutcome", "CompletionRetryConfig", "DatabaseCorrupt", "DatabaseTooNew", "Engine",
+    "CommandInbox", "CommandNotAnswered", "CommandOutcome", "CompletionRetryConfig", "DatabaseCorrupt", "DatabaseTooNew", "DelegatingDispatcher", "Engine",
     "EngineClock", "EngineConfig", "EngineEpochClosed", "EngineError", "EngineStatistics", "ErrorInfo",
     "Event", "EventBody", "EventDecodeError", "EventStore", "Exponential", "FailureCause", "Fixed",
     "IdReusePolicy", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl", "Linear", "MarkerRecorded",
-    "NonDeterminismError", "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "Observer",
+    "NoTaskQueues", "NonDeterminismError", "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "Observer",
     "ObserverEvent", "OutcomeKind", "OwnedStore", "OwnerClaim", "OwnerIdentity", "ParentClosePolicy",
     "Payload", "PayloadCodec", "PayloadError", "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity",
     "PendingCommand", "PluginError", "PolicyRefused", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly",
@@ -63,7 +63,7 @@ AION_TRIO_NAMES = [
     "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew", "WorkflowDefinition",
     "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowNotFound", "WorkflowRelinquished", "WorkflowReopened",
     "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut",
-    "activity", "activity_info", "heartbeat", "open_engine", "open_store", "workflow",
+    "activity", "activity_info", "heartbeat", "open_engine", "open_store", "run_activity_worker", "workflow",
 ]
 
 PLUGIN_NAMES = [

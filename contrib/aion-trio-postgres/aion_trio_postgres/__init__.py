@@ -64,8 +64,18 @@ Opened with a node, the store is a :class:`PostgresClusterStore`: it offers
 claiming orphans with ``FOR UPDATE SKIP LOCKED``, a local lease judgement, a
 LISTEN connection in a thread backed by polling) and
 :class:`aion_trio.plugin.CommandInbox` (the ``inbox`` table, migration 2), so
-engines on several machines share the schema; see the README.  Remote
-activity workers are not part of this package yet.
+engines on several machines share the schema; see the README.
+
+Remote activity workers
+-----------------------
+:func:`open_task_dispatcher` gives an engine a :class:`PostgresTaskDispatcher`
+(``open_engine(store, ..., dispatcher=...)``) that turns attempts on chosen
+task queues into ``activity_tasks`` rows; ``aion-trio worker
+--activities-only`` processes (or ``aion_trio.run_activity_worker``) claim
+them with ``FOR UPDATE SKIP LOCKED`` under leases renewed by heartbeat and
+write outcomes guarded by the attempt token; a reaper returns expired leases
+to their queues.  ``task_lease_ttl`` and ``poll_interval`` (seconds, defaults
+30 and 1) tune them.  See the README.
 """
 
 from __future__ import annotations
@@ -81,6 +91,11 @@ from ._store import (
     PostgresVisibilityStore as PostgresVisibilityStore,
     open_postgres_store as open_postgres_store,
 )
+from ._tasks import (
+    PostgresTaskDispatcher as PostgresTaskDispatcher,
+    open_task_dispatcher as open_task_dispatcher,
+    reap_expired as reap_expired,
+)
 from ._url import PostgresUrl as PostgresUrl, parse_postgres_url as parse_postgres_url
 
 __all__ = [
@@ -89,10 +104,13 @@ __all__ = [
     "PostgresClusterStore",
     "PostgresEventStore",
     "PostgresStore",
+    "PostgresTaskDispatcher",
     "PostgresUrl",
     "PostgresVisibilityStore",
     "open_postgres_store",
+    "open_task_dispatcher",
     "parse_postgres_url",
+    "reap_expired",
 ]
 
 for _obj in (
@@ -100,6 +118,7 @@ for _obj in (
     PostgresClusterStore,
     PostgresEventStore,
     PostgresStore,
+    PostgresTaskDispatcher,
     PostgresVisibilityStore,
     PostgresUrl,
 ):

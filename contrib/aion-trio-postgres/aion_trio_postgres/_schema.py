@@ -195,6 +195,31 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " outcome text, acked boolean NOT NULL DEFAULT false)",
         "CREATE INDEX inbox_pending ON inbox (workflow_id, id) WHERE NOT acked",
     ),
+    # 3: activity tasks for remote workers (DESIGN §10): one row per dispatched
+    # attempt.  ``attempt`` is the completion token; the unique key makes a
+    # re-dispatch after recovery find the row it wrote before.  Times come from
+    # the database clock.  ``lost_count`` counts the times a worker lost the
+    # attempt (lease reaped or released on shutdown): the engine re-dispatches
+    # the same attempt without consuming budget.
+    (
+        "CREATE TABLE activity_tasks ("
+        " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        ' workflow_id text COLLATE "C" NOT NULL, run_id text COLLATE "C" NOT NULL,'
+        " activity_id integer NOT NULL, attempt integer NOT NULL,"
+        ' task_queue text COLLATE "C" NOT NULL, activity_type text NOT NULL,'
+        " input text NOT NULL, options text NOT NULL,"
+        " attempt_timeout double precision, heartbeat_timeout double precision,"
+        " status text NOT NULL DEFAULT 'pending'"
+        " CHECK (status IN ('pending', 'running', 'done', 'cancelled')),"
+        " worker_id text, lease_expires_at timestamptz, heartbeat_at timestamptz, heartbeat_details text,"
+        " lost_count integer NOT NULL DEFAULT 0,"
+        " outcome text CHECK (outcome IN ('completed', 'failed')), result text, error text,"
+        " created_at timestamptz NOT NULL DEFAULT clock_timestamp(), claimed_at timestamptz,"
+        " finished_at timestamptz,"
+        " UNIQUE (workflow_id, run_id, activity_id, attempt))",
+        "CREATE INDEX activity_tasks_pending ON activity_tasks (task_queue, id) WHERE status = 'pending'",
+        "CREATE INDEX activity_tasks_leases ON activity_tasks (lease_expires_at) WHERE status = 'running'",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

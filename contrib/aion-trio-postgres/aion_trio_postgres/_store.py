@@ -7,7 +7,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar, cast, final
 
@@ -16,6 +16,7 @@ import psycopg
 import psycopg_pool
 import trio
 
+from aion_trio import ActivityOutcome, ActivityRequest
 from aion_trio.events import SignalReceived
 from aion_trio.plugin import (
     BackendUnavailable,
@@ -626,6 +627,39 @@ class PostgresStore:
         node.expires_at = expires
         node.renewed(sent)
         return expires
+
+    async def serve_activity_tasks(
+        self,
+        execute: Callable[[ActivityRequest, Callable[[Any], None] | None], Awaitable[ActivityOutcome]],
+        queues: Sequence[str],
+        *,
+        concurrency: int,
+        drain_timeout: float,
+        stop: trio.Event,
+        task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Be a remote activity worker for ``queues`` (``aion_trio.ActivityTaskQueues``).
+
+        Claims pending tasks with ``FOR UPDATE SKIP LOCKED``, holds each under
+        a lease of ``?task_lease_ttl=`` seconds (database clock) renewed a
+        third of the way and on heartbeats, runs it through ``execute``,
+        writes the outcome guarded by the attempt token, and reaps expired
+        leases.  See :mod:`aion_trio_postgres` and ``aion_trio.run_activity_worker``.
+        """
+        from ._tasks import serve_activity_tasks
+
+        await self.events._enter()
+        await serve_activity_tasks(
+            self,
+            execute,
+            queues,
+            concurrency=concurrency,
+            drain_timeout=drain_timeout,
+            stop=stop,
+            lease_ttl=self.url.task_lease_ttl,
+            poll_interval=self.url.poll_interval,
+            task_status=task_status,
+        )
 
     async def aclose(self) -> None:
         """Close both halves, release the node lease and close the pool (idempotent)."""

@@ -23,6 +23,8 @@ DEFAULT_POOL_SIZE = 4
 DEFAULT_POOL_TIMEOUT = 30.0
 DEFAULT_CONNECT_TIMEOUT = 10
 DEFAULT_LEASE_TTL = 30.0
+DEFAULT_TASK_LEASE_TTL = 30.0
+DEFAULT_POLL_INTERVAL = 1.0
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _EXAMPLE = "postgresql://user@host:5432/dbname?schema=aion_trio"
@@ -72,6 +74,8 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pool_timeout": ("pool_timeout", _seconds("pool_timeout", zero_ok=False)),
     "node": ("node", _node),
     "lease_ttl": ("lease_ttl", _seconds("lease_ttl", zero_ok=False)),
+    "task_lease_ttl": ("task_lease_ttl", _seconds("task_lease_ttl", zero_ok=False)),
+    "poll_interval": ("poll_interval", _seconds("poll_interval", zero_ok=False)),
 }
 _ACCEPTED = ", ".join(_OPTIONS) + " (and any libpq connection parameter, e.g. sslmode, connect_timeout)"
 
@@ -92,6 +96,10 @@ class PostgresUrl:
     pool_timeout: float = DEFAULT_POOL_TIMEOUT
     node: str | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
+    task_lease_ttl: float = DEFAULT_TASK_LEASE_TTL
+    """Seconds an activity worker's lease on a running task lasts without renewal."""
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    """Seconds between polls of activity tasks (NOTIFY wakes sooner; polling always backs it)."""
 
 
 def parse_postgres_url(url: str) -> PostgresUrl:

@@ -1,0 +1,171 @@
+"""Workflows and activities for test_pg_tasks.py.
+
+The activities run in ``aion-trio worker --activities-only`` subprocesses (and
+in-process workers); each reports the process and attempt that ran it, so the
+tests can tell where and how often it ran.  Files under the directory a
+workflow passes in are how an activity tells the test it started or stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import aion_trio as aion
+
+QUEUE = "remote"
+FALLBACK = "remote-b"
+
+
+def _where() -> dict[str, Any]:
+    info = aion.activity_info()
+    return {"pid": os.getpid(), "attempt": info.attempt, "queue": info.task_queue}
+
+
+@aion.activity
+async def echo(value: Any) -> dict[str, Any]:
+    return {"value": value, **_where()}
+
+
+@aion.activity
+def echo_in_thread(value: Any) -> dict[str, Any]:
+    return {"value": value, **_where()}
+
+
+@aion.activity
+async def flaky(failures: int) -> dict[str, Any]:
+    if aion.activity_info().attempt <= failures:
+        raise RuntimeError(f"flaky failure {aion.activity_info().attempt}")
+    return _where()
+
+
+@aion.activity
+async def slow_first() -> dict[str, Any]:
+    if aion.activity_info().attempt == 1:
+        await trio.sleep(60)
+    return _where()
+
+
+@aion.activity
+async def silent_first() -> dict[str, Any]:
+    if aion.activity_info().attempt == 1:
+        await trio.sleep(60)  # no heartbeat: the heartbeat timeout stops it
+    aion.heartbeat({"step": 1})
+    return _where()
+
+
+@aion.activity
+async def terminal() -> None:
+    raise aion.TerminalError("card declined")
+
+
+@aion.activity
+async def refuse_on_primary() -> dict[str, Any]:
+    if aion.activity_info().task_queue == QUEUE:
+        raise aion.PolicyRefused("quota exhausted on the primary queue")
+    return _where()
+
+
+@aion.activity
+async def mark_and_wait(directory: str, tag: str) -> dict[str, Any]:
+    """First run: mark ``started`` and wait (to be killed or cancelled); a re-run returns."""
+    base = Path(directory)
+    started = base / f"{tag}.started"
+    if started.exists():
+        return _where()
+    started.write_text(str(os.getpid()))
+    try:
+        await trio.sleep_forever()
+    finally:
+        (base / f"{tag}.stopped").write_text(str(os.getpid()))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@aion.activity
+async def record_run(directory: str, key: str) -> int:
+    """Create ``key`` exclusively: a second run of the same task would fail here."""
+    with (Path(directory) / key).open("x") as out:
+        out.write(str(os.getpid()))
+    await trio.sleep(0.05)
+    return os.getpid()
+
+
+FAST = aion.RetryPolicy(max_attempts=4, backoff=aion.Fixed(0.3))
+
+
+@aion.workflow
+async def run_echo(ctx: aion.WorkflowContext, value: Any) -> Any:
+    first = await ctx.run(echo, value, task_queue=QUEUE)
+    second = await ctx.run(echo_in_thread, value, task_queue=QUEUE)
+    return [first, second]
+
+
+@aion.workflow
+async def run_flaky(ctx: aion.WorkflowContext) -> Any:
+    return await ctx.run(flaky, 2, task_queue=QUEUE, retry=FAST)
+
+
+@aion.workflow
+async def run_slow_first(ctx: aion.WorkflowContext) -> Any:
+    return await ctx.run(slow_first, task_queue=QUEUE, retry=FAST, timeout=1.0)
+
+
+@aion.workflow
+async def run_silent_first(ctx: aion.WorkflowContext) -> Any:
+    return await ctx.run(silent_first, task_queue=QUEUE, retry=FAST, heartbeat_timeout=0.6)
+
+
+@aion.workflow
+async def run_terminal(ctx: aion.WorkflowContext) -> Any:
+    try:
+        await ctx.run(terminal, task_queue=QUEUE, retry=FAST)
+    except aion.ActivityFailure as exc:
+        return ["failed", exc.type, exc.message]
+    return ["completed"]  # pragma: no cover
+
+
+@aion.workflow
+async def run_fallback(ctx: aion.WorkflowContext) -> Any:
+    return await ctx.run(refuse_on_primary, task_queue=QUEUE, retry=FAST, fallback_queues=[FALLBACK])
+
+
+@aion.workflow
+async def run_mark_and_wait(ctx: aion.WorkflowContext, directory: str, tag: str) -> Any:
+    return await ctx.run(mark_and_wait, directory, tag, task_queue=QUEUE)
+
+
+@aion.workflow
+async def run_records(ctx: aion.WorkflowContext, directory: str, count: int) -> Any:
+    handles = [
+        ctx.start(record_run, directory, f"{ctx.workflow_id}-{i}", task_queue=QUEUE) for i in range(count)
+    ]
+    return [await h for h in handles]
+
+
+app = types.SimpleNamespace(
+    workflows=[
+        run_echo,
+        run_flaky,
+        run_slow_first,
+        run_silent_first,
+        run_terminal,
+        run_fallback,
+        run_mark_and_wait,
+        run_records,
+    ],
+    activities=[
+        echo,
+        echo_in_thread,
+        flaky,
+        slow_first,
+        silent_first,
+        terminal,
+        refuse_on_primary,
+        mark_and_wait,
+        record_run,
+    ],
+)
