@@ -8,7 +8,7 @@ For each durability level (``synchronous=FULL``, then ``NORMAL``), in one run
 and on one file system (``--dir``, default a fresh temporary directory):
 
 (a) ``raw``: single-row commits with apsw and the store's pragmas (WAL, the
-    same ``synchronous`` and ``busy_timeout``), each its own
+    same ``synchronous``, ``busy_timeout`` and WAL auto-checkpoint), each its own
     ``BEGIN IMMEDIATE`` ... ``COMMIT``: the physical limit of one-at-a-time
     durable writes;
 (b) ``store``: ``events.append`` throughput with 1, 16 and 256 concurrent
@@ -54,7 +54,7 @@ import trio
 
 import aion_trio
 from aion_trio import ActivityCompleted, ActivityScheduled, ActivityStarted, Event, Payload
-from aion_trio_sqlite import DEFAULT_BUSY_TIMEOUT, open_sqlite_store
+from aion_trio_sqlite import DEFAULT_BUSY_TIMEOUT, DEFAULT_WAL_AUTOCHECKPOINT, open_sqlite_store
 
 WRITERS = (1, 16, 256)
 BATCH = 3
@@ -71,6 +71,7 @@ def raw_commits_per_s(path: str, synchronous: str, seconds: float) -> float:
     """Single-row commits per second with the store's pragmas, appending to the file at ``path``."""
     conn = apsw.Connection(path)
     conn.set_busy_timeout(round(DEFAULT_BUSY_TIMEOUT * 1000))
+    conn.wal_autocheckpoint(DEFAULT_WAL_AUTOCHECKPOINT)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL" if synchronous == "FULL" else "PRAGMA synchronous = NORMAL")
     conn.execute(

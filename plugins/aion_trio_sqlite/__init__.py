@@ -21,7 +21,10 @@ Durability and the file
 -----------------------
 WAL journal; ``synchronous=FULL`` unless the URL opts into ``NORMAL``; writes
 in ``BEGIN IMMEDIATE`` transactions; ``busy_timeout`` on every connection
-(default 5 s, :func:`open_sqlite_store` ``busy_timeout=``).  The file is
+(default 5 s, :func:`open_sqlite_store` ``busy_timeout=``).  The writer's
+commits checkpoint the WAL once it holds :data:`DEFAULT_WAL_AUTOCHECKPOINT`
+pages (4000, SQLite's default being 1000; ``wal_autocheckpoint=``), which
+bounds the WAL file at about 16 MiB plus one group commit.  The file is
 stamped with ``PRAGMA application_id`` = :data:`APPLICATION_ID` and its schema
 version is ``PRAGMA user_version``, advanced by numbered migrations, each in
 one transaction.  A file that is not ours is refused before anything is
@@ -84,7 +87,11 @@ from __future__ import annotations
 
 from aion_trio.plugin import StoreRegistry, hookimpl
 
-from ._schema import APPLICATION_ID as APPLICATION_ID, SCHEMA_VERSION as SCHEMA_VERSION
+from ._schema import (
+    APPLICATION_ID as APPLICATION_ID,
+    DEFAULT_WAL_AUTOCHECKPOINT as DEFAULT_WAL_AUTOCHECKPOINT,
+    SCHEMA_VERSION as SCHEMA_VERSION,
+)
 from ._store import (
     DEFAULT_BUSY_TIMEOUT as DEFAULT_BUSY_TIMEOUT,
     SqliteEventStore as SqliteEventStore,
@@ -98,6 +105,7 @@ from ._url import SqliteUrl as SqliteUrl, parse_sqlite_url as parse_sqlite_url
 __all__ = [
     "APPLICATION_ID",
     "DEFAULT_BUSY_TIMEOUT",
+    "DEFAULT_WAL_AUTOCHECKPOINT",
     "SCHEMA_VERSION",
     "SqliteEventStore",
     "SqliteStore",
