@@ -8,7 +8,7 @@ For each durability level (``synchronous=FULL``, then ``NORMAL``), in one run
 and on one file system (``--dir``, default a fresh temporary directory):
 
 (a) ``raw``: single-row commits with apsw and the store's pragmas (WAL, the
-    same ``synchronous`` and ``busy_timeout``), each its own
+    same ``synchronous``, ``busy_timeout`` and WAL auto-checkpoint), each its own
     ``BEGIN IMMEDIATE`` ... ``COMMIT``: the physical limit of one-at-a-time
     durable writes;
 (b) ``store``: ``events.append`` throughput with 1, 16 and 256 concurrent
@@ -23,7 +23,11 @@ and on one file system (``--dir``, default a fresh temporary directory):
     ``raw period / (raw period + floor period)`` bounds the 1-writer ratio.
 
 Prints one JSON line per result: events/s, appends/s, commits/s and the
-ratios to (a).  The disk's fsync latency drifts while other processes use it,
+ratios to (a), and for (b) the process CPU time per append
+(``cpu_us_per_append``: both threads, Trio and writer; it moves far less with
+the machine's load than the rates do, so it is the number to compare across
+runs on a shared machine).  The ``environment`` and closing ``load`` lines
+carry the 1-minute load average.  The disk's fsync latency drifts while other processes use it,
 so each (b) measurement runs in ROUNDS slices with (a) sampled before, between
 and after them (the store stays open, idle, meanwhile), and each ratio uses
 the mean of those samples (``raw_commits_per_s`` in the line); the ``raw``
@@ -50,7 +54,7 @@ import trio
 
 import aion_trio
 from aion_trio import ActivityCompleted, ActivityScheduled, ActivityStarted, Event, Payload
-from aion_trio_sqlite import DEFAULT_BUSY_TIMEOUT, open_sqlite_store
+from aion_trio_sqlite import DEFAULT_BUSY_TIMEOUT, DEFAULT_WAL_AUTOCHECKPOINT, open_sqlite_store
 
 WRITERS = (1, 16, 256)
 BATCH = 3
@@ -67,6 +71,7 @@ def raw_commits_per_s(path: str, synchronous: str, seconds: float) -> float:
     """Single-row commits per second with the store's pragmas, appending to the file at ``path``."""
     conn = apsw.Connection(path)
     conn.set_busy_timeout(round(DEFAULT_BUSY_TIMEOUT * 1000))
+    conn.wal_autocheckpoint(DEFAULT_WAL_AUTOCHECKPOINT)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL" if synchronous == "FULL" else "PRAGMA synchronous = NORMAL")
     conn.execute(
@@ -135,18 +140,20 @@ async def store_run(
             appended += 1
 
     raw: list[float] = []
-    elapsed = 0.0
+    elapsed = cpu = 0.0
     commits = events = 0
     async with open_sqlite_store(url) as store:
         raw.append(await between())
         for _ in range(ROUNDS):
             before = store.events.statistics()
+            cpu_start = time.process_time()
             start = trio.current_time()
             with trio.move_on_after(seconds / ROUNDS):
                 async with trio.open_nursery() as nursery:
                     for w in range(writers):
                         nursery.start_soon(workflow, w)
             elapsed += trio.current_time() - start
+            cpu += time.process_time() - cpu_start
             after = store.events.statistics()
             commits += after.commits - before.commits
             events += after.events - before.events
@@ -156,6 +163,7 @@ async def store_run(
         "appends_per_s": appended / elapsed,
         "commits_per_s": commits / elapsed,
         "appends_per_commit": appended / max(commits, 1),
+        "cpu_us_per_append": 1e6 * cpu / max(appended, 1),
     }
     return result, raw
 
@@ -197,6 +205,7 @@ async def main_async(directory: str, seconds: float) -> None:
             "cpus": os.cpu_count(),
             "dir": directory,
             "seconds": seconds,
+            "load_1min": round(os.getloadavg()[0], 2),
         }
     )
     for synchronous in ("FULL", "NORMAL"):
@@ -252,6 +261,7 @@ async def main_async(directory: str, seconds: float) -> None:
                 record["target"] = f"{key} >= {target}"
                 record["target_met"] = record[key] >= target  # type: ignore[operator]
             emit(record)
+    emit({"kind": "load", "load_1min": round(os.getloadavg()[0], 2)})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,12 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -211,6 +215,7 @@ async def test_default_pragmas_wal_full_busy_timeout_and_the_stamp(tmp_path: Pat
         assert pragma(writer, "journal_mode") == "wal"
         assert pragma(writer, "synchronous") == 2  # FULL
         assert pragma(writer, "busy_timeout") == 1500
+        assert pragma(writer, "wal_autocheckpoint") == aion_trio_sqlite.DEFAULT_WAL_AUTOCHECKPOINT == 4000
         readers = await store._backend.readers.submit(
             _store.ReadOp(
                 lambda c: (pragma(c, "synchronous"), pragma(c, "busy_timeout"), pragma(c, "query_only"))
@@ -228,6 +233,90 @@ async def test_synchronous_normal_only_when_the_url_asks(tmp_path: Path) -> None
         assert pragma(store._backend.writer._conn, "synchronous") == 1  # NORMAL
     async with opened(tmp_path / "n.db") as store:
         assert pragma(store._backend.writer._conn, "synchronous") == 2  # back to FULL
+
+
+def wal_frames(path: Path) -> int:
+    """Frames the WAL file of ``path`` has room for (its size: SQLite reuses it, never shrinks it)."""
+    wal = Path(f"{path}-wal")
+    if not wal.exists():
+        return 0
+    return max(0, (wal.stat().st_size - 32) // (4096 + 24))
+
+
+async def test_the_writer_checkpoints_at_its_threshold_so_the_wal_stays_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    largest = 0
+    async with opened(path, wal_autocheckpoint=16) as store:
+        assert pragma(store._backend.writer._conn, "wal_autocheckpoint") == 16
+        for i in range(150):
+            await store.events.append("wf", markers("wf", 3 * i + 1, 3), 3 * i)
+            largest = max(largest, wal_frames(path))
+        # 150 commits wrote far more than 16 + one commit's frames: the WAL was reused.
+        assert store.events.statistics().commits == 150
+        assert len(await store.events.read_history("wf")) == 450
+    # A commit reaching 16 frames checkpoints; the next one starts the WAL over.
+    # One append dirties at most a few pages (a leaf split touches its parent).
+    assert 16 <= largest <= 16 + 8, largest
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "100"])
+async def test_wal_autocheckpoint_must_be_a_positive_whole_number(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match="wal_autocheckpoint must be a whole number of pages >= 1"):
+        async with opened(tmp_path / "x.db", wal_autocheckpoint=bad):
+            pass  # pragma: no cover - never opened
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_with_a_long_unchecked_wal_loses_no_acknowledged_batch(tmp_path: Path) -> None:
+    from tests.procs.wal_writer import BATCH, marker
+
+    path = tmp_path / "k.db"
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.procs.wal_writer", str(path)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    acked: dict[str, int] = {}
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        # Kill once the WAL holds more frames than SQLite's own threshold (1000)
+        # would ever let it: the crash leaves that much to recover from the WAL.
+        while wal_frames(path) <= 1200:
+            line = proc.stdout.readline()
+            assert line.startswith("ACK "), (
+                f"writer stopped: {line!r} {proc.stderr.read() if proc.stderr else ''}"
+            )
+            _, wid, head = line.split()
+            acked[wid] = int(head)
+            assert time.monotonic() < deadline, f"the WAL never passed 1200 frames ({wal_frames(path)})"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert wal_frames(path) > 1200, "the kill must leave the long WAL behind"
+
+    async def check() -> None:
+        async with opened(path) as store:
+            for wid, head in acked.items():
+                history = await store.events.read_history(wid)
+                # Every acknowledged batch is there, and only whole batches.
+                assert len(history) >= head, (wid, head, len(history))
+                assert len(history) % BATCH == 0, (wid, len(history))
+                assert history == [marker(wid, seq) for seq in range(1, len(history) + 1)], wid
+            assert sorted(await store.events.list_workflow_ids()) == sorted(acked)
+
+    trio.run(check)
 
 
 async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:

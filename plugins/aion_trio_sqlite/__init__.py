@@ -21,7 +21,10 @@ Durability and the file
 -----------------------
 WAL journal; ``synchronous=FULL`` unless the URL opts into ``NORMAL``; writes
 in ``BEGIN IMMEDIATE`` transactions; ``busy_timeout`` on every connection
-(default 5 s, :func:`open_sqlite_store` ``busy_timeout=``).  The file is
+(default 5 s, :func:`open_sqlite_store` ``busy_timeout=``).  The writer's
+commits checkpoint the WAL once it holds :data:`DEFAULT_WAL_AUTOCHECKPOINT`
+pages (4000, SQLite's default being 1000; ``wal_autocheckpoint=``), which
+bounds the WAL file at about 16 MiB plus one group commit.  The file is
 stamped with ``PRAGMA application_id`` = :data:`APPLICATION_ID` and its schema
 version is ``PRAGMA user_version``, advanced by numbered migrations, each in
 one transaction.  A file that is not ours is refused before anything is
@@ -78,13 +81,39 @@ period): about 0.9 with the slow fsync above, but only about 0.5-0.6 with a
 quiet disk's ~110 us fsync.  There the 0.7x target is out of reach while
 every append needs two cross-thread wake-ups (to the writer thread and
 back), which keeping SQLite off the Trio thread requires.
+
+Pages and checkpoints (measured on the WAL's frames, which do not depend on
+the machine's load).  One writer's commit of a 3-event batch writes 2.2 WAL
+frames on average, the raw loop's single row 1.4: ``events`` is a WITHOUT
+ROWID table, i.e. an index B-tree, and SQLite rebalances an overflowing index
+leaf with its siblings instead of opening a new rightmost page (which it does
+only for rowid tables), so about one append in four rewrites 4 pages.  A rowid
+table would need an index on ``(workflow_id, seq)``, itself an index B-tree
+written on every append: no fewer pages.  With 256 writers a group commit
+dirties about a page per workflow, so SQLite's default auto-checkpoint (1000
+pages) ran every few commits, each copying the same hot pages again and
+fsyncing the database file inside the commit every writer of the group waits
+on; hence :data:`DEFAULT_WAL_AUTOCHECKPOINT` (fixed work, 256 writers x 40
+appends, 81 commits: fsyncs 134 -> 104, bytes written per append 10.1 ->
+7.9 KB).  Tried and not kept: checkpointing from a thread of its own
+(``PASSIVE``, the writer's auto-checkpoint off) -- while the writer keeps
+committing a passive checkpoint never catches up with the WAL's end, so the
+WAL is not restarted and grew past 3,000 pages, and paired runs were no
+faster; an ``eventfd`` instead of the socket pair for the lone writer's
+wake-up (CPU per empty-write round trip 75 vs 78 us, inside the noise).  Not
+tried: the writer thread spinning for the next request, since a spinning
+Python thread holds the GIL that the Trio thread needs to submit it.
 """
 
 from __future__ import annotations
 
 from aion_trio.plugin import StoreRegistry, hookimpl
 
-from ._schema import APPLICATION_ID as APPLICATION_ID, SCHEMA_VERSION as SCHEMA_VERSION
+from ._schema import (
+    APPLICATION_ID as APPLICATION_ID,
+    DEFAULT_WAL_AUTOCHECKPOINT as DEFAULT_WAL_AUTOCHECKPOINT,
+    SCHEMA_VERSION as SCHEMA_VERSION,
+)
 from ._store import (
     DEFAULT_BUSY_TIMEOUT as DEFAULT_BUSY_TIMEOUT,
     SqliteEventStore as SqliteEventStore,
@@ -98,6 +127,7 @@ from ._url import SqliteUrl as SqliteUrl, parse_sqlite_url as parse_sqlite_url
 __all__ = [
     "APPLICATION_ID",
     "DEFAULT_BUSY_TIMEOUT",
+    "DEFAULT_WAL_AUTOCHECKPOINT",
     "SCHEMA_VERSION",
     "SqliteEventStore",
     "SqliteStore",

@@ -29,7 +29,7 @@ from aion_trio.plugin import (
 )
 
 from . import _codec, _control
-from ._schema import open_read_only, open_reader, open_writer
+from ._schema import DEFAULT_WAL_AUTOCHECKPOINT, open_read_only, open_reader, open_writer
 from ._threads import Readers, ReadOp, Writer, WriterStatistics
 from ._url import SqliteUrl, parse_sqlite_url
 from ._writes import AppendOp, StatementOp
@@ -330,11 +330,13 @@ class SqliteStore:
         await trio.lowlevel.checkpoint()
 
 
-def _open_all(url: SqliteUrl, busy_ms: int, readers: int) -> tuple[apsw.Connection, list[apsw.Connection]]:
+def _open_all(
+    url: SqliteUrl, busy_ms: int, readers: int, wal_autocheckpoint: int
+) -> tuple[apsw.Connection, list[apsw.Connection]]:
     if url.read_only:
         writer = open_read_only(url.path, busy_ms)
     else:
-        writer = open_writer(url.path, url.synchronous, busy_ms)
+        writer = open_writer(url.path, url.synchronous, busy_ms, wal_autocheckpoint)
     opened: list[apsw.Connection] = []
     try:
         for _ in range(readers):
@@ -351,22 +353,35 @@ def _open_all(url: SqliteUrl, busy_ms: int, readers: int) -> tuple[apsw.Connecti
 
 @contextlib.asynccontextmanager
 async def open_sqlite_store(
-    url: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT, readers: int = DEFAULT_READERS
+    url: str,
+    *,
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    readers: int = DEFAULT_READERS,
+    wal_autocheckpoint: int = DEFAULT_WAL_AUTOCHECKPOINT,
 ) -> AsyncIterator[SqliteStore]:
     """Open the SQLite store named by ``url``; closes it on exit.
 
     ``busy_timeout``: seconds to wait for another process's lock before a
     call fails with ``BackendUnavailable``.  ``readers``: read connections.
+    ``wal_autocheckpoint``: WAL pages after which the writer's next commit
+    checkpoints (bounding the WAL file; see :data:`DEFAULT_WAL_AUTOCHECKPOINT`).
     Raises the :class:`~aion_trio.StoreOpenError` family for files that
     cannot be used (each message says what to do).
     """
     parsed = parse_sqlite_url(url)
     if readers < 1:
         raise ValueError(f"readers must be >= 1, got {readers!r}")
+    if type(wal_autocheckpoint) is not int or wal_autocheckpoint < 1:
+        raise ValueError(
+            f"wal_autocheckpoint must be a whole number of pages >= 1 (it bounds the WAL file), "
+            f"got {wal_autocheckpoint!r}"
+        )
     busy_ms = max(0, round(busy_timeout * 1000))
     # Opening blocks (file I/O, maybe a migration): off the Trio thread.  The
     # open is not abandoned on cancellation, so its connections never leak.
-    writer_conn, reader_conns = await trio.to_thread.run_sync(_open_all, parsed, busy_ms, readers)
+    writer_conn, reader_conns = await trio.to_thread.run_sync(
+        _open_all, parsed, busy_ms, readers, wal_autocheckpoint
+    )
     token = trio.lowlevel.current_trio_token()
     backend = _Backend(
         location=parsed.path,
