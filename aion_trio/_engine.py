@@ -1320,6 +1320,14 @@ class EngineCore:
         for entry in due:
             if entry.workflow_id in active or not entry.timer_id.startswith("deadline:"):
                 continue
+            if self.cluster is not None:
+                # Cluster mode: a teardown another live node owns is that node's to finish.
+                try:
+                    if await self.cluster.command_target(entry.workflow_id) is not None:
+                        continue
+                except StoreError as exc:
+                    logger.warning("could not tell who finishes a deadline teardown: %s", exc)
+                    continue
             run_id = entry.timer_id.removeprefix("deadline:")
             self._timer_seq += 1
             heapq.heappush(

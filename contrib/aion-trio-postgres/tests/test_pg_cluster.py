@@ -386,3 +386,45 @@ async def test_a_zombie_that_claims_back_its_workflow_restarts_it_from_the_store
     epochs = sql(pg_url, schema, "SELECT DISTINCT owner_epoch FROM events WHERE workflow_id = 'w' ORDER BY 1")
     assert [e for (e,) in epochs] == [1, 2, 3]
     assert_unforked(pg_url, schema)
+
+
+async def test_an_interrupted_deadline_teardown_is_finished_by_its_owner_only(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    from datetime import timedelta
+
+    from aion_trio.events import TimerStarted, WorkflowTimedOut
+
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with open_postgres_store(url, node="a", lease_ttl=30.0) as store_a:
+        # "a" timed the run out and crashed before retiring its deadline (the teardown's anchor).
+        run_id = new_run_id()
+        now = datetime.now(timezone.utc)
+        bodies = [
+            WorkflowStarted(workflow_type="approval", input=Payload.of([1]), run_id=run_id),
+            TimerStarted(timer_id=f"deadline:{run_id}", fire_at=now - timedelta(seconds=5)),
+            WorkflowTimedOut(),
+        ]
+        events = [
+            aion.Event(workflow_id="w", seq=i + 1, recorded_at=now, body=body)
+            for i, body in enumerate(bodies)
+        ]
+        await store_a.events.append("w", events, 0)
+        async with node(url, "b") as (_, b):
+            # b's recovery sees the due deadline, but "w" belongs to the live node a.
+            assert b._core.cluster is not None
+            assert await b._core.cluster.command_target("w") == "a"
+            assert not any(t[2] == "w" for t in b._core._timers)
+            assert b._core.relinquished == 0
+            assert await owner_of(pg_url, schema, "w") == "a"
+        async with aion.open_engine(store_a, workflows=WORKFLOWS, activities=[note], config=FAST):
+            await eventually(lambda: _deadline_retired(pg_url, schema, run_id))
+    assert_unforked(pg_url, schema)
+
+
+async def _deadline_retired(url: str, schema: str, run_id: str) -> bool:
+    rows = await sql_async(
+        url, schema, "SELECT count(*) FROM events WHERE workflow_id = 'w' AND type = 'TimerFired'"
+    )
+    return rows[0][0] == 1
