@@ -22,7 +22,7 @@ of the database ``--pg-url`` names (default ``$AION_TRIO_TEST_PG_URL`` or
    after ``kill``), split into *detection* (claim minus kill) and *recovery*
    (first new event minus claim: replay + the overdue timer).  p50/p99/max,
    printed beside the bound ``lease_ttl + sweep_interval + poll_interval +
-   replay`` (replay: the measured recovery p99), then the SQL invariants.
+   replay`` (replay: the measured recovery maximum), then the SQL invariants.
 2. **throughput**: ``--workflows`` x ``--steps`` ``chain`` workflows
    (``--concurrency`` in flight in all), split over 1, 2 and 4 engine
    processes (``--processes``) on one schema; steps/s from a common start
@@ -293,7 +293,10 @@ class Bench:
         detection = [float(r[2]) for r in rows]
         recovery = [float(r[3]) for r in rows]
         since_expiry = [t - (lease[0] - killed_at).total_seconds() for t in takeover]
-        replay = percentile(sorted(recovery), 0.99)
+        # The bound must cover the slowest workflow: its replay term is the measured
+        # recovery maximum (claim to first event under the new epoch: read + replay +
+        # the overdue timer), not a percentile.
+        replay = max(recovery)
         bound = ttl + sweep + poll + replay
         measured = spread(takeover)
         emit(
@@ -311,7 +314,7 @@ class Bench:
                     "lease_ttl": ttl,
                     "sweep_interval": sweep,
                     "poll_interval": poll,
-                    "replay_p99": round(replay, 3),
+                    "replay_max": round(replay, 3),
                 },
                 "within_bound": measured["max_s"] <= bound,
             }
