@@ -50,7 +50,7 @@ from ._events import (
 )
 from ._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from ._payload import Payload, PayloadCodec
-from ._projections import activity_settled_or_run_ended, retry_trail, run_segment
+from ._projections import retry_trail, run_segment
 from ._retry import ActivityOptions, TransientBackoff
 
 if TYPE_CHECKING:
@@ -356,8 +356,9 @@ async def record_activity_event(
             recorder.epoch.gate(recorder.workflow_id, run_id, f"record {type(body).__name__}")
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
-        history = await recorder.current_history()
-        if activity_settled_or_run_ended(history, run_id, activity_id):
+        await recorder.current_history()
+        state = recorder.run_state(run_id)
+        if activity_id in state.settled or state.ended is not None:
             return RecordOutcome.SETTLED_ELSEWHERE
         try:
             await recorder.append([body], action=f"record {type(body).__name__}", run_id=run_id)
@@ -471,10 +472,11 @@ class ActivityDriver:
     async def _settled_elsewhere(self) -> bool:
         async with self.recorder.lock:
             try:
-                history = await self.recorder.current_history()
+                await self.recorder.current_history()
             except StoreError:
                 return False  # the guarded appends still refuse a post-terminal write
-            return activity_settled_or_run_ended(history, self.request.run_id, self.request.activity_id)
+            state = self.recorder.run_state(self.request.run_id)
+            return self.request.activity_id in state.settled or state.ended is not None
 
     # -- the deadline ----------------------------------------------------------
 

@@ -35,7 +35,6 @@ from ._context import (
     SCOPE_TIMEOUT_TYPE,
     ContinueAsNew,
     RunAborted,
-    RunState,
     WorkflowContext,
     _PendingActivity,
     _PendingChild,
@@ -99,6 +98,7 @@ from ._ownership import OwnerClaim, OwnerIdentity, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import default_plugin_manager, open_store
 from ._projections import (
+    RunState,
     current_lease_terminal,
     failure,
     latest_run_id,
@@ -546,7 +546,7 @@ class EngineCore:
                 async with recorder.hold():
                     history = await recorder.current_history()
                     bodies = build(history)
-                    if bodies and current_lease_terminal(run_segment(history, lease.run_id)) is not None:
+                    if bodies and recorder.run_state(lease.run_id).ended is not None:
                         # The run was ended elsewhere (terminate, deadline): record nothing more.
                         raise RunAborted()
                     if bodies:
