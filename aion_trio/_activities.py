@@ -351,9 +351,10 @@ async def record_activity_event(
     if stale): if the activity or the run already has a terminal, stand down.
     Store errors propagate (the caller decides whether to retry).
     """
+    action = f"record {type(body).__name__}"
     async with recorder.hold():
         try:
-            recorder.epoch.gate(recorder.workflow_id, run_id, f"record {type(body).__name__}")
+            recorder.epoch.gate(recorder.workflow_id, run_id, action)
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
         await recorder.current_history()
@@ -361,7 +362,7 @@ async def record_activity_event(
         if activity_id in state.settled or state.ended is not None:
             return RecordOutcome.SETTLED_ELSEWHERE
         try:
-            await recorder.append([body], action=f"record {type(body).__name__}", run_id=run_id)
+            await recorder.append((body,), action=action, run_id=run_id)
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
         return RecordOutcome.RECORDED
@@ -750,12 +751,17 @@ async def _record_outcome(
     record_backoff: tuple[float, float],
     log_extra: dict[str, Any],
 ) -> RecordOutcome:
-    backoff = TransientBackoff(*record_backoff, logger, log_extra)
-    what = f"record the outcome of activity:{request.activity_id} {request.activity_type} (attempt {request.attempt})"
+    backoff: TransientBackoff | None = None  # built on the first transient failure
     while True:
         try:
             result = await record_activity_event(recorder, request.run_id, request.activity_id, body)
         except BackendUnavailable as exc:
+            if backoff is None:
+                backoff = TransientBackoff(*record_backoff, logger, log_extra)
+            what = (
+                f"record the outcome of activity:{request.activity_id} {request.activity_type} "
+                f"(attempt {request.attempt})"
+            )
             await backoff.failed(what, exc)
             continue
         if result is RecordOutcome.EPOCH_CLOSED:

@@ -535,12 +535,14 @@ class EngineCore:
         """Append what ``build(history)`` returns (re-evaluated per attempt), retrying transient
         failures.  Unrecoverable failures unwind the run without a terminal."""
         recorder = lease.recorder
-        fields = {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id}
-        ladder = self.config.completion_retry
-        backoff = TransientBackoff(ladder.initial, ladder.ceiling, logger, fields)
+        backoff: TransientBackoff | None = None  # built on the first transient failure
         while True:
             if not self.epoch.admitting:
-                logger.info("run parked: the engine is shutting down (%s not recorded)", what, extra=fields)
+                logger.info(
+                    "run parked: the engine is shutting down (%s not recorded)",
+                    what,
+                    extra=_lease_fields(lease),
+                )
                 raise RunAborted()
             try:
                 async with recorder.hold():
@@ -553,6 +555,9 @@ class EngineCore:
                         await recorder.append(bodies, action=what, run_id=lease.run_id)
                 return
             except BackendUnavailable as exc:
+                if backoff is None:
+                    ladder = self.config.completion_retry
+                    backoff = TransientBackoff(ladder.initial, ladder.ceiling, logger, _lease_fields(lease))
                 await backoff.failed(what, exc)
             except EngineEpochClosed:
                 raise RunAborted() from None
@@ -1703,6 +1708,11 @@ class _Refresh:
 
     again: bool = True
     done: trio.Event = attrs.field(factory=trio.Event)
+
+
+def _lease_fields(lease: Lease) -> dict[str, Any]:
+    """A lease's log fields."""
+    return {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id}
 
 
 def _commands_after_cancel(segment: Sequence[Event], terminal_seq: int) -> int:
