@@ -251,7 +251,7 @@ class InProcessDispatcher:
         tracker = _Heartbeat(options.heartbeat_timeout)
         info_token = _current_info.set(info)
         beat_token = _current_heartbeat.set(tracker)
-        scope = trio.CancelScope()
+        scope: trio.CancelScope | None = None
         outcome: ActivityOutcome | None = None
         value: Any = None
         try:
@@ -259,6 +259,7 @@ class InProcessDispatcher:
                 # No watchdog can cancel the attempt: no scope needed.
                 value, outcome = await self._guarded_call(definition, args, options)
             else:
+                scope = trio.CancelScope()
                 watch = trio.CancelScope()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_watch_heartbeat, tracker, scope, watch)
@@ -272,7 +273,7 @@ class InProcessDispatcher:
             _current_info.reset(info_token)
         if outcome is not None:
             return outcome
-        if scope.cancelled_caught and tracker.expired:
+        if scope is not None and scope.cancelled_caught and tracker.expired:
             return ActivityOutcome(
                 error=ActivityError(
                     cause=FailureCause.TIMEOUT,
@@ -488,6 +489,8 @@ class ActivityDriver:
 
     def _attempt_bound(self) -> float:
         """Trio-time deadline of the next attempt (per-attempt and schedule-to-close)."""
+        if self.options.timeout is None and self.options.schedule_to_close is None:
+            return math.inf
         bounds = [math.inf]
         if self.options.timeout is not None:
             bounds.append(trio.current_time() + self.options.timeout)

@@ -415,6 +415,8 @@ class RunState:
         #: A terminal recorded while the code still runs was written from outside
         #: (terminate, deadline): the code must not observe what came with it.
         self.ended: Event | None = None
+        #: The run's status (:func:`run_status` of its segment); ``None`` until it started.
+        self.status: WorkflowStatus | None = None
 
     def sync(self) -> None:
         """Index events appended since the last call."""
@@ -431,6 +433,7 @@ class RunState:
                 if body.run_id == self.run_id:
                     self._inside = True
                     self.start = event
+                    self.status = WorkflowStatus.RUNNING
                 continue
             if not self._inside:
                 continue
@@ -448,6 +451,7 @@ class RunState:
                     self.settled.pop(activity_id, None)
                 self.cancel_request = None
                 self.ended = None
+                self.status = WorkflowStatus.RUNNING
                 # Timers a cancel teardown retired are armed again.
                 for timer_id, resolution in list(self.timer_resolutions.items()):
                     resolved = resolution.body
@@ -456,8 +460,9 @@ class RunState:
                         and resolved.cause is TimerCancelCause.CANCEL_TEARDOWN
                     ):
                         del self.timer_resolutions[timer_id]
-            elif getattr(body, "TERMINAL", False):
+            elif body.TERMINAL:
                 self.ended = event
+                self.status = _STATUS_BY_TERMINAL[type(body)]
             elif isinstance(body, WorkflowCancelRequested):
                 if self.cancel_request is None:
                     self.cancel_request = event

@@ -667,6 +667,7 @@ def check_e_activity_settled_agrees_with_the_reference_and_the_model(h: History,
             state.sync()
             seg = run_segment(grown, r)
             assert state.ended == current_lease_terminal(seg)
+            assert state.status == run_status(grown, r)
             for aid in [*scheduled_ids(seg), 10**6]:
                 assert (aid in state.settled) == (activity_settled(seg, aid) is not None)
                 assert state.settled.get(aid) == activity_settled(seg, aid)
