@@ -1,7 +1,10 @@
 """Projections: pure functions over event lists (DESIGN §3.3).
 
 Status, settlement, timers and failures are always *derived* from history.
-Every "is it terminal?" question goes through :func:`current_lease_terminal`.
+Every "is it terminal?" question goes through :func:`current_lease_terminal`, or
+through its incremental form :attr:`RunState.ended` (the recorder keeps one
+:class:`RunState` per run, so per-step checks do not re-scan the history; the
+property tests hold the two to the same answers on every prefix).
 """
 
 from __future__ import annotations
@@ -163,7 +166,8 @@ def activity_settled_or_run_ended(events: Sequence[Event], run_id: str, activity
     """Whether, in ``run_id``'s segment of ``events``, the activity is settled or the current
     lease has a terminal: ``activity_settled(seg, id) is not None or current_lease_terminal(seg)
     is not None`` with ``seg = run_segment(events, run_id)``, in one backward pass that stops
-    at the run's start (the recorder's check before every activity record)."""
+    at the run's start.  (The recorder answers it per record from its incremental
+    :class:`RunState` instead; the tests hold the two to the same answers.)"""
     ended: bool | None = None
     settled: bool | None = None
     for event in reversed(events):
