@@ -50,7 +50,7 @@ from ._events import (
 )
 from ._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from ._payload import Payload, PayloadCodec
-from ._projections import activity_settled_or_run_ended, retry_trail, run_segment
+from ._projections import retry_trail, run_segment
 from ._retry import ActivityOptions, TransientBackoff
 
 if TYPE_CHECKING:
@@ -284,7 +284,7 @@ class InProcessDispatcher:
         tracker = _Heartbeat(options.heartbeat_timeout, on_heartbeat)
         info_token = _current_info.set(info)
         beat_token = _current_heartbeat.set(tracker)
-        scope = trio.CancelScope()
+        scope: trio.CancelScope | None = None
         outcome: ActivityOutcome | None = None
         value: Any = None
         try:
@@ -292,6 +292,7 @@ class InProcessDispatcher:
                 # No watchdog can cancel the attempt: no scope needed.
                 value, outcome = await self._guarded_call(definition, args, options)
             else:
+                scope = trio.CancelScope()
                 watch = trio.CancelScope()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_watch_heartbeat, tracker, scope, watch)
@@ -305,7 +306,7 @@ class InProcessDispatcher:
             _current_info.reset(info_token)
         if outcome is not None:
             return outcome
-        if scope.cancelled_caught and tracker.expired:
+        if scope is not None and scope.cancelled_caught and tracker.expired:
             return ActivityOutcome(
                 error=ActivityError(
                     cause=FailureCause.TIMEOUT,
@@ -384,16 +385,18 @@ async def record_activity_event(
     if stale): if the activity or the run already has a terminal, stand down.
     Store errors propagate (the caller decides whether to retry).
     """
+    action = f"record {type(body).__name__}"
     async with recorder.hold():
         try:
-            recorder.epoch.gate(recorder.workflow_id, run_id, f"record {type(body).__name__}")
+            recorder.epoch.gate(recorder.workflow_id, run_id, action)
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
-        history = await recorder.current_history()
-        if activity_settled_or_run_ended(history, run_id, activity_id):
+        await recorder.current_history()
+        state = recorder.run_state(run_id)
+        if activity_id in state.settled or state.ended is not None:
             return RecordOutcome.SETTLED_ELSEWHERE
         try:
-            await recorder.append([body], action=f"record {type(body).__name__}", run_id=run_id)
+            await recorder.append((body,), action=action, run_id=run_id)
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
         return RecordOutcome.RECORDED
@@ -504,10 +507,11 @@ class ActivityDriver:
     async def _settled_elsewhere(self) -> bool:
         async with self.recorder.lock:
             try:
-                history = await self.recorder.current_history()
+                await self.recorder.current_history()
             except StoreError:
                 return False  # the guarded appends still refuse a post-terminal write
-            return activity_settled_or_run_ended(history, self.request.run_id, self.request.activity_id)
+            state = self.recorder.run_state(self.request.run_id)
+            return self.request.activity_id in state.settled or state.ended is not None
 
     # -- the deadline ----------------------------------------------------------
 
@@ -518,6 +522,8 @@ class ActivityDriver:
 
     def _attempt_bound(self) -> float:
         """Trio-time deadline of the next attempt (per-attempt and schedule-to-close)."""
+        if self.options.timeout is None and self.options.schedule_to_close is None:
+            return math.inf
         bounds = [math.inf]
         if self.options.timeout is not None:
             bounds.append(trio.current_time() + self.options.timeout)
@@ -781,12 +787,17 @@ async def _record_outcome(
     record_backoff: tuple[float, float],
     log_extra: dict[str, Any],
 ) -> RecordOutcome:
-    backoff = TransientBackoff(*record_backoff, logger, log_extra)
-    what = f"record the outcome of activity:{request.activity_id} {request.activity_type} (attempt {request.attempt})"
+    backoff: TransientBackoff | None = None  # built on the first transient failure
     while True:
         try:
             result = await record_activity_event(recorder, request.run_id, request.activity_id, body)
         except BackendUnavailable as exc:
+            if backoff is None:
+                backoff = TransientBackoff(*record_backoff, logger, log_extra)
+            what = (
+                f"record the outcome of activity:{request.activity_id} {request.activity_type} "
+                f"(attempt {request.attempt})"
+            )
             await backoff.failed(what, exc)
             continue
         if result is RecordOutcome.EPOCH_CLOSED:

@@ -428,16 +428,16 @@ async def run_closed(core: EngineCore, workflow_id: str, run_id: str) -> None:
     recorder = core.loaded_recorder(workflow_id)
     if recorder is None:
         return
-    segment = run_segment(recorder.history, run_id)
-    terminal = current_lease_terminal(segment)
-    if terminal is None:
+    state = recorder.run_state(run_id)
+    terminal = state.ended
+    if terminal is None or state.start is None:
         return
     fields = {"workflow_id": workflow_id, "run_id": run_id}
-    if any(isinstance(e.body, ChildWorkflowStarted) for e in segment):
+    if state.children:
         await guarded(
             core, "close the children of an ended run", fields, close_children, core, workflow_id, run_id
         )
-    start = segment[0].body
+    start = state.start.body
     assert isinstance(start, WorkflowStarted)
     if start.parent_workflow_id is not None and not isinstance(terminal.body, WorkflowContinuedAsNew):
         await guarded(

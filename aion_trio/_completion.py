@@ -37,11 +37,9 @@ from ._events import (
 from ._ids import deadline_timer_id
 from ._payload import Payload
 from ._projections import (
-    current_lease_terminal,
     outstanding_timers,
     retry_trail,
     run_segment,
-    run_status,
     unsettled_activities,
 )
 from ._registry import Lease, Residency
@@ -275,7 +273,7 @@ async def run_exit_attempt(
         # The epoch gate sits before the branch: the resume arm appends too.
         core.epoch.gate(lease.workflow_id, lease.run_id, "record the workflow terminal")
         history = await recorder.current_history()
-        existing = current_lease_terminal(run_segment(history, lease.run_id))
+        existing = recorder.run_state(lease.run_id).ended
         if existing is not None:
             # Durable point 1: a terminal is already in history.
             progress.value = TerminalProgress.RECORDED
@@ -300,7 +298,7 @@ async def run_exit_attempt(
             # Durable point 2: this attempt's own append returned.
             progress.value = TerminalProgress.RECORDED
             recorded = events[0]
-            status = run_status(recorder.history, lease.run_id)
+            status = recorder.run_state(lease.run_id).status
             if status is not None:
                 lease.cached_status = status
             await forget_retired(core, lease, bodies)
@@ -328,7 +326,7 @@ async def run_exit_attempt(
 
 def reconcile_registry(core: EngineCore, lease: Lease) -> None:
     """Status from history; residency Suspended; the entry is kept."""
-    status = run_status(lease.recorder.history, lease.run_id)
+    status = lease.recorder.run_state(lease.run_id).status
     if status is not None:
         lease.cached_status = status
     if lease.residency is Residency.RESIDENT:

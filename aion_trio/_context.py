@@ -52,21 +52,17 @@ from ._events import (
     ActivityError,
     ActivityFailed,
     ActivityScheduled,
-    ActivityStarted,
     ChildWorkflowCancelled,
     ChildWorkflowCompleted,
     ChildWorkflowFailed,
     ChildWorkflowStarted,
     Event,
     FailureCause,
-    MarkerRecorded,
     SignalReceived,
-    TimerCancelCause,
     TimerCancelled,
     TimerFired,
     TimerStarted,
     WorkflowCancelRequested,
-    WorkflowReopened,
     WorkflowStarted,
 )
 from ._ids import anonymous_timer, named_timer, scope_timer_id, validate_workflow_id
@@ -130,98 +126,6 @@ class _PendingChild:
     workflow_type: str
     input: Payload
     options: ChildOptions
-
-
-@final
-class RunState:
-    """An incremental index of one run's segment of the recorder's history."""
-
-    def __init__(self, run_id: str, history: Sequence[Event]) -> None:
-        self.run_id = run_id
-        self._history = history
-        self._cursor = 0
-        self._inside = False
-        self._ended = False
-        self.start: Event | None = None
-        self.scheduled: dict[int, Event] = {}
-        self.settled: dict[int, Event] = {}
-        self.markers: dict[str, Event] = {}
-        self.started_attempt: dict[int, int] = {}
-        self.timers: dict[str, Event] = {}
-        self.timer_resolutions: dict[str, Event] = {}
-        self.signals: dict[str, list[Event]] = {}
-        #: Child commands by ordinal, the open ones by child id, outcomes by ordinal.
-        self.children: dict[int, Event] = {}
-        self.open_children: dict[str, int] = {}
-        self.child_resolutions: dict[int, Event] = {}
-        #: The cancel request in force (a reopen withdraws earlier ones).
-        self.cancel_request: Event | None = None
-        #: A terminal recorded while the code still runs was written from outside
-        #: (terminate, deadline): the code must not observe what came with it.
-        self.ended: Event | None = None
-
-    def sync(self) -> None:
-        """Index events appended since the last call."""
-        history = self._history
-        n = len(history)
-        while self._cursor < n and not self._ended:
-            event = history[self._cursor]
-            self._cursor += 1
-            body = event.body
-            if isinstance(body, WorkflowStarted):
-                if self._inside:
-                    self._ended = True
-                    break
-                if body.run_id == self.run_id:
-                    self._inside = True
-                    self.start = event
-                continue
-            if not self._inside:
-                continue
-            if isinstance(body, ActivityScheduled):
-                self.scheduled[body.activity_id] = event
-            elif isinstance(body, ActivityStarted):
-                self.started_attempt[body.activity_id] = body.attempt
-            elif isinstance(body, (ActivityCompleted, ActivityCancelled)):
-                self.settled[body.activity_id] = event
-            elif isinstance(body, ActivityFailed):
-                if body.final:
-                    self.settled[body.activity_id] = event
-            elif isinstance(body, WorkflowReopened):
-                for activity_id in body.reopened_activity_ids:
-                    self.settled.pop(activity_id, None)
-                self.cancel_request = None
-                self.ended = None
-                # Timers a cancel teardown retired are armed again.
-                for timer_id, resolution in list(self.timer_resolutions.items()):
-                    resolved = resolution.body
-                    if (
-                        isinstance(resolved, TimerCancelled)
-                        and resolved.cause is TimerCancelCause.CANCEL_TEARDOWN
-                    ):
-                        del self.timer_resolutions[timer_id]
-            elif getattr(body, "TERMINAL", False):
-                self.ended = event
-            elif isinstance(body, WorkflowCancelRequested):
-                if self.cancel_request is None:
-                    self.cancel_request = event
-            elif isinstance(body, ChildWorkflowStarted):
-                ordinal = len(self.children)
-                self.children[ordinal] = event
-                self.open_children[body.child_workflow_id] = ordinal
-            elif isinstance(body, (ChildWorkflowCompleted, ChildWorkflowFailed, ChildWorkflowCancelled)):
-                settled = self.open_children.pop(body.child_workflow_id, None)
-                if settled is not None:
-                    self.child_resolutions[settled] = event
-            elif isinstance(body, MarkerRecorded):
-                self.markers.setdefault(body.name, event)
-            elif isinstance(body, TimerStarted):
-                self.timers[body.timer_id] = event
-                self.timer_resolutions.pop(body.timer_id, None)
-            elif isinstance(body, SignalReceived):
-                self.signals.setdefault(body.name, []).append(event)
-            elif isinstance(body, (TimerFired, TimerCancelled)):
-                self.timer_resolutions.setdefault(body.timer_id, event)
 
 
 def _seed(workflow_id: str, run_id: str) -> int:
@@ -350,8 +254,7 @@ class WorkflowContext:
         self._core = core
         self._lease = lease
         self._recorder = lease.recorder
-        self._state = RunState(lease.run_id, lease.recorder.history)
-        self._state.sync()
+        self._state = lease.recorder.run_state(lease.run_id)
         if self._state.start is None:
             raise WorkflowCommandError(f"run {lease.run_id} has no WorkflowStarted in history")
         self._now: datetime = self._state.start.recorded_at

@@ -47,7 +47,6 @@ from ._context import (
     SCOPE_TIMEOUT_TYPE,
     ContinueAsNew,
     RunAborted,
-    RunState,
     WorkflowContext,
     _PendingActivity,
     _PendingChild,
@@ -111,6 +110,7 @@ from ._ownership import OwnerClaim, OwnerIdentity, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import default_plugin_manager, open_store
 from ._projections import (
+    RunState,
     current_lease_terminal,
     failure,
     latest_run_id,
@@ -671,24 +671,29 @@ class EngineCore:
         """Append what ``build(history)`` returns (re-evaluated per attempt), retrying transient
         failures.  Unrecoverable failures unwind the run without a terminal."""
         recorder = lease.recorder
-        fields = {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id}
-        ladder = self.config.completion_retry
-        backoff = TransientBackoff(ladder.initial, ladder.ceiling, logger, fields)
+        backoff: TransientBackoff | None = None  # built on the first transient failure
         while True:
             if not self.epoch.admitting:
-                logger.info("run parked: the engine is shutting down (%s not recorded)", what, extra=fields)
+                logger.info(
+                    "run parked: the engine is shutting down (%s not recorded)",
+                    what,
+                    extra=_lease_fields(lease),
+                )
                 raise RunAborted()
             try:
                 async with recorder.hold():
                     history = await recorder.current_history()
                     bodies = build(history)
-                    if bodies and current_lease_terminal(run_segment(history, lease.run_id)) is not None:
+                    if bodies and recorder.run_state(lease.run_id).ended is not None:
                         # The run was ended elsewhere (terminate, deadline): record nothing more.
                         raise RunAborted()
                     if bodies:
                         await recorder.append(bodies, action=what, run_id=lease.run_id)
                 return
             except BackendUnavailable as exc:
+                if backoff is None:
+                    ladder = self.config.completion_retry
+                    backoff = TransientBackoff(ladder.initial, ladder.ceiling, logger, _lease_fields(lease))
                 await backoff.failed(what, exc)
             except EngineEpochClosed:
                 raise RunAborted() from None
@@ -1990,6 +1995,11 @@ class _Refresh:
 
     again: bool = True
     done: trio.Event = attrs.field(factory=trio.Event)
+
+
+def _lease_fields(lease: Lease) -> dict[str, Any]:
+    """A lease's log fields."""
+    return {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id}
 
 
 def _commands_after_cancel(segment: Sequence[Event], terminal_seq: int) -> int:

@@ -1,14 +1,17 @@
 """Projections: pure functions over event lists (DESIGN §3.3).
 
 Status, settlement, timers and failures are always *derived* from history.
-Every "is it terminal?" question goes through :func:`current_lease_terminal`.
+Every "is it terminal?" question goes through :func:`current_lease_terminal`, or
+through its incremental form :attr:`RunState.ended` (the recorder keeps one
+:class:`RunState` per run, so per-step checks do not re-scan the history; the
+property tests hold the two to the same answers on every prefix).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TypeGuard
+from typing import TypeGuard, final
 
 import attrs
 
@@ -19,16 +22,23 @@ from ._events import (
     ActivityFailed,
     ActivityScheduled,
     ActivityStarted,
+    ChildWorkflowCancelled,
+    ChildWorkflowCompleted,
+    ChildWorkflowFailed,
+    ChildWorkflowStarted,
     ErrorInfo,
     Event,
     EventBody,
+    MarkerRecorded,
     SearchAttributesUpserted,
     SearchValue,
+    SignalReceived,
     TimerCancelCause,
     TimerCancelled,
     TimerFired,
     TimerStarted,
     WorkflowCancelled,
+    WorkflowCancelRequested,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
@@ -156,7 +166,8 @@ def activity_settled_or_run_ended(events: Sequence[Event], run_id: str, activity
     """Whether, in ``run_id``'s segment of ``events``, the activity is settled or the current
     lease has a terminal: ``activity_settled(seg, id) is not None or current_lease_terminal(seg)
     is not None`` with ``seg = run_segment(events, run_id)``, in one backward pass that stops
-    at the run's start (the recorder's check before every activity record)."""
+    at the run's start.  (The recorder answers it per record from its incremental
+    :class:`RunState` instead; the tests hold the two to the same answers.)"""
     ended: bool | None = None
     settled: bool | None = None
     for event in reversed(events):
@@ -379,3 +390,100 @@ def search_attributes(events: Sequence[Event], run_id: str | None = None) -> dic
 def start_event(events: Sequence[Event], run_id: str) -> Event | None:
     seg = run_segment(events, run_id)
     return seg[0] if seg else None
+
+
+@final
+class RunState:
+    """An incremental index of one run's segment of the recorder's history."""
+
+    def __init__(self, run_id: str, history: Sequence[Event]) -> None:
+        self.run_id = run_id
+        self._history = history
+        self._cursor = 0
+        self._inside = False
+        self._ended = False
+        self.start: Event | None = None
+        self.scheduled: dict[int, Event] = {}
+        self.settled: dict[int, Event] = {}
+        self.markers: dict[str, Event] = {}
+        self.started_attempt: dict[int, int] = {}
+        self.timers: dict[str, Event] = {}
+        self.timer_resolutions: dict[str, Event] = {}
+        self.signals: dict[str, list[Event]] = {}
+        #: Child commands by ordinal, the open ones by child id, outcomes by ordinal.
+        self.children: dict[int, Event] = {}
+        self.open_children: dict[str, int] = {}
+        self.child_resolutions: dict[int, Event] = {}
+        #: The cancel request in force (a reopen withdraws earlier ones).
+        self.cancel_request: Event | None = None
+        #: A terminal recorded while the code still runs was written from outside
+        #: (terminate, deadline): the code must not observe what came with it.
+        self.ended: Event | None = None
+        #: The run's status (:func:`run_status` of its segment); ``None`` until it started.
+        self.status: WorkflowStatus | None = None
+
+    def sync(self) -> None:
+        """Index events appended since the last call."""
+        history = self._history
+        n = len(history)
+        while self._cursor < n and not self._ended:
+            event = history[self._cursor]
+            self._cursor += 1
+            body = event.body
+            if isinstance(body, WorkflowStarted):
+                if self._inside:
+                    self._ended = True
+                    break
+                if body.run_id == self.run_id:
+                    self._inside = True
+                    self.start = event
+                    self.status = WorkflowStatus.RUNNING
+                continue
+            if not self._inside:
+                continue
+            if isinstance(body, ActivityScheduled):
+                self.scheduled[body.activity_id] = event
+            elif isinstance(body, ActivityStarted):
+                self.started_attempt[body.activity_id] = body.attempt
+            elif isinstance(body, (ActivityCompleted, ActivityCancelled)):
+                self.settled[body.activity_id] = event
+            elif isinstance(body, ActivityFailed):
+                if body.final:
+                    self.settled[body.activity_id] = event
+            elif isinstance(body, WorkflowReopened):
+                for activity_id in body.reopened_activity_ids:
+                    self.settled.pop(activity_id, None)
+                self.cancel_request = None
+                self.ended = None
+                self.status = WorkflowStatus.RUNNING
+                # Timers a cancel teardown retired are armed again.
+                for timer_id, resolution in list(self.timer_resolutions.items()):
+                    resolved = resolution.body
+                    if (
+                        isinstance(resolved, TimerCancelled)
+                        and resolved.cause is TimerCancelCause.CANCEL_TEARDOWN
+                    ):
+                        del self.timer_resolutions[timer_id]
+            elif body.TERMINAL:
+                self.ended = event
+                self.status = _STATUS_BY_TERMINAL[type(body)]
+            elif isinstance(body, WorkflowCancelRequested):
+                if self.cancel_request is None:
+                    self.cancel_request = event
+            elif isinstance(body, ChildWorkflowStarted):
+                ordinal = len(self.children)
+                self.children[ordinal] = event
+                self.open_children[body.child_workflow_id] = ordinal
+            elif isinstance(body, (ChildWorkflowCompleted, ChildWorkflowFailed, ChildWorkflowCancelled)):
+                settled = self.open_children.pop(body.child_workflow_id, None)
+                if settled is not None:
+                    self.child_resolutions[settled] = event
+            elif isinstance(body, MarkerRecorded):
+                self.markers.setdefault(body.name, event)
+            elif isinstance(body, TimerStarted):
+                self.timers[body.timer_id] = event
+                self.timer_resolutions.pop(body.timer_id, None)
+            elif isinstance(body, SignalReceived):
+                self.signals.setdefault(body.name, []).append(event)
+            elif isinstance(body, (TimerFired, TimerCancelled)):
+                self.timer_resolutions.setdefault(body.timer_id, event)

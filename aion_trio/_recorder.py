@@ -26,6 +26,7 @@ from ._clock import EngineClock
 from ._epoch import EngineEpoch
 from ._errors import AionInternalError, NotOwner, SequenceConflict
 from ._events import Event, EventBody, WorkflowReopened, WorkflowStarted, make_batch
+from ._projections import RunState
 from ._store import EventStore
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class Recorder:
         self._pending: list[Event] | None = None
         self._changed = trio.lowlevel.ParkingLot()
         self._lifecycle = trio.lowlevel.ParkingLot()
+        self._run_states: dict[str, RunState] = {}
         self.appends = 0
         self.rereads = 0
 
@@ -134,6 +136,19 @@ class Recorder:
     @property
     def epoch(self) -> EngineEpoch:
         return self._epoch
+
+    def run_state(self, run_id: str) -> RunState:
+        """The incremental index of ``run_id``'s segment of :attr:`history`, synced to it.
+
+        One per run, shared by the run's context and every guarded append: each
+        event is indexed once, so a step's checks cost O(new events), not a scan
+        of the history (the history only grows in place, so the cursor stays valid).
+        """
+        state = self._run_states.get(run_id)
+        if state is None:
+            state = self._run_states[run_id] = RunState(run_id, self._history)
+        state.sync()
+        return state
 
     def _require_lock(self) -> None:
         if self._lock.statistics().owner is not trio.lowlevel.current_task():

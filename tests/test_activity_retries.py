@@ -468,6 +468,39 @@ async def test_losing_the_advisory_record_never_changes_the_outcome(
     assert not any(isinstance(e.body, aion.ActivityAdvisoryExhausted) for e in history)
 
 
+async def test_a_transiently_failing_outcome_record_is_retried_until_it_lands_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The settling record (ActivityCompleted) survives BackendUnavailable: two plain
+    failures, then one that commits and reports failure, then it is seen as landed."""
+    dispatcher = Scripted([ok("charged once")])
+    async with aion.open_store(url()) as inner:
+        flaky = aion.testing.FlakyStoreBundle(inner)
+        async with aion.open_engine(
+            flaky, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
+        ) as engine:
+            injected: list[str] = []
+
+            def busy() -> aion.BackendUnavailable:
+                injected.append("busy")
+                if len(injected) == 2:
+                    # The third try commits, and its acknowledgement is lost.
+                    flaky.events.commit_then_fail_next_appends(
+                        1, aion.BackendUnavailable("injected: ack lost")
+                    )
+                return aion.BackendUnavailable("injected: database is busy")
+
+            # Appends: 1 WorkflowStarted, 2 Scheduled+Started, then the outcome record.
+            flaky.events.fail_appends_after(2, 2, busy)
+            run = await engine.start(one_charge, {}, workflow_id="w")
+            result = await run.result()
+        history = await inner.events.read_history("w")
+    assert flaky.events.faults["append"] == 3
+    assert result == "charged once"
+    assert dispatcher.attempts == [1], "the attempt ran once: only its record was retried"
+    assert trail(history) == [("started", 1, None), ("completed", 1, None)]
+
+
 async def test_a_failed_trail_record_fails_the_activity_honestly(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

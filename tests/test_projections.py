@@ -51,7 +51,7 @@ from aion_trio import (
     WorkflowStatus,
     WorkflowTimedOut,
 )
-from aion_trio._projections import activity_settled_or_run_ended
+from aion_trio._projections import RunState, activity_settled_or_run_ended
 from aion_trio.events import WorkflowCancelled
 from aion_trio.projections import (
     AttemptRecord,
@@ -655,6 +655,22 @@ def check_e_activity_settled_agrees_with_the_reference_and_the_model(h: History,
         for aid in [*scheduled_ids(seg), 10**6]:
             expected = activity_settled(seg, aid) is not None or current_lease_terminal(seg) is not None
             assert activity_settled_or_run_ended(prefix, r, aid) == expected
+    # The recorder's incremental index (RunState, fed the history as it grows in place,
+    # in uneven batches) answers the same question after every batch.
+    for r in [*run_ids(h.events), rid(10**6)]:
+        grown: list[Event] = []
+        state = RunState(r, grown)
+        at = 0
+        while at < len(h.events):
+            at = min(len(h.events), at + data.draw(st.integers(1, 4)))
+            grown.extend(h.events[len(grown) : at])
+            state.sync()
+            seg = run_segment(grown, r)
+            assert state.ended == current_lease_terminal(seg)
+            assert state.status == run_status(grown, r)
+            for aid in [*scheduled_ids(seg), 10**6]:
+                assert (aid in state.settled) == (activity_settled(seg, aid) is not None)
+                assert state.settled.get(aid) == activity_settled(seg, aid)
 
 
 def check_f_next_delivery_attempt(h: History, data: st.DataObject) -> None:
