@@ -1019,7 +1019,8 @@ def test_writes_go_through_the_inbox_to_a_running_worker(
         worker.kill()
     history = [json.loads(line) for line in run_cli("history", "ap", "--json").stdout.splitlines()]
     [received] = [e for e in history if e["type"] == "SignalReceived"]
-    assert received["data"] == {"name": "approve", "payload": {"by": "ops"}}
+    # The signal carries the inbox command that caused it (#3): a redelivered command is not applied twice.
+    assert received["data"] == {"name": "approve", "payload": {"by": "ops"}, "command_id": 3}
     assert history[-1]["type"] == "WorkflowCompleted"
     assert not any("Traceback" in line for line in worker.lines())
 
