@@ -55,6 +55,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _dbos_chain import dbos_available, define_chain, run_chains
+
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "contrib" / "aion-trio-postgres" / "tests"
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -91,35 +93,12 @@ def dbos_worker(args: argparse.Namespace) -> int:
 
     from dbos import DBOS
 
-    @DBOS.step()
-    async def increment_step(x: int) -> int:
-        return x + 1
-
-    @DBOS.workflow()
-    async def chain_workflow(steps: int) -> int:
-        value = 0
-        for _ in range(steps):
-            value = await increment_step(value)
-        return value
+    chain_workflow = define_chain()
 
     async def throughput() -> dict[str, Any]:
-        semaphore = asyncio.Semaphore(args.concurrency)
-        done = 0
-        start = time.perf_counter()
-        deadline = math.inf if args.seconds is None else start + args.seconds
-
-        async def one() -> None:
-            nonlocal done
-            async with semaphore:
-                if time.perf_counter() >= deadline:
-                    return
-                handle = await DBOS.start_workflow_async(chain_workflow, args.steps)
-                if await handle.get_result() != args.steps:
-                    raise RuntimeError("DBOS workflow returned a wrong result")
-                done += 1
-
-        await asyncio.gather(*(one() for _ in range(args.workflows)))
-        elapsed = time.perf_counter() - start
+        done, elapsed = await run_chains(
+            chain_workflow, args.workflows, args.steps, args.concurrency, args.seconds
+        )
         return {
             "completed": done,
             "seconds": round(elapsed, 3),
@@ -136,16 +115,6 @@ def dbos_worker(args: argparse.Namespace) -> int:
     result["dbos"] = importlib.metadata.version("dbos")
     print(json.dumps(result), flush=True)
     return 0
-
-
-def dbos_available(python: str) -> str | None:
-    probe = subprocess.run(
-        [python, "-c", "import dbos"], capture_output=True, text=True, check=False, timeout=120
-    )
-    if probe.returncode == 0:
-        return None
-    lines = probe.stderr.strip().splitlines()
-    return f"{python} cannot import dbos ({lines[-1] if lines else 'exit ' + str(probe.returncode)})"
 
 
 # --------------------------------------------------------------------------

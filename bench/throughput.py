@@ -46,6 +46,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _dbos_chain import dbos_available, define_chain, run_chains, run_one
+
 THROUGHPUT_TARGET = 10.0  # aion SQLite FULL steps/s over DBOS steps/s
 LATENCY_TARGET = 0.2  # aion SQLite FULL p50 over DBOS p50
 DBOS_JOURNALS = ("delete", "wal")
@@ -171,44 +173,20 @@ def dbos_worker(args: argparse.Namespace) -> int:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.close()
 
-    @DBOS.step()
-    async def increment_step(x: int) -> int:
-        return x + 1
-
-    @DBOS.workflow()
-    async def chain_workflow(steps: int) -> int:
-        value = 0
-        for _ in range(steps):
-            value = await increment_step(value)
-        return value
+    chain_workflow = define_chain()
 
     async def throughput() -> dict[str, Any]:
-        semaphore = asyncio.Semaphore(args.concurrency)
-        done = 0
-        start = time.perf_counter()
-        deadline = math.inf if args.seconds is None else start + args.seconds
-
-        async def one() -> None:
-            nonlocal done
-            async with semaphore:
-                if time.perf_counter() >= deadline:
-                    return
-                handle = await DBOS.start_workflow_async(chain_workflow, args.steps)
-                if await handle.get_result() != args.steps:
-                    raise RuntimeError("DBOS workflow returned a wrong result")
-                done += 1
-
-        await asyncio.gather(*(one() for _ in range(args.workflows)))
-        return throughput_summary(done, args.steps, time.perf_counter() - start)
+        done, elapsed = await run_chains(
+            chain_workflow, args.workflows, args.steps, args.concurrency, args.seconds
+        )
+        return throughput_summary(done, args.steps, elapsed)
 
     async def latency() -> dict[str, Any]:
         samples: list[float] = []
         deadline = math.inf if args.seconds is None else time.perf_counter() + args.seconds
         for i in range(args.warmup + args.latency_runs):
             start = time.perf_counter()
-            handle = await DBOS.start_workflow_async(chain_workflow, args.steps)
-            if await handle.get_result() != args.steps:
-                raise RuntimeError("DBOS workflow returned a wrong result")
+            await run_one(chain_workflow, args.steps)
             if i >= args.warmup:
                 samples.append(time.perf_counter() - start)
             if samples and time.perf_counter() >= deadline:
@@ -239,17 +217,6 @@ def dbos_worker(args: argparse.Namespace) -> int:
     )
     print(json.dumps(result), flush=True)
     return 0
-
-
-def dbos_available(python: str) -> str | None:
-    """``None`` if ``python`` can import dbos, else the reason."""
-    probe = subprocess.run(
-        [python, "-c", "import dbos"], capture_output=True, text=True, check=False, timeout=120
-    )
-    if probe.returncode == 0:
-        return None
-    lines = probe.stderr.strip().splitlines()
-    return f"{python} cannot import dbos ({lines[-1] if lines else 'exit ' + str(probe.returncode)})"
 
 
 def run_dbos(args: argparse.Namespace, directory: str, mode: str, journal: str) -> dict[str, Any]:
