@@ -42,6 +42,7 @@ from aion_trio.plugin import (
 )
 
 from . import _codec
+from ._listen import Listener
 from ._mapping import backend_error, cause
 from ._schema import (
     ACTIVE_LIST,
@@ -186,6 +187,8 @@ class _Backend:
     pool: psycopg_pool.ConnectionPool[Any]
     limiter: trio.CapacityLimiter
     node: NodeLease | None
+    listener: Listener
+    """The store's one LISTEN connection (its thread starts with the first subscriber)."""
     closed: bool = False
 
     @property
@@ -678,70 +681,33 @@ def notify_channel(schema: str) -> str:
 
 
 @final
-class _Listener:
-    """A dedicated connection, held in a thread, LISTENing on the schema's channel.
+class _Wakeups:
+    """Cluster mode's wake-ups: a counter bumped (from the listener thread) by each
+    notification for this node or for the cluster (empty payload), and by every
+    (re)LISTEN, since notifications sent meanwhile are lost."""
 
-    Each notification for this node (payload = its id) or for the cluster
-    (empty payload) bumps ``generation``.  A dropped connection (a restarted
-    server, ``pg_terminate_backend``) is reconnected; every (re)connect bumps
-    too, because notifications sent meanwhile are lost and waiters must
-    re-check the tables.  Notifications only wake sooner: the engine polls.
-    """
-
-    def __init__(self, url: PostgresUrl, channel: str, node_id: str) -> None:
-        self._url = url
-        self._channel = channel
+    def __init__(self, node_id: str) -> None:
         self._node_id = node_id
         self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self.connected = threading.Event()
+        self._closed = False
         self.generation = 0
-        self.connects = 0
-        self.backend_pid: int | None = None
-        self._thread = threading.Thread(target=self._run, name=f"aion_trio LISTEN {node_id}", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _bump(self) -> None:
-        with self._cond:
-            self.generation += 1
-            self._cond.notify_all()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self._url.conninfo, autocommit=True) as conn:
-                    conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self._channel)))
-                    self.backend_pid = conn.info.backend_pid
-                    self.connects += 1
-                    self.connected.set()
-                    self._bump()
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.2):
-                            if note.payload in ("", self._node_id):
-                                self._bump()
-            except psycopg.Error as exc:
-                self.connected.clear()
-                if not self._stop.is_set():
-                    logger.warning(
-                        "%s: the LISTEN connection of node %s dropped (reconnecting; polling covers the gap): %s",
-                        self._url.location,
-                        self._node_id,
-                        str(exc).strip(),
-                    )
-                    self._stop.wait(0.2)
+    def notified(self, channel: str, payload: str | None) -> None:
+        if payload is None or payload in ("", self._node_id):
+            with self._cond:
+                self.generation += 1
+                self._cond.notify_all()
 
     def wait(self, since: int, timeout: float) -> int:
         """Block until ``generation`` differs from ``since`` or ``timeout`` seconds pass; return it."""
         with self._cond:
-            self._cond.wait_for(lambda: self.generation != since or self._stop.is_set(), timeout)
+            self._cond.wait_for(lambda: self.generation != since or self._closed, timeout)
             return self.generation
 
     def close(self) -> None:
-        self._stop.set()
-        self._bump()
-        self._thread.join(timeout=5.0)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 
 @final
@@ -757,7 +723,7 @@ class PostgresClusterStore(PostgresStore):
     acked commands and released leases notify everyone.
     """
 
-    _listener: _Listener = attrs.field(alias="listener", repr=False)
+    _wakeups: _Wakeups = attrs.field(alias="wakeups", repr=False)
     _seen: int = attrs.field(default=0, init=False, repr=False)
     _waits: trio.CapacityLimiter = attrs.field(
         factory=lambda: trio.CapacityLimiter(4), init=False, repr=False
@@ -770,9 +736,9 @@ class PostgresClusterStore(PostgresStore):
         return node.node_id
 
     @property
-    def listener(self) -> _Listener:
+    def listener(self) -> Listener:
         """The LISTEN connection's thread (``backend_pid``, ``connects``; for operators and tests)."""
-        return self._listener
+        return self._backend.listener
 
     def _node(self) -> NodeLease:
         node = self._backend.node
@@ -830,7 +796,7 @@ class PostgresClusterStore(PostgresStore):
         await self.events._enter()
         since = self._seen
         self._seen = await trio.to_thread.run_sync(
-            self._listener.wait, since, timeout, abandon_on_cancel=True, limiter=self._waits
+            self._wakeups.wait, since, timeout, abandon_on_cancel=True, limiter=self._waits
         )
 
     async def command_target(self, workflow_id: str) -> str | None:
@@ -909,14 +875,13 @@ class PostgresClusterStore(PostgresStore):
         return outcome_from_json(text) if acked and text is not None else None
 
     async def aclose(self) -> None:
-        """Stop listening, then close as :class:`PostgresStore` does (the lease is released)."""
-        if not self._backend.closed:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self._listener.close)
+        """Wake any waiter, then close as :class:`PostgresStore` does (the lease is released)."""
+        self._wakeups.close()
         await super().aclose()
 
 
 def _close_backend(backend: _Backend) -> None:
+    backend.listener.close()
     node = backend.node
     try:
         if node is not None and not node.superseded:
@@ -974,7 +939,13 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
         open=False,
     )
     pool.open(wait=False)
-    return _Backend(url=url, pool=pool, limiter=trio.CapacityLimiter(url.pool_size), node=node)
+    return _Backend(
+        url=url,
+        pool=pool,
+        limiter=trio.CapacityLimiter(url.pool_size),
+        node=node,
+        listener=Listener(url, node_id or url.location),
+    )
 
 
 async def _heartbeat(store: PostgresStore, every: float) -> None:
@@ -1026,14 +997,14 @@ async def open_postgres_store(
     if backend.node is None:
         store = PostgresStore(events=events, visibility=visibility, url=parsed, backend=backend)
     else:
-        listener = _Listener(parsed, backend.channel, backend.node.node_id)
-        listener.start()
+        wakeups = _Wakeups(backend.node.node_id)
         store = PostgresClusterStore(
-            events=events, visibility=visibility, url=parsed, backend=backend, listener=listener
+            events=events, visibility=visibility, url=parsed, backend=backend, wakeups=wakeups
         )
+        listening = backend.listener.subscribe(backend.channel, wakeups.notified)
         # Listening before the engine looks at the tables: a notification sent after
         # that look is not lost.  Bounded: polling covers a slow connect.
-        await trio.to_thread.run_sync(listener.connected.wait, parsed.pool_timeout)
+        await trio.to_thread.run_sync(listening.wait, parsed.pool_timeout)
     try:
         async with trio.open_nursery() as nursery:
             if backend.node is not None and every is not None:

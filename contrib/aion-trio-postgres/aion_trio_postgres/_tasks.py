@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import psycopg
 import trio
-from psycopg import sql
 
 from aion_trio import (
     ActivityDispatcher,
@@ -42,7 +41,7 @@ from aion_trio import (
 )
 from aion_trio.plugin import StoreError
 
-from ._schema import configure
+from ._listen import deliver_to_trio
 
 if TYPE_CHECKING:
     from ._store import PostgresStore, _Backend
@@ -201,54 +200,6 @@ def _details_text(details: Any) -> str | None:
         return Payload.of(details).json
     except (TypeError, ValueError):
         return json.dumps(repr(details))
-
-
-# --------------------------------------------------------------------------
-# LISTEN, in a thread of its own
-# --------------------------------------------------------------------------
-
-
-def _listen_connect(backend: _Backend, channels: Sequence[str]) -> Conn:
-    conn = psycopg.connect(backend.url.conninfo, autocommit=True)
-    try:
-        configure(conn, backend.url)
-        for channel in channels:
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _next_notifies(conn: Conn, timeout: float) -> list[tuple[str, str]]:
-    return [(n.channel, n.payload) for n in conn.notifies(timeout=timeout, stop_after=1)]
-
-
-async def _listen(
-    backend: _Backend, channels: Sequence[str], deliver: Callable[[str, str], None], retry_after: float
-) -> None:
-    """Deliver ``(channel, payload-after-schema)`` of this schema's notifications until cancelled.
-
-    A lost LISTEN connection is logged and reopened after ``retry_after``
-    seconds; polling covers the gap.  Each wait for a notification is short
-    and never abandoned, so cancellation takes effect within a quarter second.
-    """
-    prefix = _prefix(backend)
-    while True:
-        conn: Conn | None = None
-        try:
-            conn = await trio.to_thread.run_sync(_listen_connect, backend, channels)
-            while True:
-                for channel, payload in await trio.to_thread.run_sync(_next_notifies, conn, 0.25):
-                    if payload.startswith(prefix):
-                        deliver(channel, payload[len(prefix) :])
-        except psycopg.Error as exc:
-            logger.warning("%s: LISTEN connection lost (%s); polling until it is back", backend.location, exc)
-        finally:
-            if conn is not None:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(conn.close)
-        await trio.sleep(retry_after)
 
 
 async def _reap_forever(store: PostgresStore, every: float) -> None:
@@ -480,13 +431,14 @@ async def open_task_dispatcher(
     dispatcher = PostgresTaskDispatcher(
         store=store, queues=None if queues is None else frozenset(queues), poll_interval=poll_interval
     )
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_listen, store._backend, (CHANNEL_CHANGES,), dispatcher._changed, poll_interval)
-        nursery.start_soon(_reap_forever, store, reap_every)
-        try:
-            yield dispatcher
-        finally:
-            nursery.cancel_scope.cancel()
+    backend = store._backend
+    with deliver_to_trio(backend.listener, (CHANNEL_CHANGES,), _prefix(backend), dispatcher._changed):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_reap_forever, store, reap_every)
+            try:
+                yield dispatcher
+            finally:
+                nursery.cancel_scope.cancel()
 
 
 # --------------------------------------------------------------------------
@@ -733,41 +685,40 @@ class ActivityWorker:
         task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         backend = self.store._backend
-        async with trio.open_nursery() as services:
-            services.start_soon(
-                _listen, backend, (CHANNEL_TASKS, CHANNEL_CHANGES), self._notified, self.poll_interval
-            )
-            services.start_soon(_reap_forever, self.store, self.poll_interval)
-            services.start_soon(self.lease_loop)
-            try:
-                async with trio.open_nursery() as attempts:
-                    claimer = trio.CancelScope()
+        channels = (CHANNEL_TASKS, CHANNEL_CHANGES)
+        with deliver_to_trio(backend.listener, channels, _prefix(backend), self._notified):
+            async with trio.open_nursery() as services:
+                services.start_soon(_reap_forever, self.store, self.poll_interval)
+                services.start_soon(self.lease_loop)
+                try:
+                    async with trio.open_nursery() as attempts:
+                        claimer = trio.CancelScope()
 
-                    async def claiming() -> None:
-                        with claimer:
-                            await self.claim_loop(attempts, stop)
+                        async def claiming() -> None:
+                            with claimer:
+                                await self.claim_loop(attempts, stop)
 
-                    attempts.start_soon(claiming)
-                    logger.info(
-                        "%s: worker %s serving queue(s) %s, up to %d at once",
-                        backend.location,
-                        self.worker_id,
-                        ", ".join(self.queues),
-                        self.concurrency,
-                    )
-                    task_status.started(self.worker_id)
-                    await stop.wait()
-                    claimer.cancel()
-                    with trio.move_on_after(drain_timeout):
-                        while self._running:
-                            self._idle = trio.Event()
-                            await self._idle.wait()
-                    await self._release_all("drain timeout")
-                    attempts.cancel_scope.cancel()
-            finally:
-                with trio.CancelScope(shield=True):
-                    await self._release_all("the worker stopped")
-                services.cancel_scope.cancel()
+                        attempts.start_soon(claiming)
+                        logger.info(
+                            "%s: worker %s serving queue(s) %s, up to %d at once",
+                            backend.location,
+                            self.worker_id,
+                            ", ".join(self.queues),
+                            self.concurrency,
+                        )
+                        task_status.started(self.worker_id)
+                        await stop.wait()
+                        claimer.cancel()
+                        with trio.move_on_after(drain_timeout):
+                            while self._running:
+                                self._idle = trio.Event()
+                                await self._idle.wait()
+                        await self._release_all("drain timeout")
+                        attempts.cancel_scope.cancel()
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await self._release_all("the worker stopped")
+                    services.cancel_scope.cancel()
 
     async def _release_all(self, why: str) -> None:
         if not self._running:
