@@ -305,6 +305,8 @@ class EngineCore:
         clock: EngineClock,
         dispatcher: ActivityDispatcher,
         observers: ObserverHub | None = None,
+        cluster: ClusterStore | None = None,
+        service_threads: trio.CapacityLimiter | None = None,
     ) -> None:
         self.store = store
         #: The engine's observers; ``None`` (nobody observes) costs nothing.
@@ -333,9 +335,9 @@ class EngineCore:
         # Background visibility refreshes in flight, by workflow id.
         self._visibility_owed: dict[str, _Refresh] = {}
         #: Cluster mode: the store's node capability (``None``: a single-owner store).
-        self.cluster: ClusterStore | None = None
+        self.cluster = cluster
         #: Threads for wall-clock waits of the engine's services.
-        self.service_threads = trio.CapacityLimiter(2)
+        self.service_threads = service_threads or trio.CapacityLimiter(2)
         #: Cluster mode: workflows this engine stopped because another node claimed them.
         self.relinquished = 0
 
@@ -463,9 +465,7 @@ class EngineCore:
         if self._recorders.get(workflow_id) is not recorder:
             return False
         del self._recorders[workflow_id]
-        for lease in self.registry.leases():
-            if lease.workflow_id != workflow_id:
-                continue
+        for lease in self.registry.leases_of(workflow_id):
             self.registry.remove(workflow_id, lease.run_id)
             if lease.cancel_scope is not None:
                 lease.cancel_scope.cancel()
@@ -486,7 +486,7 @@ class EngineCore:
 
     def drives(self, workflow_id: str) -> bool:
         """Whether a run of ``workflow_id`` is registered here (this engine drives it)."""
-        return any(lease.workflow_id == workflow_id for lease in self.registry.leases())
+        return bool(self.registry.leases_of(workflow_id))
 
     def claim_unloaded(self, workflow_id: str) -> Recorder | None:
         """An empty recorder for an id this engine has neither loaded nor is loading, or ``None``.
@@ -2210,9 +2210,9 @@ async def open_engine(
                     clock=clock or TrioClock.start(),
                     dispatcher=chosen,
                     observers=hub,
+                    cluster=cluster,
+                    service_threads=service_threads,
                 )
-                core.service_threads = service_threads
-                core.cluster = cluster
                 engine = Engine(core)
                 engine._ownership = ownership
                 services: ClusterServices | None = None

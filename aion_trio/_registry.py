@@ -97,6 +97,8 @@ class Registry:
 
     def __init__(self) -> None:
         self._leases: dict[tuple[str, str], Lease] = {}
+        # The same leases by workflow id, then run id.
+        self._by_workflow: dict[str, dict[str, Lease]] = {}
 
     def get(self, workflow_id: str, run_id: str) -> Lease | None:
         return self._leases.get((workflow_id, run_id))
@@ -105,13 +107,24 @@ class Registry:
         """Make ``lease`` current for its key; returns the lease it replaced."""
         previous = self._leases.get(lease.key)
         self._leases[lease.key] = lease
+        self._by_workflow.setdefault(lease.workflow_id, {})[lease.run_id] = lease
         return previous
 
     def remove(self, workflow_id: str, run_id: str) -> Lease | None:
-        return self._leases.pop((workflow_id, run_id), None)
+        removed = self._leases.pop((workflow_id, run_id), None)
+        runs = self._by_workflow.get(workflow_id)
+        if runs is not None:
+            runs.pop(run_id, None)
+            if not runs:
+                del self._by_workflow[workflow_id]
+        return removed
 
     def leases(self) -> list[Lease]:
         return list(self._leases.values())
+
+    def leases_of(self, workflow_id: str) -> list[Lease]:
+        """The leases of ``workflow_id``'s runs (no scan of the others)."""
+        return list(self._by_workflow.get(workflow_id, {}).values())
 
     def __len__(self) -> int:
         return len(self._leases)
