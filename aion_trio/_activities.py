@@ -391,7 +391,8 @@ async def record_activity_event(
             recorder.epoch.gate(recorder.workflow_id, run_id, action)
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
-        await recorder.current_history()
+        # The activity's own deferred schedule (if any) shares this append.
+        await recorder.current_history(keep_deferred=True)
         state = recorder.run_state(run_id)
         if activity_id in state.settled or state.ended is not None:
             return RecordOutcome.SETTLED_ELSEWHERE
@@ -507,7 +508,7 @@ class ActivityDriver:
     async def _settled_elsewhere(self) -> bool:
         async with self.recorder.lock:
             try:
-                await self.recorder.current_history()
+                await self.recorder.current_history(keep_deferred=True)
             except StoreError:
                 return False  # the guarded appends still refuse a post-terminal write
             state = self.recorder.run_state(self.request.run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import heapq
@@ -211,6 +212,13 @@ class EngineConfig:
     #: Cluster stores: seconds of wall-clock time a command sent to the node owning a
     #: workflow may wait for its outcome (:class:`~aion_trio.CommandNotAnswered` then).
     remote_command_timeout: float = 30.0
+    #: Seconds a just-scheduled activity's first records (``ActivityScheduled`` and
+    #: ``ActivityStarted``) may wait to share one append with its outcome.  An activity
+    #: that settles sooner costs one durable write instead of two; one still running
+    #: when the window closes is recorded then.  A crash inside the window leaves no
+    #: trace of the attempt, and replay schedules it again (activities run at least
+    #: once in any case).  ``None`` or 0: record the schedule before dispatching.
+    activity_schedule_window: float | None = 0.02
 
     def __attrs_post_init__(self) -> None:
         if self.drain_timeout is not None and (self.drain_timeout < 0):
@@ -227,6 +235,13 @@ class EngineConfig:
         if self.inbox_poll_interval is not None and not self.inbox_poll_interval > 0:
             raise ValueError(
                 f"inbox_poll_interval must be > 0 seconds or None, got {self.inbox_poll_interval!r}"
+            )
+        window = self.activity_schedule_window
+        if window is not None and not (
+            isinstance(window, (int, float)) and not isinstance(window, bool) and 0 <= window < math.inf
+        ):
+            raise ValueError(
+                f"activity_schedule_window must be a finite number >= 0 seconds or None, got {window!r}"
             )
         if self.inbox_batch < 1:
             raise ValueError(f"inbox_batch must be >= 1, got {self.inbox_batch!r}")
@@ -340,6 +355,10 @@ class EngineCore:
         self.service_threads = service_threads or trio.CapacityLimiter(2)
         #: Cluster mode: workflows this engine stopped because another node claimed them.
         self.relinquished = 0
+        #: Recorders holding deferred schedule records, with the Trio time by which they
+        #: must be written (FIFO: one window for all), served by :meth:`deferral_service`.
+        self._owed: collections.deque[tuple[float, Recorder]] = collections.deque()
+        self._owed_lot = trio.lowlevel.ParkingLot()
 
     # -- definitions -------------------------------------------------------
 
@@ -667,9 +686,12 @@ class EngineCore:
 
     # -- commands from workflow code ---------------------------------------
 
-    async def _append_with_retry(self, lease: Lease, what: str, build: Any) -> None:
+    async def _append_with_retry(
+        self, lease: Lease, what: str, build: Any, *, keep_deferred: bool = False
+    ) -> None:
         """Append what ``build(history)`` returns (re-evaluated per attempt), retrying transient
-        failures.  Unrecoverable failures unwind the run without a terminal."""
+        failures.  Unrecoverable failures unwind the run without a terminal.  ``keep_deferred``:
+        ``build`` does not depend on deferred records, which then share this append."""
         recorder = lease.recorder
         backoff: TransientBackoff | None = None  # built on the first transient failure
         while True:
@@ -682,7 +704,7 @@ class EngineCore:
                 raise RunAborted()
             try:
                 async with recorder.hold():
-                    history = await recorder.current_history()
+                    history = await recorder.current_history(keep_deferred=keep_deferred)
                     bodies = build(history)
                     if bodies and recorder.run_state(lease.run_id).ended is not None:
                         # The run was ended elsewhere (terminate, deadline): record nothing more.
@@ -759,7 +781,16 @@ class EngineCore:
                     bodies.append(TimerCancelled(timer_id=p.timer_id, cause=TimerCancelCause.WORKFLOW_INTENT))
             return bodies
 
-        await self._append_with_retry(lease, "record workflow commands", build)
+        window = self.config.activity_schedule_window
+        if window and all(isinstance(p, _PendingActivity) for p in pending):
+            at = await self._defer_schedules(lease, state, pending)
+            if at is not None:
+                self._owe(lease.recorder, window)
+                for p in pending:
+                    assert isinstance(p, _PendingActivity)
+                    self.dispatch(lease.recorder, self._first_request(lease, p, at))
+                return
+        await self._append_with_retry(lease, "record workflow commands", build, keep_deferred=True)
         state.sync()
         for p in pending:
             if isinstance(p, _PendingTimer):
@@ -770,20 +801,123 @@ class EngineCore:
                 await self.start_recorded_child(lease, p.ordinal)
             else:
                 scheduled = state.scheduled.get(p.ordinal)
-                self.dispatch(
-                    lease.recorder,
-                    ActivityRequest(
-                        workflow_id=lease.workflow_id,
-                        run_id=lease.run_id,
+                at = scheduled.recorded_at if scheduled is not None else None
+                self.dispatch(lease.recorder, self._first_request(lease, p, at))
+
+    @staticmethod
+    def _first_request(lease: Lease, p: _PendingActivity, scheduled_at: datetime | None) -> ActivityRequest:
+        return ActivityRequest(
+            workflow_id=lease.workflow_id,
+            run_id=lease.run_id,
+            activity_id=p.ordinal,
+            activity_type=p.definition.name,
+            input=p.input,
+            attempt=1,
+            task_queue=p.task_queue,
+            options=p.options,
+            scheduled_at=scheduled_at,
+        )
+
+    async def _defer_schedules(
+        self, lease: Lease, state: RunState, pending: Sequence[Any]
+    ) -> datetime | None:
+        """Hold back the schedule records of freshly started activities (they are written
+        with the first outcome, or by :meth:`deferral_service` when the window closes).
+
+        Returns the schedule time, or ``None`` when the ordinary path must record them
+        (a stale history to re-read first).  Nothing here writes or fails transiently.
+        """
+        if not self.epoch.admitting:
+            logger.info(
+                "run parked: the engine is shutting down (workflow commands not recorded)",
+                extra=_lease_fields(lease),
+            )
+            raise RunAborted()
+        recorder = lease.recorder
+        async with recorder.hold():
+            if recorder.stale:
+                return None
+            state.sync()
+            if state.ended is not None:
+                raise RunAborted()  # ended elsewhere (terminate, deadline): record nothing more
+            bodies: list[Any] = []
+            for p in pending:
+                bodies.append(
+                    ActivityScheduled(
                         activity_id=p.ordinal,
                         activity_type=p.definition.name,
                         input=p.input,
-                        attempt=1,
                         task_queue=p.task_queue,
                         options=p.options,
-                        scheduled_at=scheduled.recorded_at if scheduled is not None else None,
-                    ),
+                    )
                 )
+                bodies.append(ActivityStarted(activity_id=p.ordinal, attempt=1))
+            at = self.clock.now()
+            recorder.defer(bodies, at=at)
+        return at
+
+    def _owe(self, recorder: Recorder, window: float) -> None:
+        self._owed.append((trio.current_time() + window, recorder))
+        if len(self._owed) == 1:
+            self._owed_lot.unpark_all()
+
+    async def deferral_service(self) -> None:
+        """Write deferred schedule records whose window closed while their activity still runs.
+
+        Wakes at most about four times per window: whatever came due meanwhile is
+        handled in one pass (a record may so wait up to 1.25 windows).
+        """
+        window = self.config.activity_schedule_window or 0.0
+        owed = self._owed
+        while True:
+            if not owed:
+                await self._owed_lot.park()
+                continue
+            await trio.sleep_until(owed[0][0] + window / 4)
+            now = trio.current_time()
+            while owed and owed[0][0] <= now:
+                _, recorder = owed.popleft()
+                if recorder.deferred:
+                    try:
+                        self.epoch.spawn(
+                            self._write_deferred,
+                            recorder,
+                            name=f"deferred-records:{recorder.workflow_id}",
+                            workflow_id=recorder.workflow_id,
+                        )
+                    except EngineEpochClosed:
+                        return
+
+    async def write_all_deferred(self) -> None:
+        """Graceful shutdown: write every deferred schedule record (concurrently, so a
+        group-committing store takes them in one transaction), so that history shows
+        the attempts that were in flight."""
+        owing = {id(r): r for _, r in self._owed if r.deferred}
+        self._owed.clear()
+        if owing:
+            async with trio.open_nursery() as nursery:
+                for recorder in owing.values():
+                    nursery.start_soon(self._write_deferred, recorder)
+
+    async def _write_deferred(self, recorder: Recorder) -> None:
+        fields = {"workflow_id": recorder.workflow_id}
+        try:
+            async with recorder.lock:
+                await recorder.flush_deferred()
+        except EngineEpochClosed:
+            pass  # replay schedules the activity again
+        except BackendUnavailable as exc:
+            logger.warning(
+                "could not write deferred schedule records (retried with the next record): %s",
+                exc,
+                extra=fields,
+            )
+            self._owe(recorder, self.config.completion_retry.initial)
+        except NotOwner as exc:
+            if self.cluster is None:
+                logger.error("could not write deferred schedule records: %s", exc, extra=fields)
+        except StoreError as exc:
+            logger.error("could not write deferred schedule records: %s", exc, extra=fields)
 
     async def _decide_under_lock(self, lease: Lease, what: str, decide: Any) -> Event:
         """Run ``decide(history) -> (existing_event | None, body_to_append)`` under the lock,
@@ -2226,6 +2360,8 @@ async def open_engine(
                         # Not epoch.spawn: losing the claim must end the engine, not be logged.
                         nursery.start_soon(ownership.keep_alive, epoch, name="owner-heartbeat")
                     epoch.spawn(core.timer_service, name="timer-service")
+                    if config.activity_schedule_window:
+                        epoch.spawn(core.deferral_service, name="deferral-service")
                     if services is not None:
                         epoch.spawn(services.waker, name="cluster-waker")
                     await core.recover()
@@ -2250,6 +2386,7 @@ async def open_engine(
                     if config.drain_timeout:
                         with trio.move_on_after(config.drain_timeout):
                             await epoch.wait_attempts_idle()
+                    await core.write_all_deferred()
                     epoch.begin_close()
                 finally:
                     nursery.cancel_scope.cancel()

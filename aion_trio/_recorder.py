@@ -64,6 +64,11 @@ class Recorder:
         self._lock = trio.Lock()
         self._stale = False
         self._pending: list[Event] | None = None
+        #: Records held back to share the next append (see :meth:`defer`): chunks of
+        #: (recorded_at, bodies), oldest first.
+        self._deferred: list[tuple[datetime, tuple[EventBody, ...]]] = []
+        #: How many deferred chunks the append in flight carries.
+        self._pending_deferred = 0
         self._changed = trio.lowlevel.ParkingLot()
         self._lifecycle = trio.lowlevel.ParkingLot()
         self._run_states: dict[str, RunState] = {}
@@ -158,11 +163,19 @@ class Recorder:
 
     # -- reading -----------------------------------------------------------
 
-    async def current_history(self) -> Sequence[Event]:
-        """The history for a decision: re-read from the store first if stale.  Hold the lock."""
+    async def current_history(self, *, keep_deferred: bool = False) -> Sequence[Event]:
+        """The history for a decision: re-read from the store first if stale.  Hold the lock.
+
+        Deferred records (:meth:`defer`) are written first, so that the decision sees
+        them, unless ``keep_deferred``: a caller whose decision they cannot change (an
+        activity's own records, new commands) lets them share its own append instead.
+        Once the epoch is closed nothing can be written and they stay unwritten.
+        """
         self._require_lock()
         if self._stale:
             await self._reread()
+        if self._deferred and not keep_deferred and self._epoch.is_open:
+            await self.flush_deferred()
         return self._history
 
     async def _reread(self) -> None:
@@ -170,8 +183,10 @@ class Recorder:
         self.rereads += 1
         stored_head = stored[-1].seq if stored else 0
         if stored_head == self._head:
+            # The append of unknown outcome had not landed: its deferred records are still owed.
             self._stale = False
             self._pending = None
+            self._pending_deferred = 0
             return
         pending = self._pending
         extra = stored[len(self._history) :]
@@ -194,6 +209,7 @@ class Recorder:
         self._head = stored_head
         self._stale = False
         self._pending = None
+        self._settle_deferred()
         self._grew(extra)
         if self.observers is not None:
             self.observers.appended(self._history, extra)
@@ -220,12 +236,21 @@ class Recorder:
             await self._reread()
             self._epoch.gate(self.workflow_id, run_id, action)
         recorded_at = at if at is not None else self._clock.now()
-        events = make_batch(self.workflow_id, self._head + 1, recorded_at, list(bodies))
+        if self._deferred:
+            events = self._deferred_events()
+            events.extend(
+                make_batch(self.workflow_id, self._head + 1 + len(events), recorded_at, list(bodies))
+            )
+        else:
+            events = make_batch(self.workflow_id, self._head + 1, recorded_at, list(bodies))
+        if not events:
+            return events
         self._pending = events
         try:
             await self._store.append(self.workflow_id, events, self._head)
         except SequenceConflict:
             self._pending = None
+            self._pending_deferred = 0
             raise
         except NotOwner as exc:
             if self.on_fenced is None:
@@ -233,17 +258,20 @@ class Recorder:
                 raise
             # A fencing store refuses the whole batch: nothing was written.
             self._pending = None
+            self._pending_deferred = 0
             self.on_fenced(self, exc)
             raise
         except trio.Cancelled:
             # Store contract: a cancelled append wrote nothing.
             self._pending = None
+            self._pending_deferred = 0
             raise
         except BaseException:
             # Outcome unknown: the commit may have landed.
             self._stale = True
             raise
         self._pending = None
+        self._settle_deferred()
         self._history.extend(events)
         self._head = events[-1].seq
         self.appends += 1
@@ -251,6 +279,48 @@ class Recorder:
         if self.observers is not None:
             self.observers.appended(self._history, events)
         return events
+
+    # -- deferred records ------------------------------------------------------
+
+    @property
+    def deferred(self) -> bool:
+        """Whether records are held back, owed to the next append (:meth:`defer`)."""
+        return bool(self._deferred)
+
+    def defer(self, bodies: Sequence[EventBody], *, at: datetime) -> None:
+        """Hold ``bodies`` back: they are written, stamped ``at``, at the front of this
+        recorder's next append, whoever makes it.  Hold the lock.
+
+        Only for records whose loss in a crash is harmless because replay re-creates
+        them (the engine defers a just-scheduled activity's ``ActivityScheduled`` and
+        first ``ActivityStarted`` so that they share one commit with its outcome).
+        Nothing that a workflow observes may be deferred: an observation is
+        recorded before it is observed.  The owner must see that they are written
+        within a bounded time (:meth:`flush_deferred`).
+        """
+        self._require_lock()
+        if bodies:
+            self._deferred.append((at, tuple(bodies)))
+
+    async def flush_deferred(self) -> list[Event]:
+        """Write the deferred records now (one append; nothing if none are owed).  Hold the lock."""
+        self._require_lock()
+        if not self._deferred:
+            return []
+        return await self.append((), action="record deferred records")
+
+    def _deferred_events(self) -> list[Event]:
+        events: list[Event] = []
+        for at, bodies in self._deferred:
+            events.extend(make_batch(self.workflow_id, self._head + 1 + len(events), at, bodies))
+        self._pending_deferred = len(self._deferred)
+        return events
+
+    def _settle_deferred(self) -> None:
+        """The append that carried the deferred chunks landed: they are no longer owed."""
+        if self._pending_deferred:
+            del self._deferred[: self._pending_deferred]
+            self._pending_deferred = 0
 
     # -- waiting -----------------------------------------------------------
 

@@ -458,14 +458,18 @@ async def test_losing_the_advisory_record_never_changes_the_outcome(
         async with aion.open_engine(
             flaky, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
         ) as engine:
-            # Appends: 1 WorkflowStarted, 2 Scheduled+Started, 3 the advisory note (refused), 4 the failure.
-            flaky.events.fail_appends_after(2, 1, aion.NotFound("injected: advisory lost"))
+            # Appends: 1 WorkflowStarted, 2 the advisory note (refused; it carried the deferred
+            # Scheduled+Started, which stay owed), 3 Scheduled+Started+the failure.
+            flaky.events.fail_appends_after(1, 1, aion.NotFound("injected: advisory lost"))
             run = await engine.start(one_charge, {"advisory": True}, workflow_id="w")
             result = await run.result()
         history = await inner.events.read_history("w")
     assert flaky.events.faults["append"] == 1, "control: the advisory append really failed"
     assert result == {"failed": "ConnectionError", "cause": "retryable", "message": "down"}
     assert not any(isinstance(e.body, aion.ActivityAdvisoryExhausted) for e in history)
+    # The schedule records the refused append carried were written once, with the failure.
+    assert trail(history) == [("started", 1, None), ("failed", 1, True)]
+    assert sum(isinstance(e.body, aion.ActivityScheduled) for e in history) == 1
 
 
 async def test_a_transiently_failing_outcome_record_is_retried_until_it_lands_once(
@@ -490,8 +494,9 @@ async def test_a_transiently_failing_outcome_record_is_retried_until_it_lands_on
                     )
                 return aion.BackendUnavailable("injected: database is busy")
 
-            # Appends: 1 WorkflowStarted, 2 Scheduled+Started, then the outcome record.
-            flaky.events.fail_appends_after(2, 2, busy)
+            # Appends: 1 WorkflowStarted, then the outcome record (carrying the deferred
+            # Scheduled+Started).
+            flaky.events.fail_appends_after(1, 2, busy)
             run = await engine.start(one_charge, {}, workflow_id="w")
             result = await run.result()
         history = await inner.events.read_history("w")
@@ -510,8 +515,9 @@ async def test_a_failed_trail_record_fails_the_activity_honestly(
         async with aion.open_engine(
             flaky, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
         ) as engine:
-            # The third append is the non-final ActivityFailed of attempt 1.
-            flaky.events.fail_appends_after(2, 1, aion.NotFound("injected: trail record refused"))
+            # The second append is the non-final ActivityFailed of attempt 1 (carrying the
+            # deferred Scheduled+Started).
+            flaky.events.fail_appends_after(1, 1, aion.NotFound("injected: trail record refused"))
             run = await engine.start(one_charge, {"retry": 3}, workflow_id="w")
             result = await run.result()
     assert flaky.events.faults["append"] == 1

@@ -327,7 +327,9 @@ async def _seed(db: Path, gate: Path) -> None:
         cli_app = _cli.load_app("tests.procs.cli_app")
 
     url = f"sqlite:///{db}"
-    config = aion_trio.EngineConfig(clock=TrioClockAtT0())
+    # The mock clock moves only when jumped: g-1's attempt is recorded at dispatch
+    # (no schedule window), so that it shows as in flight without moving time.
+    config = aion_trio.EngineConfig(clock=TrioClockAtT0(), activity_schedule_window=None)
     async with aion_trio.open_engine(
         url, workflows=cli_app.workflows, activities=cli_app.activities, config=config
     ) as engine:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -53,6 +54,9 @@ from ._schema import (
     migrate,
 )
 from ._url import PostgresUrl, parse_postgres_url
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
 
 logger = logging.getLogger("aion_trio.postgres")
 ACTIVE_LIST_VALUES = frozenset(ACTIVE_STATUSES)
@@ -1006,13 +1010,19 @@ async def open_postgres_store(
         # that look is not lost.  Bounded: polling covers a slow connect.
         await trio.to_thread.run_sync(listening.wait, parsed.pool_timeout)
     try:
-        async with trio.open_nursery() as nursery:
-            if backend.node is not None and every is not None:
-                nursery.start_soon(_heartbeat, store, every)
-            try:
-                yield store
-            finally:
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                if backend.node is not None and every is not None:
+                    nursery.start_soon(_heartbeat, store, every)
+                try:
+                    yield store
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The heartbeat never raises: a lone exception is the caller's own, raised as it was.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
     finally:
         with trio.CancelScope(shield=True):
             await store.aclose()

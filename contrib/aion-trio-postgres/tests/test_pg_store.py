@@ -176,6 +176,21 @@ async def test_found_through_the_entry_point_under_both_schemes(pg_url: str) -> 
         await trio.to_thread.run_sync(drop_schema, pg_url, schema)
 
 
+class _BodyError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("node", [None, "n1"])
+async def test_an_error_in_the_body_propagates_unwrapped(pg_url: str, node: str | None) -> None:
+    schema = new_schema_name()
+    try:
+        with pytest.raises(_BodyError):
+            async with open_postgres_store(f"{pg_url}?schema={schema}", node=node, renew_every=0.5):
+                raise _BodyError
+    finally:
+        await trio.to_thread.run_sync(drop_schema, pg_url, schema)
+
+
 # --------------------------------------------------------------------------
 # Migrations
 # --------------------------------------------------------------------------
