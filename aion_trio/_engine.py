@@ -865,7 +865,8 @@ class EngineCore:
         """Write deferred schedule records whose window closed while their activity still runs.
 
         Wakes at most about four times per window: whatever came due meanwhile is
-        handled in one pass (a record may so wait up to 1.25 windows).
+        handled in one pass (a record may so wait up to 1.25 windows, longer only
+        while an append on its recorder is in progress, which writes it).
         """
         window = self.config.activity_schedule_window or 0.0
         owed = self._owed
@@ -877,7 +878,11 @@ class EngineCore:
             now = trio.current_time()
             while owed and owed[0][0] <= now:
                 _, recorder = owed.popleft()
-                if recorder.deferred:
+                if recorder.deferred and recorder.busy:
+                    # The holder's append writes them (or the holder decides, which writes
+                    # them first): look again a window later rather than queue behind it.
+                    owed.append((now + window, recorder))
+                elif recorder.deferred:
                     try:
                         self.epoch.spawn(
                             self._write_deferred,

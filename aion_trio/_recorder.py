@@ -283,6 +283,11 @@ class Recorder:
     # -- deferred records ------------------------------------------------------
 
     @property
+    def busy(self) -> bool:
+        """Whether the lock is held (an append in progress writes any deferred records)."""
+        return self._lock.locked()
+
+    @property
     def deferred(self) -> bool:
         """Whether records are held back, owed to the next append (:meth:`defer`)."""
         return bool(self._deferred)

@@ -157,6 +157,27 @@ async def test_a_slow_activity_is_recorded_when_the_window_closes(
     ]
 
 
+async def test_the_window_flush_does_not_queue_behind_a_busy_recorder(
+    store_url: Callable[[], str], mock_clock: trio.testing.MockClock
+) -> None:
+    async with aion.open_engine(
+        store_url(), workflows=WORKFLOWS, activities=ACTIVITIES, config=_config()
+    ) as engine:
+        await engine.start(waits_on_gate, 7, workflow_id="w")
+        await _until(lambda: bool(RUNS))
+        recorder = await engine._core.recorder_for("w")
+        async with recorder.lock:  # an append in progress would write them
+            mock_clock.jump(WINDOW * 1.25 + 0.001)
+            await trio.testing.wait_all_tasks_blocked()
+            assert recorder.lock.statistics().tasks_waiting == 0, "no flush waits behind the holder"
+            assert recorder.deferred
+        mock_clock.jump(WINDOW * 1.25 + 0.001)
+        await _until(lambda: _has(engine, "w", aion.ActivityStarted))
+        assert not recorder.deferred
+        GATE["open"].set()
+        assert await engine.result("w") == 70
+
+
 async def test_a_command_recorded_inside_the_window_carries_the_held_back_schedule(
     store_url: Callable[[], str], mock_clock: trio.testing.MockClock
 ) -> None:
