@@ -617,6 +617,11 @@ class ActivityDriver:
 
     _last_attempt: int = 1
 
+    @property
+    def last_attempt(self) -> int:
+        """The attempt the loop is at (or ended on)."""
+        return self._last_attempt
+
     async def _run(self, resume: bool) -> RecordOutcome | None:
         policy = self.options.retry
         if resume:

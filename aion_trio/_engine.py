@@ -1165,6 +1165,21 @@ class EngineCore:
             self.inflight[key] = scope
             try:
                 await driver.run(resume=resume)
+            except StoreError as exc:
+                # Not transient (those are retried until they land): the run cannot go on.
+                if isinstance(exc, NotOwner) and self.cluster is not None:
+                    return  # relinquished by the recorder's fence hook
+                reason = (
+                    f"could not record the outcome of activity:{request.activity_id} "
+                    f"{request.activity_type} (attempt {driver.last_attempt}): {type(exc).__name__}: {exc}"
+                )
+                lease = self.registry.get(request.workflow_id, request.run_id)
+                if lease is None:
+                    logger.error(
+                        "%s", reason, extra={"workflow_id": request.workflow_id, "run_id": request.run_id}
+                    )
+                else:
+                    await self.mark_stuck(lease, reason)
             finally:
                 if self.inflight.get(key) is scope:
                     del self.inflight[key]

@@ -506,6 +506,27 @@ async def test_a_transiently_failing_outcome_record_is_retried_until_it_lands_on
     assert trail(history) == [("started", 1, None), ("completed", 1, None)]
 
 
+async def test_an_outcome_record_refused_for_good_leaves_the_run_stuck_not_hung(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    dispatcher = Scripted([ok("charged")])
+    async with aion.open_store(url()) as inner:
+        flaky = aion.testing.FlakyStoreBundle(inner)
+        async with aion.open_engine(
+            flaky, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
+        ) as engine:
+            # Appends: 1 WorkflowStarted, 2 the outcome record, refused (not a transient error).
+            flaky.events.fail_appends_after(1, 1, aion.NotFound("injected: outcome refused"))
+            await engine.start(one_charge, {}, workflow_id="w")
+            await trio.testing.wait_all_tasks_blocked()
+            description = await engine.describe("w")
+    assert flaky.events.faults["append"] == 1, "control: the outcome append really failed"
+    assert description.status is aion.WorkflowStatus.RUNNING
+    assert description.stuck_reason == (
+        "could not record the outcome of activity:0 charge (attempt 1): NotFound: injected: outcome refused"
+    )
+
+
 async def test_a_failed_trail_record_fails_the_activity_honestly(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
