@@ -877,6 +877,63 @@ async def test_after_a_group_of_several_writes_no_append_listens_on_the_socket(
         assert store.events.statistics().largest_group == 2
 
 
+@attrs.define
+class HeldSend:
+    """Stands in for the writer's end of the listener socket; can hold one send."""
+
+    sock: Any
+    hold: bool = False
+    entered: threading.Event = attrs.Factory(threading.Event)
+    release: threading.Event = attrs.Factory(threading.Event)
+
+    def send(self, data: bytes) -> int:
+        if self.hold:
+            self.hold = False
+            self.entered.set()
+            self.release.wait(10)
+        return int(self.sock.send(data))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_a_listener_woken_by_an_earlier_listeners_late_byte_drains_it_and_waits_for_its_own(
+    tmp_path: Path, writer_gate: WriterGate
+) -> None:
+    # A listener does not read its own byte on the way out (that would be a
+    # system call between the commit and the caller); the next listener drains
+    # it when it hands its write over.  A byte that arrives later than that
+    # wakes the new listener before its write is done: it must drain that
+    # byte and wait again, and in the end leave exactly its own byte behind.
+    async with opened(tmp_path / "late.db") as store:
+        writer = store._backend.writer
+        held = HeldSend(writer._wake_w)
+        writer._wake_w = held
+        with trio.fail_after(30):
+            first = Attempt()
+            async with trio.open_nursery() as nursery:
+                held.hold = True
+                nursery.start_soon(attempt_append, store, first, "a", markers("a", 1, 1), 0)
+                assert await trio.to_thread.run_sync(held.entered.wait, 10)  # committed, byte not sent
+                first.scope.cancel()  # taken: it returns on ``done`` without its byte
+            assert (first.returned, first.cancelled) == (True, True)
+            writer_gate.armed = True  # hold the writer before b's transaction
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.events.append, "b", markers("b", 1, 1), 0)
+                await trio.testing.wait_all_tasks_blocked()
+                assert writer._listener is not None  # b listens
+                held.release.set()  # a's byte arrives while b's write is still to come
+                await writer_gate.wait_entered()
+                await trio.testing.wait_all_tasks_blocked()  # b woke, drained it, waits again
+                with pytest.raises(BlockingIOError):
+                    writer._wake_r.recv(64)
+                writer_gate.release.set()
+        assert await store.events.read_history("b") == markers("b", 1, 1)
+        assert writer._wake_r.recv(64) == b"\0"  # b's own byte, for the next listener to drain
+        await store.events.append("c", markers("c", 1, 1), 0)
+        assert writer._wake_r.recv(64) == b"\0"
+
+
 # --------------------------------------------------------------------------
 # Group commit
 # --------------------------------------------------------------------------
