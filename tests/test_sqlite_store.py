@@ -67,6 +67,7 @@ from aion_trio_sqlite import (
     _mapping,
     _schema,
     _store,
+    _writes,
     open_sqlite_store,
     parse_sqlite_url,
 )
@@ -876,6 +877,63 @@ async def test_after_a_group_of_several_writes_no_append_listens_on_the_socket(
         assert store.events.statistics().largest_group == 2
 
 
+@attrs.define
+class HeldSend:
+    """Stands in for the writer's end of the listener socket; can hold one send."""
+
+    sock: Any
+    hold: bool = False
+    entered: threading.Event = attrs.Factory(threading.Event)
+    release: threading.Event = attrs.Factory(threading.Event)
+
+    def send(self, data: bytes) -> int:
+        if self.hold:
+            self.hold = False
+            self.entered.set()
+            self.release.wait(10)
+        return int(self.sock.send(data))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_a_listener_woken_by_an_earlier_listeners_late_byte_drains_it_and_waits_for_its_own(
+    tmp_path: Path, writer_gate: WriterGate
+) -> None:
+    # A listener does not read its own byte on the way out (that would be a
+    # system call between the commit and the caller); the next listener drains
+    # it when it hands its write over.  A byte that arrives later than that
+    # wakes the new listener before its write is done: it must drain that
+    # byte and wait again, and in the end leave exactly its own byte behind.
+    async with opened(tmp_path / "late.db") as store:
+        writer = store._backend.writer
+        held = HeldSend(writer._wake_w)
+        writer._wake_w = held
+        with trio.fail_after(30):
+            first = Attempt()
+            async with trio.open_nursery() as nursery:
+                held.hold = True
+                nursery.start_soon(attempt_append, store, first, "a", markers("a", 1, 1), 0)
+                assert await trio.to_thread.run_sync(held.entered.wait, 10)  # committed, byte not sent
+                first.scope.cancel()  # taken: it returns on ``done`` without its byte
+            assert (first.returned, first.cancelled) == (True, True)
+            writer_gate.armed = True  # hold the writer before b's transaction
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.events.append, "b", markers("b", 1, 1), 0)
+                await trio.testing.wait_all_tasks_blocked()
+                assert writer._listener is not None  # b listens
+                held.release.set()  # a's byte arrives while b's write is still to come
+                await writer_gate.wait_entered()
+                await trio.testing.wait_all_tasks_blocked()  # b woke, drained it, waits again
+                with pytest.raises(BlockingIOError):
+                    writer._wake_r.recv(64)
+                writer_gate.release.set()
+        assert await store.events.read_history("b") == markers("b", 1, 1)
+        assert writer._wake_r.recv(64) == b"\0"  # b's own byte, for the next listener to drain
+        await store.events.append("c", markers("c", 1, 1), 0)
+        assert writer._wake_r.recv(64) == b"\0"
+
+
 # --------------------------------------------------------------------------
 # Group commit
 # --------------------------------------------------------------------------
@@ -919,6 +977,64 @@ async def test_concurrent_appends_share_one_transaction_and_a_conflict_fails_onl
         for i in range(50):
             assert await store.events.read_history(f"wf-{i}") == markers(f"wf-{i}", 1, 3)
         assert await store.events.read_history("contested") == markers("contested", 1, 3)
+
+
+async def test_a_lone_append_checks_its_head_with_one_seek_and_reads_the_head_only_to_refuse(
+    tmp_path: Path,
+) -> None:
+    # One writer's appends come one per transaction: BEGIN, one two-key head
+    # check, the inserts (and the workflow row when the batch creates the
+    # workflow or changes its status), COMMIT.  No max(seq) on the way.
+    insert = "INSERT INTO events "
+    async with opened(tmp_path / "lone.db") as store:
+        seen: list[str] = []
+
+        def trace(cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
+            seen.append(sql)
+            return True
+
+        store._backend.writer._conn.exec_trace = trace
+
+        def statements() -> list[str]:
+            out = [insert if sql.startswith(insert) else sql for sql in seen]
+            seen.clear()
+            return out
+
+        check = "SELECT count(*) FROM events WHERE workflow_id = ? AND seq BETWEEN ? AND ?"
+        upsert = _writes.SQL_UPSERT_WORKFLOW
+        await store.events.append("wf", markers("wf", 1, 3), 0)
+        assert statements() == ["BEGIN IMMEDIATE", check, insert, insert, insert, upsert, "COMMIT"]
+        await store.events.append("wf", markers("wf", 4, 2), 3)
+        assert statements() == ["BEGIN IMMEDIATE", check, insert, insert, "COMMIT"]
+        for expected, first in ((2, 3), (7, 8), (0, 1)):  # behind, ahead, a second "first" batch
+            with pytest.raises(SequenceConflict) as info:
+                await store.events.append("wf", markers("wf", first, 2, tag="x"), expected)
+            assert (info.value.expected, info.value.found) == (expected, 5)
+            assert statements() == ["BEGIN IMMEDIATE", check, _writes.SQL_HEAD, "COMMIT"]
+        with pytest.raises(SequenceConflict) as info:
+            await store.events.append("new", markers("new", 2, 1), 1)
+        assert (info.value.expected, info.value.found) == (1, 0)
+        assert await store.events.read_history("wf") == markers("wf", 1, 3) + markers("wf", 4, 2)
+        assert await store.events.list_workflow_ids() == ["wf"]
+
+
+async def test_a_lone_batch_sqlite_refuses_is_a_serialization_error_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    bad = [
+        Event(
+            workflow_id="bad", seq=1, recorded_at=T0, body=MarkerRecorded(name="m\ud800", value=Payload.of(1))
+        )
+    ]
+    async with opened(tmp_path / "lone-bad.db") as store:
+        with pytest.raises(SerializationError) as info:
+            await store.events.append("bad", bad, 0)
+        assert isinstance(info.value.__cause__, UnicodeEncodeError)
+        assert await store.events.read_history("bad") == []
+        assert await store.events.list_workflow_ids() == []
+        await store.events.append("bad", markers("bad", 1, 1), 0)  # the head is still 0
+        stats = store.events.statistics()
+        assert (stats.refused, stats.appends, stats.commits) == (1, 1, 1)
 
 
 async def test_a_batch_sqlite_refuses_is_isolated_from_its_group(

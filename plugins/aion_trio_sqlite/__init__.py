@@ -68,19 +68,42 @@ before this tuning, in one sitting (NORMAL, fixed work, user+sys CPU):
 256 writers 60 -> 33 us per event; one writer 153 -> 84 us per event and
 1.2 ms -> 0.33-0.44 ms per append.  The gains: the wire encoder writes JSON
 text directly (one generated concatenation per event type), the writer
-thread sleeps on a lock of its own, a lone writer's head is a plain seek,
-and a lone writer is woken by a byte on a socket it waits on rather than
-through ``run_sync_soon`` (see ``_threads``).  At 256 writers the Trio
+thread sleeps on a lock of its own, a lone writer's head is a plain seek (a
+two-key seek since, ``_writes.SQL_AT_HEAD``), and a lone writer is woken by
+a byte on a socket it waits on rather than through ``run_sync_soon`` (see
+``_threads``).  At 256 writers the Trio
 thread is the bottleneck: about a third is the benchmark building its
 ``Event`` objects, the store's ``append`` about two fifths (encoding a
 quarter of that), Trio parking and waking each caller the rest.  One writer
 is latency-bound: every append pays a round trip through the writer thread
-(the bench's ``floor`` line, an empty write: 110-450 us on the loaded VM) on
-top of a commit, so appends/raw is at most raw period / (raw period + floor
-period): about 0.9 with the slow fsync above, but only about 0.5-0.6 with a
-quiet disk's ~110 us fsync.  There the 0.7x target is out of reach while
-every append needs two cross-thread wake-ups (to the writer thread and
-back), which keeping SQLite off the Trio thread requires.
+(the bench's ``floor`` line, an empty write) on top of a commit.
+
+One writer, measured again on the same 2 vCPUs with the other jobs mostly
+idle (load 0.5-1; the disk's interrupts go to CPU 1; an idle vCPU halts, and
+waking a thread on the other vCPU takes ~45 us, ~52 us through epoll, between
+two C threads too).  Two bench runs of this version, alternated with two of
+the version before (lone appends check their head with ``SQL_AT_HEAD``; a
+listener's byte is drained by the next listener)::
+
+    synchronous=FULL   raw 3,368 / 3,805 commits/s
+      1 writer   2,836 / 2,752 appends/s  0.84x / 0.72x raw  (before: 0.67x / 0.65x)
+      floor         98 / 112 us
+    synchronous=NORMAL 1 writer 6,926 / 6,163 appends/s (before: 5,849 / 6,076)
+
+Where a FULL append's 341 us went, with the Trio thread on CPU 0 and the
+writer on CPU 1 (means of 6,000 appends, instrumented copy): the bench
+building 3 events 14 us, ``append`` checking and encoding them 13, waking
+the writer thread 50, the writer taking the write and BEGIN 14, head check
+and inserts 11, COMMIT 163, signalling 2, waking the Trio thread 64, Trio
+resuming the task 8.  The two wake-ups are the machine's; only the ~50 us
+of Python around them is the store's.  Where the scheduler puts the threads
+moves the rest: both on CPU 1, 247 us; both on CPU 0, 336 us (a commit
+whose completion interrupt lands on the other CPU costs ~70 us more); the
+writer on CPU 0, 406 us.  The raw loop is one thread and pays at most that
+interrupt hop, so its rate moves between ~3,000 and ~4,500 commits/s from
+run to run, and the ratio with it: 0.7x held in these runs, but the figures
+above put it at 0.55-0.7x when the raw thread sits on CPU 1 (~4,500/s) while
+the store's two threads are split.
 
 Pages and checkpoints (measured on the WAL's frames, which do not depend on
 the machine's load).  One writer's commit of a 3-event batch writes 2.2 WAL
@@ -100,9 +123,17 @@ appends, 81 commits: fsyncs 134 -> 104, bytes written per append 10.1 ->
 committing a passive checkpoint never catches up with the WAL's end, so the
 WAL is not restarted and grew past 3,000 pages, and paired runs were no
 faster; an ``eventfd`` instead of the socket pair for the lone writer's
-wake-up (CPU per empty-write round trip 75 vs 78 us, inside the noise).  Not
+wake-up (CPU per empty-write round trip 75 vs 78 us, inside the noise); a
+pipe or an ``eventfd`` for waking the writer thread instead of its lock (one
+writer: no difference, with the threads split or sharing a CPU); for a lone
+append, an ``INSERT ... SELECT ... WHERE EXISTS`` checking the gap inside
+the insert (SQLite spends more on it than on the separate two-key seek) or
+a multi-row ``VALUES`` (no faster than ``executemany`` for 3 rows).  Not
 tried: the writer thread spinning for the next request, since a spinning
-Python thread holds the GIL that the Trio thread needs to submit it.
+Python thread holds the GIL that the Trio thread needs to submit it (and a
+thread waiting for the GIL sleeps, so its vCPU halts all the same); pinning
+both threads to one CPU, which takes the choice away from the scheduler and
+still pays the interrupt hop on CPU 0.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ A Trio task hands a request to a thread and parks in
 task through the run's :class:`trio.lowlevel.TrioToken`.  One write at a
 time (the *listener*; always the write of a lone writer) instead waits on a
 socket the writer thread sends one byte to: that skips ``run_sync_soon``'s
-wake-up socket and extra task step, about halving the round trip.  A request still
+wake-up socket and extra task step, about halving the round trip.  The byte
+stays in the socket until the next listener hands its write over.  A request still
 waiting in the queue when its task is cancelled is withdrawn (Abort.SUCCEEDED):
 nothing of it ran.  Once a thread has taken it, the abort fails and the task
 waits for the real outcome; Trio then delivers the cancellation at the
@@ -213,6 +214,12 @@ class Writer(_Service):
             self._pending[op] = None
             self._listener = op
             self._notify()
+        # The byte an earlier listener left is drained here, while the writer
+        # thread wakes up, not by each listener on its way back: that recv
+        # would put a system call, and a GIL release that lets the writer
+        # thread cut in, between the commit and the caller (measured, one
+        # writer with both threads on one CPU: 95 -> 84 us per append).
+        self._drain()
         try:
             try:
                 await self._signalled(op)
@@ -233,14 +240,20 @@ class Writer(_Service):
             raise op.error
 
     async def _signalled(self, op: WriteOp) -> None:
-        # ``done`` decides, not the byte: a byte left over by a listener that
-        # went away early (an exception while waiting) only costs a loop.
+        # ``done`` decides, not the byte.  Our own byte is left in the socket
+        # (the next listener drains it); a byte that woke us before ``done``
+        # was set is an earlier listener's (one that went away early, or one
+        # whose ``done`` we saw before its byte arrived): drain it, wait again.
         while not op.done:
             await trio.lowlevel.wait_readable(self._wake_r)
-            try:
-                self._wake_r.recv(64)
-            except BlockingIOError:  # pragma: no cover - another reader drained it
-                pass
+            if not op.done:
+                self._drain()
+
+    def _drain(self) -> None:
+        try:
+            self._wake_r.recv(64)
+        except BlockingIOError:
+            pass
 
     def _deliver_with_listener(self, others: Sequence[WriteOp]) -> None:
         # Runs in the Trio thread.  The listener's byte is sent from here, not
