@@ -934,6 +934,36 @@ async def test_a_listener_woken_by_an_earlier_listeners_late_byte_drains_it_and_
         assert writer._wake_r.recv(64) == b"\0"
 
 
+async def test_a_lone_append_the_writer_finished_before_it_waited_is_still_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # The listener drains a leftover byte (a system call) after handing its write
+    # over; the writer thread can commit the whole write meanwhile.  Forced here:
+    # the drain returns only once the write is done.
+    async with opened(tmp_path / "early.db") as store:
+        writer = store._backend.writer
+        drain = writer._drain
+
+        def drain_after_the_commit() -> None:
+            deadline = time.monotonic() + 10
+            while not (writer._listener is not None and writer._listener.done):
+                assert time.monotonic() < deadline, "the writer never finished"
+                time.sleep(0.0005)
+            drain()
+
+        writer._drain = drain_after_the_commit
+        with trio.testing.assert_checkpoints():
+            await store.events.append("a", markers("a", 1, 1), 0)
+        assert writer._listener is None
+        assert await store.events.read_history("a") == markers("a", 1, 1)
+        # Already cancelled: refused before anything is queued.
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await store.events.append("a", markers("a", 2, 1), 1)
+        assert scope.cancelled_caught
+        assert await store.events.read_history("a") == markers("a", 1, 1)
+
+
 # --------------------------------------------------------------------------
 # Group commit
 # --------------------------------------------------------------------------

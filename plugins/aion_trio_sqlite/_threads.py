@@ -207,6 +207,9 @@ class Writer(_Service):
         if self._listener is not None or not self._solo:
             await self._submit(op)
             return
+        # The cancel point comes before anything is queued: a cancelled caller
+        # has written nothing.
+        await trio.lowlevel.checkpoint_if_cancelled()
         op.task = trio.lowlevel.current_task()
         if self._stopping:
             raise trio.ClosedResourceError("the store is closed")
@@ -222,7 +225,11 @@ class Writer(_Service):
         self._drain()
         try:
             try:
-                await self._signalled(op)
+                if not await self._signalled(op):
+                    # The writer finished before this task waited (its thread ran
+                    # while ours was in a system call): still a schedule point, as
+                    # every store call is; the write is committed, so not a cancel point.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
             except trio.Cancelled:
                 # Still queued: withdrawn, nothing of it ran.  Taken: wait for
                 # it (the cancellation then arrives at the next checkpoint).
@@ -239,15 +246,18 @@ class Writer(_Service):
         if op.error is not None:
             raise op.error
 
-    async def _signalled(self, op: WriteOp) -> None:
+    async def _signalled(self, op: WriteOp) -> bool:
         # ``done`` decides, not the byte.  Our own byte is left in the socket
         # (the next listener drains it); a byte that woke us before ``done``
         # was set is an earlier listener's (one that went away early, or one
         # whose ``done`` we saw before its byte arrived): drain it, wait again.
+        waited = False
         while not op.done:
             await trio.lowlevel.wait_readable(self._wake_r)
+            waited = True
             if not op.done:
                 self._drain()
+        return waited
 
     def _drain(self) -> None:
         try:
