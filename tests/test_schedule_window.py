@@ -172,8 +172,8 @@ async def test_the_window_flush_does_not_queue_behind_a_busy_recorder(
             assert recorder.lock.statistics().tasks_waiting == 0, "no flush waits behind the holder"
             assert recorder.deferred
         mock_clock.jump(WINDOW * 1.25 + 0.001)
-        await _until(lambda: _has(engine, "w", aion.ActivityStarted))
-        assert not recorder.deferred
+        await _until(lambda: not recorder.deferred)  # the flush's append returned
+        assert await _has(engine, "w", aion.ActivityStarted)
         GATE["open"].set()
         assert await engine.result("w") == 70
 
@@ -185,8 +185,9 @@ async def test_a_command_recorded_inside_the_window_carries_the_held_back_schedu
         store_url(), workflows=WORKFLOWS, activities=ACTIVITIES, config=_config()
     ) as engine:
         await engine.start(starts_then_sleeps, 3, workflow_id="w")
-        await _until(lambda: _has(engine, "w", aion.TimerStarted))
         recorder = await engine._core.recorder_for("w")
+        # The recorder's own history grows once the append has returned.
+        await _until(lambda: any(isinstance(e.body, aion.TimerStarted) for e in recorder.history))
         history = await engine.history("w")
         assert not recorder.deferred
         assert recorder.appends == 2, "WorkflowStarted, then the schedule and the timer in one append"
