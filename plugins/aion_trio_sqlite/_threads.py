@@ -342,9 +342,6 @@ class Writer(_Service):
                             ),
                             exc,
                         )
-                # Asked before the waiters are told (the Trio thread is idle now);
-                # the chunk itself, rare, is written after.
-                room = self.wal_room is not None and self.wal_room.outgrown()
                 if listener is not None and listener in group:
                     listener.done = True
                     if len(group) == 1:
@@ -354,9 +351,9 @@ class Writer(_Service):
                         self._call_soon(self._deliver_with_listener, others)
                 else:
                     self._call_soon(self._deliver, group)
-                if room:
-                    assert self.wal_room is not None
-                    self.wal_room.extend()  # delays the next group only
+                if self.wal_room is not None:
+                    # After the waiters were told: a chunk of zeros delays the next group only.
+                    self.wal_room.after_commit()
         finally:
             self._conn.close()
 

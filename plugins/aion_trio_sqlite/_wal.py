@@ -13,10 +13,9 @@ connection closes, so a fresh or reopened store spends its first
 :class:`WalRoom` keeps a chunk of zeros, written and synced, beyond the WAL's
 end.  SQLite ignores them: a frame is valid only with the header's salts and
 a matching checksum, which zeros never have (the same holds for the stale
-frames a restarted WAL leaves behind).  After each commit the writer thread
-asks :meth:`WalRoom.outgrown` (a ``stat``) before it wakes the waiters, while
-the Trio thread is idle; only when the file outgrew the zeros does it add the
-next chunk (:meth:`WalRoom.extend`), after waking them, under
+frames a restarted WAL leaves behind).  The writer thread calls
+:meth:`WalRoom.after_commit` between transactions; a ``stat`` tells whether
+the file outgrew the zeros, and only then does it add the next chunk, under
 ``BEGIN IMMEDIATE``: the write lock keeps every connection, in any process,
 from appending frames meanwhile, and the empty transaction writes nothing.
 The cost is one slower commit per chunk instead of a slow sync per commit.
@@ -53,39 +52,30 @@ class WalRoom:
         self.extensions = 0
         self.failures = 0
 
-    def outgrown(self) -> bool:
-        """Whether the WAL outgrew its room (a ``stat``).  In the writer thread, right after
-        a commit and before the waiters are told: the Trio thread is then waiting, so the
-        system call's GIL hand-off costs it nothing."""
-        try:
-            size = os.stat(self._wal).st_size
-        except OSError:
-            return False
-        if size < self._seen:
-            # Truncated (a TRUNCATE checkpoint, or journal_size_limit): start again from there.
-            self._zeroed_to = min(self._zeroed_to, size)
-            self._next_try = 0
-        self._seen = size
-        # An empty WAL gets room only after SQLite has written its header.
-        return not (size == 0 or size <= self._zeroed_to or size < self._next_try)
-
-    def extend(self) -> None:
-        """Add the next chunk (after :meth:`outgrown` said so, once the waiters were told).
+    def after_commit(self) -> None:
+        """Between transactions, in the writer thread: add a chunk if the WAL outgrew the last.
 
         Never raises: room ahead is an optimisation, and a failure (another
         process holding the write lock, a full disk) only means slower syncs;
         it is tried again once the file has grown by another chunk.
         """
         try:
+            size = os.stat(self._wal).st_size
+        except OSError:
+            return
+        if size < self._seen:
+            # Truncated (a TRUNCATE checkpoint, or journal_size_limit): start again from there.
+            self._zeroed_to = min(self._zeroed_to, size)
+            self._next_try = 0
+        self._seen = size
+        # An empty WAL gets room only after SQLite has written its header.
+        if size == 0 or size <= self._zeroed_to or size < self._next_try:
+            return
+        try:
             self._extend()
         except (apsw.Error, OSError):
-            self._next_try = self._seen + self._chunk
+            self._next_try = size + self._chunk
             self.failures += 1
-
-    def after_commit(self) -> None:
-        """Both steps at once (tests; the writer thread splits them around its wake-ups)."""
-        if self.outgrown():
-            self.extend()
 
     def _extend(self) -> None:
         conn = self._conn
