@@ -24,15 +24,7 @@ in ``BEGIN IMMEDIATE`` transactions; ``busy_timeout`` on every connection
 (default 5 s, :func:`open_sqlite_store` ``busy_timeout=``).  The writer's
 commits checkpoint the WAL once it holds :data:`DEFAULT_WAL_AUTOCHECKPOINT`
 pages (4000, SQLite's default being 1000; ``wal_autocheckpoint=``), which
-bounds the WAL file at about 16 MiB plus one group commit.  With ``FULL``
-the writer keeps :data:`DEFAULT_WAL_ROOM` (1 MiB) of synced zeros beyond the
-WAL's end (``wal_room=``; 0 turns it off), so that a commit overwrites bytes
-the file has instead of growing it: syncing a growing file also journals its
-new size (measured on ext4 here: plain apsw commits about 3,000/s growing
-against 5,900/s overwriting; the store's one-writer appends about 14% more
-per second with the room, A/B in one process; ``_wal``).  The
-zeros are never valid frames, so SQLite reads and recovers the WAL as if they
-were not there.  The file is
+bounds the WAL file at about 16 MiB plus one group commit.  The file is
 stamped with ``PRAGMA application_id`` = :data:`APPLICATION_ID` and its schema
 version is ``PRAGMA user_version``, advanced by numbered migrations, each in
 one transaction.  A file that is not ours is refused before anything is
