@@ -247,8 +247,7 @@ def wal_frames(path: Path) -> int:
 async def test_the_writer_checkpoints_at_its_threshold_so_the_wal_stays_bounded(tmp_path: Path) -> None:
     path = tmp_path / "w.db"
     largest = 0
-    # The WAL is measured by its size: no zeros kept beyond its end (test_sqlite_wal_room.py).
-    async with opened(path, wal_autocheckpoint=16, wal_room=0) as store:
+    async with opened(path, wal_autocheckpoint=16) as store:
         assert pragma(store._backend.writer._conn, "wal_autocheckpoint") == 16
         for i in range(150):
             await store.events.append("wf", markers("wf", 3 * i + 1, 3), 3 * i)
@@ -1017,8 +1016,7 @@ async def test_a_lone_append_checks_its_head_with_one_seek_and_reads_the_head_on
     # check, the inserts (and the workflow row when the batch creates the
     # workflow or changes its status), COMMIT.  No max(seq) on the way.
     insert = "INSERT INTO events "
-    # wal_room=0: the room's own empty transaction between appends is not traced here.
-    async with opened(tmp_path / "lone.db", wal_room=0) as store:
+    async with opened(tmp_path / "lone.db") as store:
         seen: list[str] = []
 
         def trace(cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:

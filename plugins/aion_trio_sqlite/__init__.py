@@ -154,7 +154,6 @@ from ._store import (
 )
 from ._threads import WriterStatistics as WriterStatistics
 from ._url import SqliteUrl as SqliteUrl, parse_sqlite_url as parse_sqlite_url
-from ._wal import DEFAULT_WAL_ROOM as DEFAULT_WAL_ROOM
 
 __all__ = [
     "APPLICATION_ID",

@@ -32,7 +32,6 @@ from . import _codec, _control
 from ._schema import DEFAULT_WAL_AUTOCHECKPOINT, open_read_only, open_reader, open_writer
 from ._threads import Readers, ReadOp, Writer, WriterStatistics
 from ._url import SqliteUrl, parse_sqlite_url
-from ._wal import DEFAULT_WAL_ROOM
 from ._writes import AppendOp, StatementOp
 
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -359,7 +358,6 @@ async def open_sqlite_store(
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     readers: int = DEFAULT_READERS,
     wal_autocheckpoint: int = DEFAULT_WAL_AUTOCHECKPOINT,
-    wal_room: int = DEFAULT_WAL_ROOM,
 ) -> AsyncIterator[SqliteStore]:
     """Open the SQLite store named by ``url``; closes it on exit.
 
@@ -367,9 +365,6 @@ async def open_sqlite_store(
     call fails with ``BackendUnavailable``.  ``readers``: read connections.
     ``wal_autocheckpoint``: WAL pages after which the writer's next commit
     checkpoints (bounding the WAL file; see :data:`DEFAULT_WAL_AUTOCHECKPOINT`).
-    ``wal_room``: with ``synchronous=FULL``, bytes of zeros the writer keeps
-    beyond the WAL's end, so that commits overwrite instead of growing the file
-    (see ``_wal``); 0 turns it off.
     Raises the :class:`~aion_trio.StoreOpenError` family for files that
     cannot be used (each message says what to do).
     """
@@ -381,8 +376,6 @@ async def open_sqlite_store(
             f"wal_autocheckpoint must be a whole number of pages >= 1 (it bounds the WAL file), "
             f"got {wal_autocheckpoint!r}"
         )
-    if type(wal_room) is not int or wal_room < 0:
-        raise ValueError(f"wal_room must be a whole number of bytes >= 0, got {wal_room!r}")
     busy_ms = max(0, round(busy_timeout * 1000))
     # Opening blocks (file I/O, maybe a migration): off the Trio thread.  The
     # open is not abandoned on cancellation, so its connections never leak.
@@ -392,12 +385,7 @@ async def open_sqlite_store(
     token = trio.lowlevel.current_trio_token()
     backend = _Backend(
         location=parsed.path,
-        writer=Writer(
-            writer_conn,
-            parsed.path,
-            token,
-            wal_room=wal_room if parsed.synchronous == "FULL" and not parsed.read_only else 0,
-        ),
+        writer=Writer(writer_conn, parsed.path, token),
         readers=Readers(reader_conns, parsed.path, token),
     )
     store = SqliteStore(

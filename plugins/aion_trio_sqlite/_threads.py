@@ -38,7 +38,6 @@ import trio
 from aion_trio import AionInternalError
 
 from ._mapping import TRANSACTION_ERRORS, cause, runtime_error
-from ._wal import WalRoom
 from ._writes import AppendOp, WriteOp, apply_group
 
 T = TypeVar("T")
@@ -169,17 +168,8 @@ class _Service:
 class Writer(_Service):
     """The single writing connection and its group-commit thread."""
 
-    def __init__(
-        self,
-        conn: apsw.Connection,
-        location: str,
-        token: trio.lowlevel.TrioToken,
-        *,
-        wal_room: int = 0,
-    ) -> None:
+    def __init__(self, conn: apsw.Connection, location: str, token: trio.lowlevel.TrioToken) -> None:
         super().__init__(token)
-        #: Zeros kept beyond the WAL's end (``_wal``); ``None``: not kept.
-        self.wal_room = WalRoom(conn, location, wal_room) if wal_room > 0 else None
         # The one writer thread sleeps on ``_gate`` (held while it sleeps)
         # instead of the condition: waking it is one lock release, and a
         # write queued while it is busy costs no wake-up call at all.
@@ -351,9 +341,6 @@ class Writer(_Service):
                         self._call_soon(self._deliver_with_listener, others)
                 else:
                     self._call_soon(self._deliver, group)
-                if self.wal_room is not None:
-                    # After the waiters were told: a chunk of zeros delays the next group only.
-                    self.wal_room.after_commit()
         finally:
             self._conn.close()
 
