@@ -42,19 +42,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from _common import emitter, percentile, run_in_scratch
 from _dbos_chain import dbos_available, define_chain, run_chains
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,13 +60,7 @@ NODE_DIR = ROOT / "contrib" / "aion-trio-postgres" / "tests"
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-def emit(record: dict[str, Any]) -> None:
-    print(json.dumps({"bench": "pg_cluster", **record}), flush=True)
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+emit = emitter("pg_cluster")
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -488,21 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("failover_workflows", "workflows", "steps", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.dir:
-        os.makedirs(args.dir, exist_ok=True)
-    directory = tempfile.mkdtemp(prefix="aion-bench-pg-cluster-", dir=args.dir or None)
-    began = time.perf_counter()
-    try:
-        run_all(args, directory)
-        emit(
-            {
-                "kind": "done",
-                "total_seconds": round(time.perf_counter() - began, 1),
-                "loadavg_1m": round(os.getloadavg()[0], 2),
-            }
-        )
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    run_in_scratch("aion-bench-pg-cluster-", args.dir, lambda directory: run_all(args, directory), emit)
     return 0
 
 

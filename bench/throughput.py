@@ -37,15 +37,14 @@ import json
 import math
 import os
 import platform
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+from _common import emitter, percentile, run_in_scratch
 from _dbos_chain import dbos_available, define_chain, run_chains, run_one
 
 THROUGHPUT_TARGET = 10.0  # aion SQLite FULL steps/s over DBOS steps/s
@@ -53,13 +52,7 @@ LATENCY_TARGET = 0.2  # aion SQLite FULL p50 over DBOS p50
 DBOS_JOURNALS = ("delete", "wal")
 
 
-def emit(record: dict[str, Any]) -> None:
-    print(json.dumps({"bench": "throughput", **record}), flush=True)
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+emit = emitter("throughput")
 
 
 def latency_summary(samples: list[float]) -> dict[str, Any]:
@@ -372,22 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.dbos_worker is not None:
         return dbos_worker(args)
-    if args.dir:
-        os.makedirs(args.dir, exist_ok=True)
-    directory = tempfile.mkdtemp(prefix="aion-bench-throughput-", dir=args.dir or None)
-    began = time.perf_counter()
-    try:
-        run_all(args, directory)
-        # Other processes on the machine skew every number: the load shows how much.
-        emit(
-            {
-                "kind": "done",
-                "total_seconds": round(time.perf_counter() - began, 1),
-                "loadavg_1m": round(os.getloadavg()[0], 2),
-            }
-        )
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    run_in_scratch("aion-bench-throughput-", args.dir, lambda directory: run_all(args, directory), emit)
     return 0
 
 
