@@ -1275,7 +1275,10 @@ async def _watch_drain(engine: Engine, state: _Lifecycle) -> None:
     state.idle_at = trio.current_time()
 
 
-async def _serve(url: str, app: App, drain_timeout: float) -> _Lifecycle:
+@contextlib.asynccontextmanager
+async def _until_signalled() -> AsyncIterator[tuple[_Lifecycle, trio.Event, trio.Nursery]]:
+    """A worker's lifetime: ``stop`` is set by the first SIGINT/SIGTERM; a second one
+    cancels the body at once.  Yields (state, stop, a nursery cancelled on the way out)."""
     state = _Lifecycle()
     stop = trio.Event()
     with trio.open_signal_receiver(signal_module.SIGINT, signal_module.SIGTERM) as receiver:
@@ -1283,35 +1286,40 @@ async def _serve(url: str, app: App, drain_timeout: float) -> _Lifecycle:
             hard_stop = trio.CancelScope()
             nursery.start_soon(_watch_signals, receiver, stop, hard_stop, state)
             with hard_stop:
-                worker_log.info("opening store %s for %s (%s)", url, app.spec, app.describe())
-                async with open_engine(
-                    url, workflows=app.workflows, activities=app.activities, drain_timeout=drain_timeout
-                ) as engine:
-                    running = await engine.count(status=WorkflowStatus.RUNNING)
-                    worker_log.info(
-                        "ready: serving %s; %d running workflow(s) in the store; stop with SIGINT or SIGTERM",
-                        app.describe(),
-                        running,
-                    )
-                    await stop.wait()
-                    in_flight = engine.statistics().epoch.in_flight_attempts
-                    if drain_timeout:
-                        worker_log.info(
-                            "%s received: draining %d in-flight activity attempt(s) for up to %gs "
-                            "(send it again to stop at once)",
-                            state.signal_name,
-                            in_flight,
-                            drain_timeout,
-                        )
-                        state.drain_deadline = trio.current_time() + drain_timeout
-                        nursery.start_soon(_watch_drain, engine, state)
-                    else:
-                        worker_log.info(
-                            "%s received: stopping without a drain (%d in-flight activity attempt(s) parked)",
-                            state.signal_name,
-                            in_flight,
-                        )
+                yield state, stop, nursery
             nursery.cancel_scope.cancel()
+
+
+async def _serve(url: str, app: App, drain_timeout: float) -> _Lifecycle:
+    async with _until_signalled() as (state, stop, nursery):
+        worker_log.info("opening store %s for %s (%s)", url, app.spec, app.describe())
+        async with open_engine(
+            url, workflows=app.workflows, activities=app.activities, drain_timeout=drain_timeout
+        ) as engine:
+            running = await engine.count(status=WorkflowStatus.RUNNING)
+            worker_log.info(
+                "ready: serving %s; %d running workflow(s) in the store; stop with SIGINT or SIGTERM",
+                app.describe(),
+                running,
+            )
+            await stop.wait()
+            in_flight = engine.statistics().epoch.in_flight_attempts
+            if drain_timeout:
+                worker_log.info(
+                    "%s received: draining %d in-flight activity attempt(s) for up to %gs "
+                    "(send it again to stop at once)",
+                    state.signal_name,
+                    in_flight,
+                    drain_timeout,
+                )
+                state.drain_deadline = trio.current_time() + drain_timeout
+                nursery.start_soon(_watch_drain, engine, state)
+            else:
+                worker_log.info(
+                    "%s received: stopping without a drain (%d in-flight activity attempt(s) parked)",
+                    state.signal_name,
+                    in_flight,
+                )
     return state
 
 
@@ -1322,42 +1330,35 @@ async def _serve_activities(
     concurrency: int,
     drain_timeout: float,
 ) -> _Lifecycle:
-    state = _Lifecycle()
-    stop = trio.Event()
-    with trio.open_signal_receiver(signal_module.SIGINT, signal_module.SIGTERM) as receiver:
-        async with trio.open_nursery() as nursery:
-            hard_stop = trio.CancelScope()
-            nursery.start_soon(_watch_signals, receiver, stop, hard_stop, state)
-            with hard_stop:
-                worker_log.info("opening store %s for activity queue(s) %s", url, ", ".join(queues))
-                async with trio.open_nursery() as inner:
-                    worker_id = await inner.start(
-                        functools.partial(
-                            run_activity_worker,
-                            url,
-                            activities,
-                            queues,
-                            concurrency=concurrency,
-                            drain_timeout=drain_timeout,
-                            stop=stop,
-                        )
-                    )
-                    worker_log.info(
-                        "ready: activity worker %s runs %d activity type(s) from queue(s) %s, up to %d at once; "
-                        "stop with SIGINT or SIGTERM",
-                        worker_id,
-                        len(activities),
-                        ", ".join(queues),
-                        concurrency,
-                    )
-                    await stop.wait()
-                    worker_log.info(
-                        "%s received: no new claims; running attempts may finish for up to %gs, then go back "
-                        "to their queues (send it again to stop at once)",
-                        state.signal_name,
-                        drain_timeout,
-                    )
-            nursery.cancel_scope.cancel()
+    async with _until_signalled() as (state, stop, _):
+        worker_log.info("opening store %s for activity queue(s) %s", url, ", ".join(queues))
+        async with trio.open_nursery() as inner:
+            worker_id = await inner.start(
+                functools.partial(
+                    run_activity_worker,
+                    url,
+                    activities,
+                    queues,
+                    concurrency=concurrency,
+                    drain_timeout=drain_timeout,
+                    stop=stop,
+                )
+            )
+            worker_log.info(
+                "ready: activity worker %s runs %d activity type(s) from queue(s) %s, up to %d at once; "
+                "stop with SIGINT or SIGTERM",
+                worker_id,
+                len(activities),
+                ", ".join(queues),
+                concurrency,
+            )
+            await stop.wait()
+            worker_log.info(
+                "%s received: no new claims; running attempts may finish for up to %gs, then go back "
+                "to their queues (send it again to stop at once)",
+                state.signal_name,
+                drain_timeout,
+            )
     return state
 
 
