@@ -280,21 +280,16 @@ async def test_a_stale_attempt_result_is_ignored(url: str) -> None:
         open_postgres_store(url) as store,
         open_task_dispatcher(store, reap_interval=3600) as dispatcher,
     ):
-        old = ActivityWorker(
-            store=store,
-            execute=never,
-            queues=(tasks_app.QUEUE,),
-            concurrency=1,
-            lease_ttl=30,
-            poll_interval=1,
-        )
-        new = ActivityWorker(
-            store=store,
-            execute=never,
-            queues=(tasks_app.QUEUE,),
-            concurrency=1,
-            lease_ttl=30,
-            poll_interval=1,
+        old, new = (
+            ActivityWorker(
+                store=store,
+                execute=never,
+                queues=(tasks_app.QUEUE,),
+                concurrency=1,
+                lease_ttl=30,
+                poll_interval=1,
+            )
+            for _ in range(2)
         )
         outcomes: list[aion.ActivityOutcome] = []
 
