@@ -306,6 +306,20 @@ class EngineStatistics:
     epoch: EpochStatistics
 
 
+def _schedule_bodies(p: _PendingActivity) -> tuple[ActivityScheduled, ActivityStarted]:
+    """A newly started activity's first records: scheduled, and its first attempt started."""
+    return (
+        ActivityScheduled(
+            activity_id=p.ordinal,
+            activity_type=p.definition.name,
+            input=p.input,
+            task_queue=p.task_queue,
+            options=p.options,
+        ),
+        ActivityStarted(activity_id=p.ordinal, attempt=1),
+    )
+
+
 class EngineCore:
     """The engine's internals, shared by the run tasks, dispatchers and completion path."""
 
@@ -686,6 +700,14 @@ class EngineCore:
 
     # -- commands from workflow code ---------------------------------------
 
+    def _park_if_closing(self, lease: Lease, what: str) -> None:
+        """A closing engine records no more of a run's steps: unwind it (replay resumes it)."""
+        if not self.epoch.admitting:
+            logger.info(
+                "run parked: the engine is shutting down (%s not recorded)", what, extra=_lease_fields(lease)
+            )
+            raise RunAborted()
+
     async def _append_with_retry(
         self, lease: Lease, what: str, build: Any, *, keep_deferred: bool = False
     ) -> None:
@@ -695,13 +717,7 @@ class EngineCore:
         recorder = lease.recorder
         backoff: TransientBackoff | None = None  # built on the first transient failure
         while True:
-            if not self.epoch.admitting:
-                logger.info(
-                    "run parked: the engine is shutting down (%s not recorded)",
-                    what,
-                    extra=_lease_fields(lease),
-                )
-                raise RunAborted()
+            self._park_if_closing(lease, what)
             try:
                 async with recorder.hold():
                     history = await recorder.current_history(keep_deferred=keep_deferred)
@@ -747,16 +763,7 @@ class EngineCore:
                 if isinstance(p, _PendingActivity):
                     if p.ordinal in state.scheduled:
                         continue
-                    bodies.append(
-                        ActivityScheduled(
-                            activity_id=p.ordinal,
-                            activity_type=p.definition.name,
-                            input=p.input,
-                            task_queue=p.task_queue,
-                            options=p.options,
-                        )
-                    )
-                    bodies.append(ActivityStarted(activity_id=p.ordinal, attempt=1))
+                    bodies.extend(_schedule_bodies(p))
                 elif isinstance(p, _PendingTimer):
                     if p.timer_id not in state.timers:
                         bodies.append(TimerStarted(timer_id=p.timer_id, fire_at=p.fire_at))
@@ -827,12 +834,7 @@ class EngineCore:
         Returns the schedule time, or ``None`` when the ordinary path must record them
         (a stale history to re-read first).  Nothing here writes or fails transiently.
         """
-        if not self.epoch.admitting:
-            logger.info(
-                "run parked: the engine is shutting down (workflow commands not recorded)",
-                extra=_lease_fields(lease),
-            )
-            raise RunAborted()
+        self._park_if_closing(lease, "record workflow commands")
         recorder = lease.recorder
         async with recorder.hold():
             if recorder.stale:
@@ -840,18 +842,7 @@ class EngineCore:
             state.sync()
             if state.ended is not None:
                 raise RunAborted()  # ended elsewhere (terminate, deadline): record nothing more
-            bodies: list[Any] = []
-            for p in pending:
-                bodies.append(
-                    ActivityScheduled(
-                        activity_id=p.ordinal,
-                        activity_type=p.definition.name,
-                        input=p.input,
-                        task_queue=p.task_queue,
-                        options=p.options,
-                    )
-                )
-                bodies.append(ActivityStarted(activity_id=p.ordinal, attempt=1))
+            bodies = [body for p in pending for body in _schedule_bodies(p)]
             at = self.clock.now()
             recorder.defer(bodies, at=at)
         return at
