@@ -17,9 +17,11 @@ and on one file system (``--dir``, default a fresh temporary directory):
 
 (c) ``floor``: round trips of an empty write (``remove_timer`` of a timer
     that does not exist: a ``BEGIN IMMEDIATE`` ... ``COMMIT`` that writes no
-    page, so no fsync) through the store's writer thread: what handing a
-    write to the thread and waking the caller costs on this machine.  One
-    writer's append pays it on top of its commit, so
+    page, so no fsync) through the store, one at a time: what the store adds
+    to a commit.  Alone on an idle loop such a write commits inline, on the
+    Trio thread (the store's ``inline_commits``); with ``?inline_commits=off``
+    it would be handed to the writer thread and back.  One writer's append
+    pays it on top of its commit, so
     ``raw period / (raw period + floor period)`` bounds the 1-writer ratio.
 
 Prints one JSON line per result: events/s, appends/s, commits/s and the

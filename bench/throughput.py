@@ -3,7 +3,8 @@
 Usage::
 
     python bench/throughput.py [--workflows 1000] [--steps 10] [--concurrency 100]
-                               [--latency-runs 200] [--dir DIR] [--skip-dbos]
+                               [--latency-runs 200] [--latency-block 20]
+                               [--dir DIR] [--skip-dbos]
 
 Workload: ``--workflows`` runs of one workflow that awaits ``--steps`` trivial
 async activities in sequence (each returns its input + 1), at most
@@ -22,7 +23,11 @@ removed at the end):
    each DBOS measurement runs in a subprocess (asyncio, and DBOS is a
    process-wide singleton), with ``--dbos-python`` (default: this interpreter);
 3. latency of one run alone (p50/p99 over ``--latency-runs`` sequential runs
-   after ``--warmup`` runs) on aion_trio SQLite FULL and on both DBOS setups.
+   after ``--warmup`` runs) on aion_trio SQLite FULL and on both DBOS setups,
+   interleaved: the three take turns, ``--latency-block`` runs each (the DBOS
+   processes stay up and idle between their turns), so that a drift of the
+   machine's fsync latency or CPU speed during the minutes of measurement
+   lands on every engine alike instead of on whichever happened to run last.
 
 Prints one JSON line per result, with aion/DBOS ratios.  Targets (SQLite FULL):
 steps/s >= 10x DBOS's; p50 latency <= 1/5 of DBOS's.  ``--seconds S`` caps
@@ -127,23 +132,119 @@ async def aion_throughput(url: str, workflows: int, steps: int, concurrency: int
     return throughput_summary(done, steps, elapsed)
 
 
-async def aion_latency(url: str, runs: int, warmup: int, steps: int, cap: float | None) -> Any:
-    import aion_trio as aion
+class AionLatency:
+    """One aion_trio engine on a fresh SQLite FULL file, timing single runs in blocks."""
 
-    chain, increment = aion_definitions()
-    samples: list[float] = []
-    async with aion.open_engine(url, workflows=[chain], activities=[increment]) as engine:
-        deadline = math.inf if cap is None else time.perf_counter() + cap
-        for i in range(warmup + runs):
-            start = time.perf_counter()
-            run = await engine.start(chain, steps, workflow_id=f"lat-{i}")
-            if await run.result() != steps:
-                raise RuntimeError(f"workflow lat-{i} returned a wrong result")
-            if i >= warmup:
-                samples.append(time.perf_counter() - start)
-            if samples and time.perf_counter() >= deadline:
+    def __init__(self, url: str, steps: int) -> None:
+        self.url = url
+        self.steps = steps
+        self.samples: list[float] = []
+        self._runs = 0
+
+    async def serve(self, warmup: int, task_status: Any) -> None:
+        """Open the engine, run the warm-up, then serve blocks until cancelled."""
+        import trio
+
+        import aion_trio as aion
+
+        chain, increment = aion_definitions()
+        async with aion.open_engine(self.url, workflows=[chain], activities=[increment]) as engine:
+            self._engine, self._chain = engine, chain
+            for _ in range(warmup):
+                await self._one()
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def _one(self) -> float:
+        self._runs += 1
+        start = time.perf_counter()
+        run = await self._engine.start(self._chain, self.steps, workflow_id=f"lat-{self._runs}")
+        if await run.result() != self.steps:
+            raise RuntimeError(f"workflow lat-{self._runs} returned a wrong result")
+        return time.perf_counter() - start
+
+    async def block(self, runs: int) -> None:
+        for _ in range(runs):
+            self.samples.append(await self._one())
+
+
+class DbosLatency:
+    """A DBOS latency subprocess (``--dbos-worker latency``) that times blocks on request."""
+
+    def __init__(self, command: list[str], journal: str) -> None:
+        self.command = command
+        self.journal = journal
+        self.samples: list[float] = []
+        self.info: dict[str, Any] = {}
+        self._buffer = b""
+
+    async def _line(self) -> dict[str, Any]:
+        while b"\n" not in self._buffer:
+            chunk = await self._proc.stdout.receive_some()
+            if not chunk:
+                raise RuntimeError(f"DBOS latency worker ({self.journal}) exited early")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return dict(json.loads(line))
+
+    async def serve(self, warmup: int, task_status: Any) -> None:
+        import trio
+
+        proc = await trio.lowlevel.open_process(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._proc = proc
+        try:
+            await self._line()  # {"ready": true}: launched and warmed up
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await proc.stdin.send_all(b"end\n")
+                    self.info = await self._line()
+                    await proc.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                if proc.returncode is None:
+                    proc.kill()
+                await proc.wait()
+                await proc.stdin.aclose()
+                await proc.stdout.aclose()
+        if proc.returncode != 0:
+            raise RuntimeError(f"DBOS latency worker ({self.journal}) failed with exit {proc.returncode}")
+
+    async def block(self, runs: int) -> None:
+        await self._proc.stdin.send_all(b"%d\n" % runs)
+        self.samples.extend((await self._line())["samples"])
+
+
+async def interleaved_latency(
+    aion_url: str, dbos: list[DbosLatency], runs: int, warmup: int, steps: int, block: int, cap: float | None
+) -> tuple[AionLatency, list[DbosLatency]]:
+    """Time ``runs`` single runs of aion_trio and of each DBOS setup, in blocks of ``block``
+    runs taken in turn (the order rotating every round), so that every engine is timed
+    across the same stretch of the machine's life: a drift in fsync latency or CPU speed
+    during the measurement lands on all of them alike, not on whichever ran last."""
+    import trio
+
+    aion_side = AionLatency(aion_url, steps)
+    sides: list[Any] = [aion_side, *dbos]
+    deadline = math.inf if cap is None else time.perf_counter() + cap
+    async with trio.open_nursery() as nursery:
+        for side in sides:
+            await nursery.start(side.serve, warmup)
+        done = 0
+        turn = 0
+        while done < runs:
+            n = min(block, runs - done)
+            order = sides[turn % len(sides) :] + sides[: turn % len(sides)]
+            for side in order:
+                await side.block(n)
+            done += n
+            turn += 1
+            if time.perf_counter() >= deadline:
                 break
-    return latency_summary(samples)
+        nursery.cancel_scope.cancel()
+    return aion_side, dbos
 
 
 # --------------------------------------------------------------------------
@@ -175,16 +276,22 @@ def dbos_worker(args: argparse.Namespace) -> int:
         return throughput_summary(done, args.steps, elapsed)
 
     async def latency() -> dict[str, Any]:
-        samples: list[float] = []
-        deadline = math.inf if args.seconds is None else time.perf_counter() + args.seconds
-        for i in range(args.warmup + args.latency_runs):
-            start = time.perf_counter()
+        # Served in blocks: one line "N" on stdin times N runs and answers their
+        # samples; "end" (or end of input) stops.  The asyncio loop is idle while
+        # it waits for the next line (the aion_trio side is being timed then).
+        for _ in range(args.warmup):
             await run_one(chain_workflow, args.steps)
-            if i >= args.warmup:
+        print(json.dumps({"ready": True}), flush=True)
+        while True:
+            line = sys.stdin.readline().strip()
+            if not line or line == "end":
+                return {}
+            samples: list[float] = []
+            for _ in range(int(line)):
+                start = time.perf_counter()
+                await run_one(chain_workflow, args.steps)
                 samples.append(time.perf_counter() - start)
-            if samples and time.perf_counter() >= deadline:
-                break
-        return latency_summary(samples)
+            print(json.dumps({"samples": samples}), flush=True)
 
     DBOS(
         config={
@@ -212,7 +319,7 @@ def dbos_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_dbos(args: argparse.Namespace, directory: str, mode: str, journal: str) -> dict[str, Any]:
+def dbos_command(args: argparse.Namespace, directory: str, mode: str, journal: str) -> list[str]:
     command = [
         args.dbos_python,
         os.path.abspath(__file__),
@@ -228,13 +335,16 @@ def run_dbos(args: argparse.Namespace, directory: str, mode: str, journal: str) 
         str(args.steps),
         "--concurrency",
         str(args.concurrency),
-        "--latency-runs",
-        str(args.latency_runs),
         "--warmup",
         str(args.warmup),
     ]
     if args.seconds is not None:
         command += ["--seconds", str(args.seconds)]
+    return command
+
+
+def run_dbos(args: argparse.Namespace, directory: str, mode: str, journal: str) -> dict[str, Any]:
+    command = dbos_command(args, directory, mode, journal)
     proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
@@ -313,35 +423,52 @@ def run_all(args: argparse.Namespace, directory: str) -> None:
                     record["target_met"] = record["steps_ratio"] >= THROUGHPUT_TARGET
                 emit(record)
 
-    # 3. Latency of one run alone.
+    # 3. Latency of one run alone, aion_trio and DBOS timed in interleaved blocks.
     url = AION_STORES[1][1](fresh(directory, "aion-latency"))
-    aion_lat = trio.run(aion_latency, url, args.latency_runs, args.warmup, args.steps, args.seconds)
-    emit({"kind": "latency", "engine": "aion_trio", "store": "sqlite-full", "steps": args.steps, **aion_lat})
+    peers = []
     if skip_reason is None:
-        for journal in DBOS_JOURNALS:
-            peer = run_dbos(args, fresh(directory, f"dbos-lat-{journal}"), "latency", journal)
-            emit(
-                {
-                    "kind": "latency",
-                    "engine": "dbos",
-                    "store": f"sqlite-{journal}",
-                    "steps": args.steps,
-                    **peer,
-                }
-            )
-            ratio = aion_lat["p50_ms"] / peer["p50_ms"]
-            emit(
-                {
-                    "kind": "latency_ratio",
-                    "aion_store": "sqlite-full",
-                    "dbos_store": f"sqlite-{journal}",
-                    "p50_aion_over_dbos": round(ratio, 3),
-                    "p99_aion_over_dbos": round(aion_lat["p99_ms"] / peer["p99_ms"], 3),
-                    "p50_speedup": round(1 / ratio, 2),
-                    "target": f"p50_aion_over_dbos <= {LATENCY_TARGET:g}",
-                    "target_met": ratio <= LATENCY_TARGET,
-                }
-            )
+        peers = [
+            DbosLatency(dbos_command(args, fresh(directory, f"dbos-lat-{j}"), "latency", j), j)
+            for j in DBOS_JOURNALS
+        ]
+    aion_side, peers = trio.run(
+        interleaved_latency,
+        url,
+        peers,
+        args.latency_runs,
+        args.warmup,
+        args.steps,
+        args.latency_block,
+        args.seconds,
+    )
+    method = {"steps": args.steps, "warmup": args.warmup, "interleaved_block": args.latency_block}
+    aion_lat = latency_summary(aion_side.samples)
+    emit({"kind": "latency", "engine": "aion_trio", "store": "sqlite-full", **method, **aion_lat})
+    for peer in peers:
+        peer_lat = latency_summary(peer.samples)
+        emit(
+            {
+                "kind": "latency",
+                "engine": "dbos",
+                "store": f"sqlite-{peer.journal}",
+                **method,
+                **peer_lat,
+                **peer.info,
+            }
+        )
+        ratio = aion_lat["p50_ms"] / peer_lat["p50_ms"]
+        emit(
+            {
+                "kind": "latency_ratio",
+                "aion_store": "sqlite-full",
+                "dbos_store": f"sqlite-{peer.journal}",
+                "p50_aion_over_dbos": round(ratio, 3),
+                "p99_aion_over_dbos": round(aion_lat["p99_ms"] / peer_lat["p99_ms"], 3),
+                "p50_speedup": round(1 / ratio, 2),
+                "target": f"p50_aion_over_dbos <= {LATENCY_TARGET:g}",
+                "target_met": ratio <= LATENCY_TARGET,
+            }
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,6 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=100, help="runs in flight at most")
     parser.add_argument("--latency-runs", type=int, default=200, help="sequential runs timed for latency")
     parser.add_argument("--warmup", type=int, default=20, help="untimed runs before the latency runs")
+    parser.add_argument(
+        "--latency-block",
+        type=int,
+        default=20,
+        help="latency runs per turn: aion_trio and each DBOS setup take turns, this many runs each",
+    )
     parser.add_argument("--dir", help="where the fresh temporary directory goes (default: system temp)")
     parser.add_argument("--skip-dbos", action="store_true", help="measure aion_trio only")
     parser.add_argument("--dbos-python", default=sys.executable, help="interpreter for the DBOS subprocesses")
@@ -360,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dbos-worker", choices=("throughput", "latency"), help=argparse.SUPPRESS)
     parser.add_argument("--dbos-journal", choices=DBOS_JOURNALS, default="delete", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("workflows", "steps", "concurrency", "latency_runs"):
+    for name in ("workflows", "steps", "concurrency", "latency_runs", "latency_block"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.dbos_worker is not None:

@@ -67,6 +67,7 @@ from aion_trio_sqlite import (
     _mapping,
     _schema,
     _store,
+    _walroom,
     _writes,
     open_sqlite_store,
     parse_sqlite_url,
@@ -102,7 +103,10 @@ async def opened(path: Path, **kwargs: Any) -> AsyncIterator[aion_trio_sqlite.Sq
 
 
 def raw(path: Path) -> apsw.Connection:
-    return apsw.Connection(str(path))
+    """A second connection, as another process would open it (waiting for the write lock)."""
+    conn = apsw.Connection(str(path))
+    conn.set_busy_timeout(5000)
+    return conn
 
 
 def pragma(conn: apsw.Connection, name: str) -> Any:
@@ -126,14 +130,16 @@ def writer_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[WriterGate]:
     gate = WriterGate()
     original = Writer._transaction
 
-    def gated(self: Writer, ops: Any, fast: bool) -> Any:
+    def gated(self: Writer, ops: Any, fast: bool, begun: bool = False) -> Any:
         if gate.armed:
             gate.armed = False
             gate.entered.set()
             gate.release.wait(10)
-        return original(self, ops, fast)
+        return original(self, ops, fast, begun)
 
     monkeypatch.setattr(Writer, "_transaction", gated)
+    # Held in the writer thread only: no commit on the Trio thread, which the gate would block.
+    monkeypatch.setattr(Writer, "_may_inline", lambda self: False)
     yield gate
     gate.release.set()
 
@@ -216,7 +222,9 @@ async def test_default_pragmas_wal_full_busy_timeout_and_the_stamp(tmp_path: Pat
         assert pragma(writer, "journal_mode") == "wal"
         assert pragma(writer, "synchronous") == 2  # FULL
         assert pragma(writer, "busy_timeout") == 1500
-        assert pragma(writer, "wal_autocheckpoint") == aion_trio_sqlite.DEFAULT_WAL_AUTOCHECKPOINT == 4000
+        # The writer thread checkpoints (its WAL hook replaces SQLite's auto-checkpoint).
+        assert pragma(writer, "wal_autocheckpoint") == 0
+        assert store._backend.writer._checkpoint_pages == aion_trio_sqlite.DEFAULT_WAL_AUTOCHECKPOINT == 4000
         readers = await store._backend.readers.submit(
             _store.ReadOp(
                 lambda c: (pragma(c, "synchronous"), pragma(c, "busy_timeout"), pragma(c, "query_only"))
@@ -247,17 +255,26 @@ def wal_frames(path: Path) -> int:
 async def test_the_writer_checkpoints_at_its_threshold_so_the_wal_stays_bounded(tmp_path: Path) -> None:
     path = tmp_path / "w.db"
     largest = 0
+    largest_file = 0
     async with opened(path, wal_autocheckpoint=16) as store:
-        assert pragma(store._backend.writer._conn, "wal_autocheckpoint") == 16
+        writer = store._backend.writer
+        assert writer._checkpoint_pages == 16
         for i in range(150):
             await store.events.append("wf", markers("wf", 3 * i + 1, 3), 3 * i)
-            largest = max(largest, wal_frames(path))
+            largest = max(largest, writer._frames)  # what the WAL hook saw after the commit
+            largest_file = max(largest_file, wal_frames(path))
         # 150 commits wrote far more than 16 + one commit's frames: the WAL was reused.
         assert store.events.statistics().commits == 150
+        assert store.events.statistics().checkpoints >= 5  # the thread checkpointed, again and again
         assert len(await store.events.read_history("wf")) == 450
-    # A commit reaching 16 frames checkpoints; the next one starts the WAL over.
-    # One append dirties at most a few pages (a leaf split touches its parent).
-    assert 16 <= largest <= 16 + 8, largest
+    # A commit reaching 16 frames has the writer thread checkpoint, after the
+    # writes it finds queued then (they do not wait for the checkpoint); the
+    # commit after that starts the WAL over.  One append dirties at most a few
+    # pages (a leaf split touches its parent): two commits' worth past 16.
+    assert 16 <= largest <= 16 + 2 * 8, largest
+    # The file: those frames and the zero-filled room past them (synchronous=FULL), no more.
+    room = (_walroom.FIRST + _walroom.LOW_WATER) // (4096 + 24) + 1
+    assert largest_file <= 16 + 2 * 8 + room, largest_file
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5, "100"])
@@ -306,6 +323,11 @@ def test_sigkill_with_a_long_unchecked_wal_loses_no_acknowledged_batch(tmp_path:
                 stream.close()
     assert proc.returncode == -signal.SIGKILL
     assert wal_frames(path) > 1200, "the kill must leave the long WAL behind"
+    # With synchronous=FULL the writer keeps zero-filled room past the last frame
+    # (aion_trio_sqlite._walroom): recovery must read through it and stop there.
+    with open(f"{path}-wal", "rb") as wal:
+        wal.seek(-16384, os.SEEK_END)
+        assert wal.read() == bytes(16384), "the killed writer left room past its frames"
 
     async def check() -> None:
         async with opened(path) as store:
@@ -788,12 +810,13 @@ def stepped_writer(monkeypatch: pytest.MonkeyPatch) -> Iterator[SteppedWriter]:
     stepped = SteppedWriter()
     original = Writer._transaction
 
-    def held(self: Writer, ops: Any, fast: bool) -> Any:
+    def held(self: Writer, ops: Any, fast: bool, begun: bool = False) -> Any:
         stepped.entered.release()
         assert stepped.proceed.acquire(timeout=10), "the test never let the writer proceed"
-        return original(self, ops, fast)
+        return original(self, ops, fast, begun)
 
     monkeypatch.setattr(Writer, "_transaction", held)
+    monkeypatch.setattr(Writer, "_may_inline", lambda self: False)  # every commit steps through the thread
     yield stepped
     for _ in range(10):
         stepped.proceed.release()
@@ -1016,7 +1039,8 @@ async def test_a_lone_append_checks_its_head_with_one_seek_and_reads_the_head_on
     # check, the inserts (and the workflow row when the batch creates the
     # workflow or changes its status), COMMIT.  No max(seq) on the way.
     insert = "INSERT INTO events "
-    async with opened(tmp_path / "lone.db") as store:
+    # NORMAL: no WAL room to keep, whose upkeep (BEGIN IMMEDIATE, ROLLBACK) would show in the trace.
+    async with open_sqlite_store(url_of(tmp_path / "lone.db", "?synchronous=NORMAL")) as store:
         seen: list[str] = []
 
         def trace(cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:

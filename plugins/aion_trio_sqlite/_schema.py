@@ -219,12 +219,10 @@ def open_read_only(path: str, busy_timeout_ms: int) -> apsw.Connection:
     return conn
 
 
-def open_writer(
-    path: str, synchronous: str, busy_timeout_ms: int, wal_autocheckpoint: int = DEFAULT_WAL_AUTOCHECKPOINT
-) -> apsw.Connection:
+def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Connection:
     """Open (creating if needed), check and migrate the database; return the writer connection.
 
-    Its commits checkpoint the WAL once it holds ``wal_autocheckpoint`` pages."""
+    Its checkpoints are the writer thread's (:class:`~._threads.Writer` sets its WAL hook)."""
     problem = describe_path_problem(path)
     if problem is not None and not os.path.exists(path):
         raise StorePathError(path, problem)
@@ -252,7 +250,6 @@ def open_writer(
                 "may not support shared memory (network file systems often do not): use a local disk",
             )
         _configure(conn, synchronous, busy_timeout_ms)
-        conn.wal_autocheckpoint(wal_autocheckpoint)
         _migrate(conn, path, found)
         _check_tables(conn, path)
     except apsw.Error as exc:

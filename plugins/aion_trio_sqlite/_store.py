@@ -32,7 +32,8 @@ from . import _codec, _control
 from ._schema import DEFAULT_WAL_AUTOCHECKPOINT, open_read_only, open_reader, open_writer
 from ._threads import Readers, ReadOp, Writer, WriterStatistics
 from ._url import SqliteUrl, parse_sqlite_url
-from ._writes import AppendOp, StatementOp
+from ._walroom import WalRoom
+from ._writes import AppendOp, RiderOp, StatementOp
 
 DEFAULT_BUSY_TIMEOUT = 5.0
 """Seconds a connection waits for another process's lock before ``BackendUnavailable``."""
@@ -225,7 +226,7 @@ class SqliteVisibilityStore(_Facade):
             (_SQL_UPSERT_VISIBILITY, _codec.visibility_params(row), False),
             (_SQL_INSERT_SEARCH, _codec.search_rows(row.workflow_id, row.search_attributes), True),
         ]
-        await self._backend.writer.submit(StatementOp("writing a visibility row", statements))
+        await self._backend.writer.submit(RiderOp("writing a visibility row", statements))
 
     async def get(self, workflow_id: str) -> VisibilityRow | None:
         await self._enter()
@@ -330,13 +331,11 @@ class SqliteStore:
         await trio.lowlevel.checkpoint()
 
 
-def _open_all(
-    url: SqliteUrl, busy_ms: int, readers: int, wal_autocheckpoint: int
-) -> tuple[apsw.Connection, list[apsw.Connection]]:
+def _open_all(url: SqliteUrl, busy_ms: int, readers: int) -> tuple[apsw.Connection, list[apsw.Connection]]:
     if url.read_only:
         writer = open_read_only(url.path, busy_ms)
     else:
-        writer = open_writer(url.path, url.synchronous, busy_ms, wal_autocheckpoint)
+        writer = open_writer(url.path, url.synchronous, busy_ms)
     opened: list[apsw.Connection] = []
     try:
         for _ in range(readers):
@@ -351,6 +350,15 @@ def _open_all(
     return writer, opened
 
 
+def _room_for(url: SqliteUrl, conn: apsw.Connection) -> WalRoom | None:
+    # Room only helps a commit that syncs the WAL (FULL); a read-only store commits nothing.
+    if url.read_only or url.synchronous != "FULL":
+        return None
+    page_size = conn.execute("PRAGMA page_size").fetchall()[0][0]
+    assert isinstance(page_size, int), page_size
+    return WalRoom(conn.filename_wal, page_size)
+
+
 @contextlib.asynccontextmanager
 async def open_sqlite_store(
     url: str,
@@ -363,7 +371,7 @@ async def open_sqlite_store(
 
     ``busy_timeout``: seconds to wait for another process's lock before a
     call fails with ``BackendUnavailable``.  ``readers``: read connections.
-    ``wal_autocheckpoint``: WAL pages after which the writer's next commit
+    ``wal_autocheckpoint``: WAL pages after which the writer thread
     checkpoints (bounding the WAL file; see :data:`DEFAULT_WAL_AUTOCHECKPOINT`).
     Raises the :class:`~aion_trio.StoreOpenError` family for files that
     cannot be used (each message says what to do).
@@ -379,13 +387,19 @@ async def open_sqlite_store(
     busy_ms = max(0, round(busy_timeout * 1000))
     # Opening blocks (file I/O, maybe a migration): off the Trio thread.  The
     # open is not abandoned on cancellation, so its connections never leak.
-    writer_conn, reader_conns = await trio.to_thread.run_sync(
-        _open_all, parsed, busy_ms, readers, wal_autocheckpoint
-    )
+    writer_conn, reader_conns = await trio.to_thread.run_sync(_open_all, parsed, busy_ms, readers)
     token = trio.lowlevel.current_trio_token()
     backend = _Backend(
         location=parsed.path,
-        writer=Writer(writer_conn, parsed.path, token),
+        writer=Writer(
+            writer_conn,
+            parsed.path,
+            token,
+            busy_timeout_ms=busy_ms,
+            checkpoint_pages=wal_autocheckpoint,
+            room=_room_for(parsed, writer_conn),
+            inline=parsed.inline_commits,
+        ),
         readers=Readers(reader_conns, parsed.path, token),
     )
     store = SqliteStore(

@@ -20,6 +20,29 @@ nothing and does not disturb the others; a write whose statements fail for a
 reason of its own is isolated by replaying the group without it; if the
 transaction itself fails, every write in it gets the mapped backend error
 (``BackendUnavailable``: outcome unknown).
+
+Inline commits: a lone write made while the Trio run has nothing else to do
+(no runnable task, no pending thread result) and the writer thread is asleep
+with nothing queued (but riders, which it takes along) commits on the Trio
+thread itself.  The loop had nothing
+to do but wait for that commit, and handing it to the writer thread and back
+costs two cross-CPU wake-ups: measured on a 2-vCPU VM, ~90-200 us each, as
+much as the commit itself.  The loop is blocked for the commit (its fsync
+included), so: the write lock is tried without waiting (another process
+holding it sends the write to the thread, which waits for it); inline
+commits stop while the moving average of commit times (on either thread) is
+above :data:`INLINE_SLOW` (a slow disk), and for :data:`INLINE_COOLDOWN`
+after one commit took over :data:`INLINE_STALL` (a stall); checkpoints and WAL upkeep
+always run on the writer thread; ``inline_commits=off`` (URL) keeps every
+commit on the thread.  Cancellation keeps the append contract: an inline
+commit starts only if the caller is not cancelled, and runs to its end.
+
+WAL upkeep: the writer connection's WAL hook records how many frames the WAL
+holds after each commit; between transactions, the writer thread checkpoints
+once that reaches the threshold (what ``PRAGMA wal_autocheckpoint`` does, but
+after the committed writers were woken instead of inside their commit) and,
+with ``synchronous=FULL``, keeps zero-filled room past the WAL's end
+(:mod:`._walroom`).
 """
 
 from __future__ import annotations
@@ -28,6 +51,7 @@ import collections
 import functools
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, final
 
@@ -38,9 +62,21 @@ import trio
 from aion_trio import AionInternalError
 
 from ._mapping import TRANSACTION_ERRORS, cause, runtime_error
+from ._walroom import WalRoom
 from ._writes import AppendOp, WriteOp, apply_group
 
 T = TypeVar("T")
+
+INLINE_SLOW = 0.002
+"""Seconds: inline commits stop while the recent commits' average (:data:`INLINE_WEIGHT`) is above this."""
+INLINE_WEIGHT = 1 / 8
+"""Weight of the newest commit in that moving average."""
+INLINE_STALL = 0.020
+"""Seconds: a single commit slower than this stops inline commits for :data:`INLINE_COOLDOWN`."""
+INLINE_COOLDOWN = 1.0
+"""Seconds without inline commits after a stalled commit (each stall restarts it)."""
+RIDER_WAIT = 0.005
+"""Seconds a group of riders alone (visibility rows) waits for another write to join it."""
 
 
 class ReadOp(Generic[T]):
@@ -74,6 +110,10 @@ class WriterStatistics:
     """Transactions that failed as a whole (each of their writers got the backend error)."""
     largest_group: int
     """Most writes ever coalesced into one transaction."""
+    inline_commits: int = 0
+    """Of ``commits``, those made on the Trio thread (a lone write while the loop was idle)."""
+    checkpoints: int = 0
+    """WAL checkpoints the writer thread ran (at the threshold)."""
 
 
 class _Service:
@@ -168,8 +208,38 @@ class _Service:
 class Writer(_Service):
     """The single writing connection and its group-commit thread."""
 
-    def __init__(self, conn: apsw.Connection, location: str, token: trio.lowlevel.TrioToken) -> None:
+    def __init__(
+        self,
+        conn: apsw.Connection,
+        location: str,
+        token: trio.lowlevel.TrioToken,
+        *,
+        busy_timeout_ms: int,
+        checkpoint_pages: int,
+        room: WalRoom | None = None,
+        inline: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(token)
+        self._busy_ms = busy_timeout_ms
+        # WAL upkeep (writer thread, between transactions): the hook records the
+        # WAL's frames after every commit, on whichever thread committed.
+        self._checkpoint_pages = checkpoint_pages
+        self._frames = 0
+        self._room = room
+        self._upkeep_due = False  # set by an inline commit that left upkeep to do
+        # Riders (RiderOp) queued alone are committed by this time at the latest.
+        self._riders_due = 0.0
+        # True while the Trio thread commits on the connection (inline): the
+        # writer thread takes no group meanwhile.
+        self._borrowed = False
+        # True from the writer thread taking a group until it is done with it (upkeep included).
+        self._busy = False
+        conn.set_wal_hook(self._wal_hook)
+        self._inline = inline
+        self._clock = clock
+        self._inline_resume_at = -float("inf")
+        self._commit_average = 0.0  # seconds, moving average of every commit's duration
         # The one writer thread sleeps on ``_gate`` (held while it sleeps)
         # instead of the condition: waking it is one lock release, and a
         # write queued while it is busy costs no wake-up call at all.
@@ -200,16 +270,25 @@ class Writer(_Service):
         self._refused = 0
         self._failed = 0
         self._largest = 0
+        self._inline_commits = 0
+        self._checkpoints = 0
         self._start(f"aion_trio sqlite writer ({location})", self._run)
 
     async def submit(self, op: WriteOp) -> None:
         """Queue ``op`` and wait until it is committed (or refused, or failed)."""
-        if self._listener is not None or not self._solo:
+        if op.rider or self._listener is not None or not self._solo:
             await self._submit(op)
             return
         # The cancel point comes before anything is queued: a cancelled caller
         # has written nothing.
         await trio.lowlevel.checkpoint_if_cancelled()
+        if self._may_inline() and self._commit_inline(op):
+            # Committed (or refused) here: still a schedule point, as every store
+            # call is; not a cancel point, the write is done.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if op.error is not None:
+                raise op.error
+            return
         op.task = trio.lowlevel.current_task()
         if self._stopping:
             raise trio.ClosedResourceError("the store is closed")
@@ -245,6 +324,51 @@ class Writer(_Service):
             self._listener = None
         if op.error is not None:
             raise op.error
+
+    def _may_inline(self) -> bool:
+        """Whether a lone write may commit on the Trio thread now (see the module's docstring);
+        if so, the connection is borrowed until :meth:`_commit_inline` hands it back."""
+        if not self._inline or self._stopping or self._commit_average > INLINE_SLOW:
+            return False
+        if self._clock() < self._inline_resume_at:
+            return False
+        stats = trio.lowlevel.current_statistics()
+        if stats.tasks_runnable or stats.run_sync_soon_queue_size:
+            return False  # the loop has other work: it must not wait for a commit
+        with self._lock:
+            # Idle, with nothing queued but riders: borrowed, it takes no group
+            # (it may be awake, holding riders), and only this thread queues writes.
+            if self._busy or self._upkeep_due or any(not op.rider for op in self._pending):
+                return False
+            self._borrowed = True
+            return True
+
+    def _commit_inline(self, op: WriteOp) -> bool:
+        """Commit ``op``, with the queued riders, on this (the Trio) thread; ``False``: the
+        write lock was busy and nothing was done.  Hands the connection back either way."""
+        conn = self._conn
+        try:
+            conn.set_busy_timeout(0)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except apsw.Error:
+                return False  # another process writes: the writer thread waits for the lock instead
+            finally:
+                conn.set_busy_timeout(self._busy_ms)
+            with self._lock:
+                riders: list[WriteOp] = list(self._pending)
+                self._pending.clear()
+            self._commit_reporting([op, *riders], begun=True)
+            self._inline_commits += 1
+            self._deliver(riders)
+            return True
+        finally:
+            with self._lock:
+                self._borrowed = False
+                if self._upkeep_wanted():
+                    self._upkeep_due = True
+                if self._pending or self._upkeep_due or self._stopping:
+                    self._notify()
 
     async def _signalled(self, op: WriteOp) -> bool:
         # ``done`` decides, not the byte.  Our own byte is left in the socket
@@ -292,7 +416,17 @@ class Writer(_Service):
             refused=self._refused,
             failed_transactions=self._failed,
             largest_group=self._largest,
+            inline_commits=self._inline_commits,
+            checkpoints=self._checkpoints,
         )
+
+    def _enqueue(self, request: Any) -> None:
+        with self._lock:
+            if request.rider and not self._pending:
+                self._riders_due = self._clock() + RIDER_WAIT
+            self._pending[request] = None
+            # A rider wakes the thread too: it sleeps on until the riders are due.
+            self._notify()
 
     def _notify(self) -> None:
         if self._sleeping:
@@ -302,18 +436,42 @@ class Writer(_Service):
     _notify_all = _notify
 
     def _next_group(self) -> tuple[list[WriteOp], WriteOp | None] | None:
-        """Every queued write and the listener then (``None``: stopping, nothing left); sleeps until there is one."""
+        """Every queued write and the listener then (``None``: stopping, nothing left); sleeps until
+        there is one, or upkeep an inline commit left.  Riders alone are held until due."""
         while True:
             with self._lock:
-                if self._pending:
-                    group: list[WriteOp] = list(self._pending)
-                    self._pending.clear()
-                    self._solo = len(group) == 1
-                    return group, self._listener
-                if self._stopping:
-                    return None
+                self._busy = False
+                wait: float | None = None
+                if self._borrowed:
+                    pass  # the Trio thread commits on the connection: sleep until it hands back
+                elif self._stopping or self._upkeep_due or any(not op.rider for op in self._pending):
+                    if self._stopping and not self._pending and not self._upkeep_due:
+                        return None
+                    return self._take()
+                elif self._pending:
+                    wait = self._riders_due - self._clock()
+                    if wait <= 0:
+                        return self._take()
                 self._sleeping = True
-            self._gate.acquire()
+            if wait is None:
+                self._gate.acquire()
+            elif not self._gate.acquire(timeout=wait):
+                with self._lock:
+                    if self._sleeping:
+                        self._sleeping = False  # nobody woke it
+                    else:
+                        # Woken just as the wait ran out: the gate was released; hold it again.
+                        self._gate.acquire()
+
+    def _take(self) -> tuple[list[WriteOp], WriteOp | None]:
+        # With the lock held.  An empty group: only upkeep to do.
+        self._busy = True
+        group: list[WriteOp] = list(self._pending)
+        self._pending.clear()
+        writes = sum(not op.rider for op in group)
+        if writes:
+            self._solo = writes == 1
+        return group, self._listener
 
     def _run(self) -> None:
         try:
@@ -322,33 +480,62 @@ class Writer(_Service):
                 if taken is None:
                     return
                 group, listener = taken
-                try:
-                    self._commit(group)
-                except BaseException as exc:  # pragma: no cover - a bug in this package
-                    for op in group:
-                        op.error = cause(
-                            AionInternalError(
-                                f"{self._location}: writer thread failed: {exc!r}; please report it"
-                            ),
-                            exc,
-                        )
-                if listener is not None and listener in group:
-                    listener.done = True
-                    if len(group) == 1:
-                        self._wake_w.send(b"\0")
+                if group:
+                    self._commit_reporting(group)
+                    if listener is not None and listener in group:
+                        listener.done = True
+                        if len(group) == 1:
+                            self._wake_w.send(b"\0")
+                        else:
+                            others = [op for op in group if op is not listener]
+                            self._call_soon(self._deliver_with_listener, others)
                     else:
-                        others = [op for op in group if op is not listener]
-                        self._call_soon(self._deliver_with_listener, others)
-                else:
-                    self._call_soon(self._deliver, group)
+                        self._call_soon(self._deliver, group)
+                # After the wake-up: the writers just committed never wait for it.
+                self._upkeep()
         finally:
+            self._conn.set_wal_hook(None)
             self._conn.close()
 
-    def _transaction(self, ops: Sequence[WriteOp], fast: bool) -> WriteOp | None:
-        """Run ``ops`` in one transaction; return the write to drop if one failed on its own."""
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
+    def _wal_hook(self, conn: apsw.Connection, name: str, frames: int) -> int:
+        # Called by SQLite right after a commit, on the committing thread.
+        self._frames = frames
+        return apsw.SQLITE_OK
+
+    def _upkeep_wanted(self) -> bool:
+        return self._frames >= self._checkpoint_pages or (
+            self._room is not None and self._room.wanted(self._frames)
+        )
+
+    def _upkeep(self) -> None:
+        """Writer thread, between transactions: checkpoint at the threshold, keep WAL room."""
+        self._upkeep_due = False
+        if self._frames >= self._checkpoint_pages:
+            try:
+                self._conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+                self._checkpoints += 1
+            except apsw.Error:
+                pass  # as SQLite's own auto-checkpoint: a later commit tries again
+        if self._room is not None:
+            self._room.keep(self._conn, self._frames)
+
+    def _commit_reporting(self, group: list[WriteOp], begun: bool = False) -> None:
         try:
+            self._commit(group, begun)
+        except BaseException as exc:  # pragma: no cover - a bug in this package
+            for op in group:
+                op.error = cause(
+                    AionInternalError(f"{self._location}: writer thread failed: {exc!r}; please report it"),
+                    exc,
+                )
+
+    def _transaction(self, ops: Sequence[WriteOp], fast: bool, begun: bool = False) -> WriteOp | None:
+        """Run ``ops`` in one transaction (``begun``: already open); return the write to drop
+        if one failed on its own."""
+        conn = self._conn
+        try:
+            if not begun:
+                conn.execute("BEGIN IMMEDIATE")
             if fast:
                 apply_group(conn, ops)
             else:
@@ -368,13 +555,25 @@ class Writer(_Service):
             raise
         return None
 
-    def _commit(self, group: list[WriteOp]) -> None:
+    def _commit(self, group: list[WriteOp], begun: bool = False) -> None:
+        began = self._clock()
+        try:
+            self._commit_group(group, begun)
+        finally:
+            ended = self._clock()
+            took = ended - began
+            self._commit_average += (took - self._commit_average) * INLINE_WEIGHT
+            if took > INLINE_STALL:
+                self._inline_resume_at = ended + INLINE_COOLDOWN
+
+    def _commit_group(self, group: list[WriteOp], begun: bool) -> None:
         self._largest = max(self._largest, len(group))
         todo: Sequence[WriteOp] = group
         fast = True
         while todo:
+            opened, begun = begun, False  # only the first transaction was opened by the caller
             try:
-                dropped = self._transaction(todo, fast)
+                dropped = self._transaction(todo, fast, opened)
             except TRANSACTION_ERRORS as exc:
                 self._fail(todo, exc)
                 return

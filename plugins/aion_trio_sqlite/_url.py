@@ -13,7 +13,10 @@ from aion_trio.plugin import InvalidStoreUrl
 Synchronous = Literal["FULL", "NORMAL"]
 
 _PREFIX = "sqlite://"
-_ACCEPTED = "synchronous=FULL (the default) or synchronous=NORMAL; mode=rw (the default) or mode=ro"
+_ACCEPTED = (
+    "synchronous=FULL (the default) or synchronous=NORMAL; mode=rw (the default) or mode=ro; "
+    "inline_commits=on (the default) or inline_commits=off"
+)
 _SYNC_ACCEPTED = "synchronous=FULL (the default) or synchronous=NORMAL"
 _EXAMPLES = "sqlite:////absolute/path/store.db or sqlite:///relative/store.db"
 
@@ -29,6 +32,9 @@ class SqliteUrl:
     read_only: bool = False
     """``mode=ro``: open an existing aion_trio database for reading only (nothing is created,
     migrated or written)."""
+    inline_commits: bool = True
+    """``inline_commits=off``: every commit on the writer thread, never on the Trio thread
+    (see the package docstring, *Threads*)."""
 
 
 def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
@@ -52,6 +58,7 @@ def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
         raise InvalidStoreUrl(f"{url!r}: the path contains a NUL character")
     synchronous: Synchronous = "FULL"
     read_only = False
+    inline_commits = True
     if query:
         try:
             pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=True)
@@ -67,6 +74,14 @@ def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
                     raise InvalidStoreUrl(f"{url!r}: mode={value!r} is not accepted; use mode=ro or mode=rw")
                 read_only = value.lower() == "ro"
                 continue
+            if name == "inline_commits":
+                if value.lower() not in ("on", "off"):
+                    raise InvalidStoreUrl(
+                        f"{url!r}: inline_commits={value!r} is not accepted; use inline_commits=on or "
+                        "inline_commits=off"
+                    )
+                inline_commits = value.lower() == "on"
+                continue
             if name != "synchronous":
                 raise InvalidStoreUrl(f"{url!r}: unknown option {name!r}; accepted options: {_ACCEPTED}")
             level = value.upper()
@@ -78,5 +93,9 @@ def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
                 raise InvalidStoreUrl(f"{url!r}: synchronous={value!r} is not accepted; use {_SYNC_ACCEPTED}")
     base = cwd if cwd is not None else os.getcwd()
     return SqliteUrl(
-        url=url, path=os.path.normpath(os.path.join(base, path)), synchronous=synchronous, read_only=read_only
+        url=url,
+        path=os.path.normpath(os.path.join(base, path)),
+        synchronous=synchronous,
+        read_only=read_only,
+        inline_commits=inline_commits,
     )

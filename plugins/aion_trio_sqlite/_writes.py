@@ -64,6 +64,8 @@ class WriteOp:
     __slots__ = ("done", "error", "task")
     doing = "writing"
     is_append = False
+    #: A write with no need of a commit of its own (see :class:`RiderOp`).
+    rider = False
 
     def __init__(self) -> None:
         self.task: Any = None
@@ -140,6 +142,21 @@ class StatementOp(WriteOp):
                 conn.executemany(sql, params)
             else:
                 conn.execute(sql, params)
+
+
+class RiderOp(StatementOp):
+    """A statement write that waits for a commit to ride along with.
+
+    A visibility row is a projection of history, reconciled from it at
+    recovery; nothing waits for it but ``list``/``count``.  So instead of a
+    commit (an fsync) of its own, which a workflow's next append would queue
+    behind, the writer thread holds a group made only of riders for up to
+    :data:`~._threads.RIDER_WAIT` for another write to join, and an inline
+    commit takes the queued riders along.  It still returns only once committed.
+    """
+
+    __slots__ = ()
+    rider = True
 
 
 def _json(value: object) -> str:
