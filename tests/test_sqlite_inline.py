@@ -15,7 +15,7 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +25,14 @@ import pytest
 import trio
 import trio.testing
 
-from aion_trio import Event, InvalidStoreUrl, MarkerRecorded, Payload, VisibilityRow, WorkflowStatus
+from aion_trio import InvalidStoreUrl, VisibilityRow, WorkflowStatus
+from aion_trio.testing._samples import markers
 from aion_trio_sqlite import _threads, _walroom, open_sqlite_store, parse_sqlite_url
 from aion_trio_sqlite._store import SqliteStore
 from aion_trio_sqlite._threads import Writer
 
 UTC = timezone.utc
 T0 = datetime(2041, 5, 6, 7, 8, 9, tzinfo=UTC)
-
-
-def markers(workflow_id: str, first_seq: int, count: int) -> list[Event]:
-    return [
-        Event(
-            workflow_id=workflow_id,
-            seq=first_seq + i,
-            recorded_at=T0 + timedelta(microseconds=first_seq + i),
-            body=MarkerRecorded(name=f"m-{first_seq + i}", value=Payload.of(first_seq + i)),
-        )
-        for i in range(count)
-    ]
 
 
 def row(workflow_id: str) -> VisibilityRow:
