@@ -10,24 +10,29 @@ Workload: ``--workflows`` runs of one workflow that awaits ``--steps`` trivial
 async activities in sequence (each returns its input + 1), at most
 ``--concurrency`` runs in flight (start and result inside one limiter slot).
 
-In one run, on one machine, one after another on fresh database files in a
-fresh directory under ``--dir`` (default: the system temporary directory;
-removed at the end):
+In one run, on one machine, on fresh database files in a fresh directory
+under ``--dir`` (default: the system temporary directory; removed at the end):
 
 1. throughput on aion_trio ``memory://``, SQLite ``synchronous=FULL`` (the
-   durable default) and SQLite ``synchronous=NORMAL``;
-2. the same workload on DBOS Transact (``@DBOS.workflow`` + ``@DBOS.step``
-   async functions, ``asyncio.Semaphore``) with its SQLite system database,
-   once as DBOS ships it (rollback journal, ``synchronous=FULL``) and once with
-   the file switched to WAL beforehand (the journal mode aion_trio uses);
-   each DBOS measurement runs in a subprocess (asyncio, and DBOS is a
-   process-wide singleton), with ``--dbos-python`` (default: this interpreter);
-3. latency of one run alone (p50/p99 over ``--latency-runs`` sequential runs
-   after ``--warmup`` runs) on aion_trio SQLite FULL and on both DBOS setups,
-   interleaved: the three take turns, ``--latency-block`` runs each (the DBOS
-   processes stay up and idle between their turns), so that a drift of the
-   machine's fsync latency or CPU speed during the minutes of measurement
-   lands on every engine alike instead of on whichever happened to run last.
+   durable default) and SQLite ``synchronous=NORMAL``, and the same workload
+   on DBOS Transact (``@DBOS.workflow`` + ``@DBOS.step`` async functions,
+   ``asyncio.Semaphore``) with its SQLite system database, once as DBOS ships
+   it (rollback journal, ``synchronous=FULL``) and once with the file switched
+   to WAL beforehand (the journal mode aion_trio uses); each DBOS setup runs
+   in a subprocess (asyncio, and DBOS is a process-wide singleton), with
+   ``--dbos-python`` (default: this interpreter);
+2. latency of one run alone (p50/p99 over ``--latency-runs`` sequential runs
+   after ``--warmup`` runs) on aion_trio SQLite FULL and on both DBOS setups.
+
+Both are interleaved: every engine stays up (the DBOS processes idle between
+their turns) and they take turns, ``--throughput-block`` workflows (250) or
+``--latency-block`` runs (20) each, the order rotating every round, until
+each has done ``--workflows`` or ``--latency-runs``.  On a shared VM the
+CPU speed and the fsync latency drift by tens of percent over minutes, and
+aion_trio's throughput follows the CPU while DBOS's follows fsync: timed one
+after the other, the engines met different machines and the ratio moved with
+the drift.  Throughput is completed runs over the summed time of a side's
+blocks (each block starts with an empty pipeline and drains to empty).
 
 Prints one JSON line per result, with aion/DBOS ratios.  Targets (SQLite FULL):
 steps/s >= 10x DBOS's; p50 latency <= 1/5 of DBOS's.  ``--seconds S`` caps
@@ -102,47 +107,17 @@ def aion_definitions() -> tuple[Any, Any]:
     return chain, increment
 
 
-async def aion_throughput(url: str, workflows: int, steps: int, concurrency: int, cap: float | None) -> Any:
-    import trio
+class AionSide:
+    """One aion_trio engine on ``url``, kept open while it serves blocks of work on request."""
 
-    import aion_trio as aion
-
-    chain, increment = aion_definitions()
-    limiter = trio.CapacityLimiter(concurrency)
-    done = 0
-    async with aion.open_engine(url, workflows=[chain], activities=[increment]) as engine:
-
-        async def one(i: int, deadline: float) -> None:
-            nonlocal done
-            async with limiter:
-                if time.perf_counter() >= deadline:
-                    return
-                run = await engine.start(chain, steps, workflow_id=f"wf-{i}")
-                result = await run.result()
-                if result != steps:
-                    raise RuntimeError(f"workflow wf-{i} returned {result!r}, expected {steps}")
-                done += 1
-
-        start = time.perf_counter()
-        deadline = math.inf if cap is None else start + cap
-        async with trio.open_nursery() as nursery:
-            for i in range(workflows):
-                nursery.start_soon(one, i, deadline)
-        elapsed = time.perf_counter() - start
-    return throughput_summary(done, steps, elapsed)
-
-
-class AionLatency:
-    """One aion_trio engine on a fresh SQLite FULL file, timing single runs in blocks."""
-
-    def __init__(self, url: str, steps: int) -> None:
+    def __init__(self, label: str, url: str, steps: int) -> None:
+        self.label = label
         self.url = url
         self.steps = steps
-        self.samples: list[float] = []
         self._runs = 0
 
     async def serve(self, warmup: int, task_status: Any) -> None:
-        """Open the engine, run the warm-up, then serve blocks until cancelled."""
+        """Open the engine, run ``warmup`` untimed runs, then serve blocks until cancelled."""
         import trio
 
         import aion_trio as aion
@@ -158,23 +133,62 @@ class AionLatency:
     async def _one(self) -> float:
         self._runs += 1
         start = time.perf_counter()
-        run = await self._engine.start(self._chain, self.steps, workflow_id=f"lat-{self._runs}")
+        run = await self._engine.start(self._chain, self.steps, workflow_id=f"wf-{self._runs}")
         if await run.result() != self.steps:
-            raise RuntimeError(f"workflow lat-{self._runs} returned a wrong result")
+            raise RuntimeError(f"workflow wf-{self._runs} of {self.label} returned a wrong result")
         return time.perf_counter() - start
+
+
+class AionLatency(AionSide):
+    """Single runs one after another: each block adds ``n`` samples."""
+
+    def __init__(self, label: str, url: str, steps: int) -> None:
+        super().__init__(label, url, steps)
+        self.samples: list[float] = []
 
     async def block(self, runs: int) -> None:
         for _ in range(runs):
             self.samples.append(await self._one())
 
 
-class DbosLatency:
-    """A DBOS latency subprocess (``--dbos-worker latency``) that times blocks on request."""
+class AionThroughput(AionSide):
+    """Each block runs ``n`` workflows, at most ``concurrency`` in flight, none started after
+    ``cap`` seconds from the block's start (``None``: no cap); adds up completed runs and time."""
 
-    def __init__(self, command: list[str], journal: str) -> None:
+    def __init__(self, label: str, url: str, steps: int, concurrency: int, cap: float | None) -> None:
+        super().__init__(label, url, steps)
+        self.concurrency = concurrency
+        self.cap = cap
+        self.done = 0
+        self.seconds = 0.0
+
+    async def block(self, workflows: int) -> None:
+        import trio
+
+        limiter = trio.CapacityLimiter(self.concurrency)
+        start = time.perf_counter()
+        deadline = math.inf if self.cap is None else start + self.cap
+
+        async def one() -> None:
+            async with limiter:
+                if time.perf_counter() < deadline:
+                    await self._one()
+                    self.done += 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(workflows):
+                nursery.start_soon(one)
+        self.seconds += time.perf_counter() - start
+
+
+class DbosSide:
+    """A DBOS subprocess (``--dbos-worker MODE``) kept running, idle between the blocks
+    it serves on request: one line ``N`` on its stdin, one JSON line back."""
+
+    def __init__(self, label: str, command: list[str], journal: str) -> None:
+        self.label = label
         self.command = command
         self.journal = journal
-        self.samples: list[float] = []
         self.info: dict[str, Any] = {}
         self._buffer = b""
 
@@ -182,7 +196,7 @@ class DbosLatency:
         while b"\n" not in self._buffer:
             chunk = await self._proc.stdout.receive_some()
             if not chunk:
-                raise RuntimeError(f"DBOS latency worker ({self.journal}) exited early")
+                raise RuntimeError(f"DBOS worker {self.label} exited early")
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return dict(json.loads(line))
@@ -193,7 +207,7 @@ class DbosLatency:
         proc = await trio.lowlevel.open_process(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._proc = proc
         try:
-            await self._line()  # {"ready": true}: launched and warmed up
+            await self._line()  # {"ready": true}: launched (and warmed up)
             task_status.started()
             try:
                 await trio.sleep_forever()
@@ -210,32 +224,50 @@ class DbosLatency:
                 await proc.stdin.aclose()
                 await proc.stdout.aclose()
         if proc.returncode != 0:
-            raise RuntimeError(f"DBOS latency worker ({self.journal}) failed with exit {proc.returncode}")
+            raise RuntimeError(f"DBOS worker {self.label} failed with exit {proc.returncode}")
+
+    async def request(self, n: int) -> dict[str, Any]:
+        await self._proc.stdin.send_all(b"%d\n" % n)
+        return await self._line()
+
+
+class DbosLatency(DbosSide):
+    def __init__(self, label: str, command: list[str], journal: str) -> None:
+        super().__init__(label, command, journal)
+        self.samples: list[float] = []
 
     async def block(self, runs: int) -> None:
-        await self._proc.stdin.send_all(b"%d\n" % runs)
-        self.samples.extend((await self._line())["samples"])
+        self.samples.extend((await self.request(runs))["samples"])
 
 
-async def interleaved_latency(
-    aion_url: str, dbos: list[DbosLatency], runs: int, warmup: int, steps: int, block: int, cap: float | None
-) -> tuple[AionLatency, list[DbosLatency]]:
-    """Time ``runs`` single runs of aion_trio and of each DBOS setup, in blocks of ``block``
-    runs taken in turn (the order rotating every round), so that every engine is timed
-    across the same stretch of the machine's life: a drift in fsync latency or CPU speed
-    during the measurement lands on all of them alike, not on whichever ran last."""
+class DbosThroughput(DbosSide):
+    def __init__(self, label: str, command: list[str], journal: str) -> None:
+        super().__init__(label, command, journal)
+        self.done = 0
+        self.seconds = 0.0
+
+    async def block(self, workflows: int) -> None:
+        reply = await self.request(workflows)
+        self.done += int(reply["done"])
+        self.seconds += float(reply["seconds"])
+
+
+async def interleave(sides: list[Any], total: int, block: int, warmup: int, cap: float | None) -> None:
+    """Give every side ``total`` units of work in blocks of ``block``, the sides taking turns
+    (the order rotating every round), so that every engine is measured across the same
+    stretch of the machine's life: a drift of fsync latency or CPU speed during the
+    minutes of measurement lands on all of them alike, not on whichever ran last.
+    ``cap``: no new round after that many seconds (a smoke run)."""
     import trio
 
-    aion_side = AionLatency(aion_url, steps)
-    sides: list[Any] = [aion_side, *dbos]
     deadline = math.inf if cap is None else time.perf_counter() + cap
     async with trio.open_nursery() as nursery:
         for side in sides:
             await nursery.start(side.serve, warmup)
         done = 0
         turn = 0
-        while done < runs:
-            n = min(block, runs - done)
+        while done < total:
+            n = min(block, total - done)
             order = sides[turn % len(sides) :] + sides[: turn % len(sides)]
             for side in order:
                 await side.block(n)
@@ -244,7 +276,6 @@ async def interleaved_latency(
             if time.perf_counter() >= deadline:
                 break
         nursery.cancel_scope.cancel()
-    return aion_side, dbos
 
 
 # --------------------------------------------------------------------------
@@ -270,10 +301,17 @@ def dbos_worker(args: argparse.Namespace) -> int:
     chain_workflow = define_chain()
 
     async def throughput() -> dict[str, Any]:
-        done, elapsed = await run_chains(
-            chain_workflow, args.workflows, args.steps, args.concurrency, args.seconds
-        )
-        return throughput_summary(done, args.steps, elapsed)
+        # Served in blocks: one line "N" on stdin runs N workflows (at most
+        # --concurrency in flight) and answers how many completed in how long.
+        print(json.dumps({"ready": True}), flush=True)
+        while True:
+            line = sys.stdin.readline().strip()
+            if not line or line == "end":
+                return {}
+            done, elapsed = await run_chains(
+                chain_workflow, int(line), args.steps, args.concurrency, args.seconds
+            )
+            print(json.dumps({"done": done, "seconds": elapsed}), flush=True)
 
     async def latency() -> dict[str, Any]:
         # Served in blocks: one line "N" on stdin times N runs and answers their
@@ -343,15 +381,6 @@ def dbos_command(args: argparse.Namespace, directory: str, mode: str, journal: s
     return command
 
 
-def run_dbos(args: argparse.Namespace, directory: str, mode: str, journal: str) -> dict[str, Any]:
-    command = dbos_command(args, directory, mode, journal)
-    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise RuntimeError(f"DBOS {mode} ({journal}) failed with exit {proc.returncode}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
-
-
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
@@ -394,76 +423,78 @@ def run_all(args: argparse.Namespace, directory: str) -> None:
     if skip_reason is not None:
         emit({"kind": "skipped", "engine": "dbos", "reason": skip_reason})
 
-    # 1. aion_trio throughput, each store on a fresh file.
-    aion_tp: dict[str, dict[str, Any]] = {}
-    for store, url_for in AION_STORES:
-        url = url_for(fresh(directory, f"aion-tp-{store}"))
-        result = trio.run(aion_throughput, url, args.workflows, args.steps, args.concurrency, args.seconds)
-        aion_tp[store] = result
-        emit({"kind": "throughput", "engine": "aion_trio", "store": store, **workload, **result})
-
-    # 2. DBOS throughput, then the ratios.
-    dbos_tp: dict[str, dict[str, Any]] = {}
+    # 1. Throughput: the three aion_trio stores and the two DBOS setups, each on a
+    #    fresh file, interleaved in blocks of --throughput-block workflows.
+    tp_sides: list[Any] = [
+        AionThroughput(
+            store, url_for(fresh(directory, f"aion-tp-{store}")), args.steps, args.concurrency, args.seconds
+        )
+        for store, url_for in AION_STORES
+    ]
     if skip_reason is None:
-        for journal in DBOS_JOURNALS:
-            result = run_dbos(args, fresh(directory, f"dbos-tp-{journal}"), "throughput", journal)
-            dbos_tp[journal] = result
-            emit({"kind": "throughput", "engine": "dbos", "store": f"sqlite-{journal}", **workload, **result})
-        for store in aion_tp:
-            for journal, peer in dbos_tp.items():
-                record: dict[str, Any] = {
-                    "kind": "throughput_ratio",
-                    "aion_store": store,
-                    "dbos_store": f"sqlite-{journal}",
-                    "workflows_ratio": round(aion_tp[store]["workflows_per_s"] / peer["workflows_per_s"], 2),
-                    "steps_ratio": round(aion_tp[store]["steps_per_s"] / peer["steps_per_s"], 2),
-                }
-                if store == "sqlite-full":
-                    record["target"] = f"steps_ratio >= {THROUGHPUT_TARGET:g}"
-                    record["target_met"] = record["steps_ratio"] >= THROUGHPUT_TARGET
-                emit(record)
-
-    # 3. Latency of one run alone, aion_trio and DBOS timed in interleaved blocks.
-    url = AION_STORES[1][1](fresh(directory, "aion-latency"))
-    peers = []
-    if skip_reason is None:
-        peers = [
-            DbosLatency(dbos_command(args, fresh(directory, f"dbos-lat-{j}"), "latency", j), j)
+        tp_sides += [
+            DbosThroughput(
+                f"sqlite-{j}", dbos_command(args, fresh(directory, f"dbos-tp-{j}"), "throughput", j), j
+            )
             for j in DBOS_JOURNALS
         ]
-    aion_side, peers = trio.run(
-        interleaved_latency,
-        url,
-        peers,
-        args.latency_runs,
-        args.warmup,
-        args.steps,
-        args.latency_block,
-        args.seconds,
-    )
-    method = {"steps": args.steps, "warmup": args.warmup, "interleaved_block": args.latency_block}
-    aion_lat = latency_summary(aion_side.samples)
-    emit({"kind": "latency", "engine": "aion_trio", "store": "sqlite-full", **method, **aion_lat})
-    for peer in peers:
-        peer_lat = latency_summary(peer.samples)
+    trio.run(interleave, tp_sides, args.workflows, args.throughput_block, 0, args.seconds)
+    tp: dict[str, dict[str, Any]] = {}
+    for side in tp_sides:
+        result = throughput_summary(side.done, args.steps, side.seconds)
+        engine = "aion_trio" if isinstance(side, AionThroughput) else "dbos"
+        tp[f"{engine}:{side.label}"] = result
+        method = {"interleaved_block": args.throughput_block}
         emit(
             {
-                "kind": "latency",
-                "engine": "dbos",
-                "store": f"sqlite-{peer.journal}",
+                "kind": "throughput",
+                "engine": engine,
+                "store": side.label,
+                **workload,
                 **method,
-                **peer_lat,
-                **peer.info,
+                **result,
+                **getattr(side, "info", {}),
             }
         )
-        ratio = aion_lat["p50_ms"] / peer_lat["p50_ms"]
+    for store, _ in AION_STORES:
+        for journal in DBOS_JOURNALS if skip_reason is None else ():
+            mine, peer = tp[f"aion_trio:{store}"], tp[f"dbos:sqlite-{journal}"]
+            record: dict[str, Any] = {
+                "kind": "throughput_ratio",
+                "aion_store": store,
+                "dbos_store": f"sqlite-{journal}",
+                "workflows_ratio": round(mine["workflows_per_s"] / peer["workflows_per_s"], 2),
+                "steps_ratio": round(mine["steps_per_s"] / peer["steps_per_s"], 2),
+            }
+            if store == "sqlite-full":
+                record["target"] = f"steps_ratio >= {THROUGHPUT_TARGET:g}"
+                record["target_met"] = record["steps_ratio"] >= THROUGHPUT_TARGET
+            emit(record)
+
+    # 2. Latency of one run alone, aion_trio SQLite FULL and both DBOS setups, interleaved
+    #    in blocks of --latency-block runs.
+    aion_lat = AionLatency("sqlite-full", AION_STORES[1][1](fresh(directory, "aion-latency")), args.steps)
+    lat_sides: list[Any] = [aion_lat]
+    if skip_reason is None:
+        lat_sides += [
+            DbosLatency(f"sqlite-{j}", dbos_command(args, fresh(directory, f"dbos-lat-{j}"), "latency", j), j)
+            for j in DBOS_JOURNALS
+        ]
+    trio.run(interleave, lat_sides, args.latency_runs, args.latency_block, args.warmup, args.seconds)
+    method = {"steps": args.steps, "warmup": args.warmup, "interleaved_block": args.latency_block}
+    mine_lat = latency_summary(aion_lat.samples)
+    emit({"kind": "latency", "engine": "aion_trio", "store": "sqlite-full", **method, **mine_lat})
+    for peer in lat_sides[1:]:
+        peer_lat = latency_summary(peer.samples)
+        emit({"kind": "latency", "engine": "dbos", "store": peer.label, **method, **peer_lat, **peer.info})
+        ratio = mine_lat["p50_ms"] / peer_lat["p50_ms"]
         emit(
             {
                 "kind": "latency_ratio",
                 "aion_store": "sqlite-full",
-                "dbos_store": f"sqlite-{peer.journal}",
+                "dbos_store": peer.label,
                 "p50_aion_over_dbos": round(ratio, 3),
-                "p99_aion_over_dbos": round(aion_lat["p99_ms"] / peer_lat["p99_ms"], 3),
+                "p99_aion_over_dbos": round(mine_lat["p99_ms"] / peer_lat["p99_ms"], 3),
                 "p50_speedup": round(1 / ratio, 2),
                 "target": f"p50_aion_over_dbos <= {LATENCY_TARGET:g}",
                 "target_met": ratio <= LATENCY_TARGET,
@@ -481,6 +512,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-runs", type=int, default=200, help="sequential runs timed for latency")
     parser.add_argument("--warmup", type=int, default=20, help="untimed runs before the latency runs")
     parser.add_argument(
+        "--throughput-block",
+        type=int,
+        default=250,
+        help="throughput workflows per turn: every aion_trio store and DBOS setup takes turns, this many each",
+    )
+    parser.add_argument(
         "--latency-block",
         type=int,
         default=20,
@@ -493,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dbos-worker", choices=("throughput", "latency"), help=argparse.SUPPRESS)
     parser.add_argument("--dbos-journal", choices=DBOS_JOURNALS, default="delete", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("workflows", "steps", "concurrency", "latency_runs", "latency_block"):
+    for name in ("workflows", "steps", "concurrency", "latency_runs", "latency_block", "throughput_block"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.dbos_worker is not None:
