@@ -8,17 +8,19 @@ cancellation.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -97,6 +99,28 @@ async def run_one(
         run = await engine.start(one_charge, options, workflow_id="w")
         result = await run.result()
         return result, await engine.history("w")
+
+
+@attrs.define
+class FlakyOneCharge:
+    """An engine running ``one_charge`` on a memory store behind a FlakyStore (faults
+    armed by the test); ``history`` is workflow ``w``'s, read once the engine closed."""
+
+    flaky: aion.testing.FlakyStoreBundle
+    engine: aion.Engine
+    history: list[aion.Event] = attrs.Factory(list)
+
+
+@contextlib.asynccontextmanager
+async def flaky_one_charge(dispatcher: Any) -> AsyncIterator[FlakyOneCharge]:
+    async with aion.open_store(url()) as inner:
+        flaky = aion.testing.FlakyStoreBundle(inner)
+        async with aion.open_engine(
+            flaky, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
+        ) as engine:
+            opened = FlakyOneCharge(flaky=flaky, engine=engine)
+            yield opened
+        opened.history = await inner.events.read_history("w")
 
 
 def trail(history: Sequence[aion.Event]) -> list[tuple[str, int, bool | None]]:
@@ -453,17 +477,14 @@ async def test_losing_the_advisory_record_never_changes_the_outcome(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     dispatcher = Scripted([fail(aion.FailureCause.RETRYABLE, "down")])
-    async with aion.open_store(url()) as inner:
-        flaky = aion.testing.FlakyStoreBundle(inner)
-        async with aion.open_engine(
-            flaky, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
-        ) as engine:
-            # Appends: 1 WorkflowStarted, 2 the advisory note (refused; it carried the deferred
-            # Scheduled+Started, which stay owed), 3 Scheduled+Started+the failure.
-            flaky.events.fail_appends_after(1, 1, aion.NotFound("injected: advisory lost"))
-            run = await engine.start(one_charge, {"advisory": True}, workflow_id="w")
-            result = await run.result()
-        history = await inner.events.read_history("w")
+    async with flaky_one_charge(dispatcher) as opened:
+        flaky, engine = opened.flaky, opened.engine
+        # Appends: 1 WorkflowStarted, 2 the advisory note (refused; it carried the deferred
+        # Scheduled+Started, which stay owed), 3 Scheduled+Started+the failure.
+        flaky.events.fail_appends_after(1, 1, aion.NotFound("injected: advisory lost"))
+        run = await engine.start(one_charge, {"advisory": True}, workflow_id="w")
+        result = await run.result()
+    history = opened.history
     assert flaky.events.faults["append"] == 1, "control: the advisory append really failed"
     assert result == {"failed": "ConnectionError", "cause": "retryable", "message": "down"}
     assert not any(isinstance(e.body, aion.ActivityAdvisoryExhausted) for e in history)
@@ -478,28 +499,23 @@ async def test_a_transiently_failing_outcome_record_is_retried_until_it_lands_on
     """The settling record (ActivityCompleted) survives BackendUnavailable: two plain
     failures, then one that commits and reports failure, then it is seen as landed."""
     dispatcher = Scripted([ok("charged once")])
-    async with aion.open_store(url()) as inner:
-        flaky = aion.testing.FlakyStoreBundle(inner)
-        async with aion.open_engine(
-            flaky, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
-        ) as engine:
-            injected: list[str] = []
+    async with flaky_one_charge(dispatcher) as opened:
+        flaky, engine = opened.flaky, opened.engine
+        injected: list[str] = []
 
-            def busy() -> aion.BackendUnavailable:
-                injected.append("busy")
-                if len(injected) == 2:
-                    # The third try commits, and its acknowledgement is lost.
-                    flaky.events.commit_then_fail_next_appends(
-                        1, aion.BackendUnavailable("injected: ack lost")
-                    )
-                return aion.BackendUnavailable("injected: database is busy")
+        def busy() -> aion.BackendUnavailable:
+            injected.append("busy")
+            if len(injected) == 2:
+                # The third try commits, and its acknowledgement is lost.
+                flaky.events.commit_then_fail_next_appends(1, aion.BackendUnavailable("injected: ack lost"))
+            return aion.BackendUnavailable("injected: database is busy")
 
-            # Appends: 1 WorkflowStarted, then the outcome record (carrying the deferred
-            # Scheduled+Started).
-            flaky.events.fail_appends_after(1, 2, busy)
-            run = await engine.start(one_charge, {}, workflow_id="w")
-            result = await run.result()
-        history = await inner.events.read_history("w")
+        # Appends: 1 WorkflowStarted, then the outcome record (carrying the deferred
+        # Scheduled+Started).
+        flaky.events.fail_appends_after(1, 2, busy)
+        run = await engine.start(one_charge, {}, workflow_id="w")
+        result = await run.result()
+    history = opened.history
     assert flaky.events.faults["append"] == 3
     assert result == "charged once"
     assert dispatcher.attempts == [1], "the attempt ran once: only its record was retried"
@@ -510,16 +526,13 @@ async def test_an_outcome_record_refused_for_good_leaves_the_run_stuck_not_hung(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     dispatcher = Scripted([ok("charged")])
-    async with aion.open_store(url()) as inner:
-        flaky = aion.testing.FlakyStoreBundle(inner)
-        async with aion.open_engine(
-            flaky, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
-        ) as engine:
-            # Appends: 1 WorkflowStarted, 2 the outcome record, refused (not a transient error).
-            flaky.events.fail_appends_after(1, 1, aion.NotFound("injected: outcome refused"))
-            await engine.start(one_charge, {}, workflow_id="w")
-            await trio.testing.wait_all_tasks_blocked()
-            description = await engine.describe("w")
+    async with flaky_one_charge(dispatcher) as opened:
+        flaky, engine = opened.flaky, opened.engine
+        # Appends: 1 WorkflowStarted, 2 the outcome record, refused (not a transient error).
+        flaky.events.fail_appends_after(1, 1, aion.NotFound("injected: outcome refused"))
+        await engine.start(one_charge, {}, workflow_id="w")
+        await trio.testing.wait_all_tasks_blocked()
+        description = await engine.describe("w")
     assert flaky.events.faults["append"] == 1, "control: the outcome append really failed"
     assert description.status is aion.WorkflowStatus.RUNNING
     assert description.stuck_reason == (
@@ -531,16 +544,13 @@ async def test_a_failed_trail_record_fails_the_activity_honestly(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     dispatcher = Scripted([fail(aion.FailureCause.RETRYABLE, "reset"), ok("never")])
-    async with aion.open_store(url()) as inner:
-        flaky = aion.testing.FlakyStoreBundle(inner)
-        async with aion.open_engine(
-            flaky, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
-        ) as engine:
-            # The second append is the non-final ActivityFailed of attempt 1 (carrying the
-            # deferred Scheduled+Started).
-            flaky.events.fail_appends_after(1, 1, aion.NotFound("injected: trail record refused"))
-            run = await engine.start(one_charge, {"retry": 3}, workflow_id="w")
-            result = await run.result()
+    async with flaky_one_charge(dispatcher) as opened:
+        flaky, engine = opened.flaky, opened.engine
+        # The second append is the non-final ActivityFailed of attempt 1 (carrying the
+        # deferred Scheduled+Started).
+        flaky.events.fail_appends_after(1, 1, aion.NotFound("injected: trail record refused"))
+        run = await engine.start(one_charge, {"retry": 3}, workflow_id="w")
+        result = await run.result()
     assert flaky.events.faults["append"] == 1
     assert result["failed"] == "RetryTrailNotRecorded"
     assert dispatcher.attempts == [1], "no unrecorded second attempt"
