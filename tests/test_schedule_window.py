@@ -10,9 +10,10 @@ a crash inside the window loses them and replay schedules the activity again.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timezone
 
 import pytest
@@ -295,10 +296,22 @@ async def _started(recorder: Recorder) -> None:
         )
 
 
-async def test_deferred_records_lead_the_next_append_with_their_own_time() -> None:
-    async with aion.open_store("memory://") as store, trio.open_nursery() as nursery:
-        recorder = Recorder("w", store.events, EngineEpoch(nursery), TrioClock.start())
+@contextlib.asynccontextmanager
+async def _started_recorder() -> AsyncIterator[
+    tuple[aion.Store, aion_trio.testing.FlakyStoreBundle, Recorder]
+]:
+    """Workflow ``w``'s recorder, its run started, on a memory store seen through a
+    FlakyStore (no fault armed unless the test arms one): (the store, the flaky view, the recorder)."""
+    async with aion.open_store("memory://") as inner, trio.open_nursery() as nursery:
+        flaky = aion_trio.testing.FlakyStoreBundle(inner)
+        recorder = Recorder("w", flaky.events, EngineEpoch(nursery), TrioClock.start())
         await _started(recorder)
+        yield inner, flaky, recorder
+        nursery.cancel_scope.cancel()
+
+
+async def test_deferred_records_lead_the_next_append_with_their_own_time() -> None:
+    async with _started_recorder() as (store, _, recorder):
         async with recorder.lock:
             recorder.defer(_scheduled(0), at=T0)
             assert recorder.deferred
@@ -316,13 +329,10 @@ async def test_deferred_records_lead_the_next_append_with_their_own_time() -> No
         assert [e.recorded_at for e in history[1:3]] == [T0, T0]
         assert history[3].recorded_at > T0
         assert recorder.appends == 2
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_decision_writes_deferred_records_first_unless_told_to_keep_them() -> None:
-    async with aion.open_store("memory://") as store, trio.open_nursery() as nursery:
-        recorder = Recorder("w", store.events, EngineEpoch(nursery), TrioClock.start())
-        await _started(recorder)
+    async with _started_recorder() as (store, _, recorder):
         async with recorder.lock:
             recorder.defer(_scheduled(0), at=T0)
             history = await recorder.current_history(keep_deferred=True)
@@ -332,14 +342,10 @@ async def test_a_decision_writes_deferred_records_first_unless_told_to_keep_them
             assert _types(history)[1:] == ["ActivityScheduled", "ActivityStarted"]
             assert not recorder.deferred
         assert len(await store.events.read_history("w")) == 3
-        nursery.cancel_scope.cancel()
 
 
 async def test_deferred_records_stay_owed_when_an_append_writes_nothing() -> None:
-    async with aion.open_store("memory://") as inner, trio.open_nursery() as nursery:
-        flaky = aion_trio.testing.FlakyStoreBundle(inner)
-        recorder = Recorder("w", flaky.events, EngineEpoch(nursery), TrioClock.start())
-        await _started(recorder)
+    async with _started_recorder() as (inner, flaky, recorder):
         flaky.events.fail_next_appends(1, aion.NotFound("injected: refused"))
         async with recorder.lock:
             recorder.defer(_scheduled(0), at=T0)
@@ -355,14 +361,10 @@ async def test_deferred_records_stay_owed_when_an_append_writes_nothing() -> Non
             "ActivityScheduled",
             "ActivityStarted",
         ]
-        nursery.cancel_scope.cancel()
 
 
 async def test_deferred_records_in_an_append_that_landed_unacknowledged_are_not_written_twice() -> None:
-    async with aion.open_store("memory://") as inner, trio.open_nursery() as nursery:
-        flaky = aion_trio.testing.FlakyStoreBundle(inner)
-        recorder = Recorder("w", flaky.events, EngineEpoch(nursery), TrioClock.start())
-        await _started(recorder)
+    async with _started_recorder() as (inner, flaky, recorder):
         flaky.events.commit_then_fail_next_appends(1, aion.BackendUnavailable("injected: ack lost"))
         async with recorder.lock:
             recorder.defer(_scheduled(0), at=T0)
@@ -379,7 +381,6 @@ async def test_deferred_records_in_an_append_that_landed_unacknowledged_are_not_
             "MarkerRecorded",
             "MarkerRecorded",
         ]
-        nursery.cancel_scope.cancel()
 
 
 # --------------------------------------------------------------------------
