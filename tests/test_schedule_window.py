@@ -78,6 +78,11 @@ def _config(window: float | None = WINDOW) -> aion.EngineConfig:
     return aion.EngineConfig(activity_schedule_window=window)
 
 
+def _engine(url: str, window: float | None = WINDOW) -> contextlib.AbstractAsyncContextManager[aion.Engine]:
+    """An engine with this module's workflows and activities and the given window."""
+    return aion.open_engine(url, workflows=WORKFLOWS, activities=ACTIVITIES, config=_config(window))
+
+
 def _types(history: Sequence[aion.Event]) -> list[str]:
     return [e.type for e in history]
 
@@ -113,9 +118,7 @@ async def _has(engine: aion.Engine, workflow_id: str, body: type) -> bool:
 async def test_a_quick_activity_costs_one_append_and_the_history_is_unchanged(
     store_url: Callable[[], str], window: float | None
 ) -> None:
-    async with aion.open_engine(
-        store_url(), workflows=WORKFLOWS, activities=ACTIVITIES, config=_config(window)
-    ) as engine:
+    async with _engine(store_url(), window) as engine:
         run = await engine.start(three_steps, 1, workflow_id="w")
         assert await run.result() == 4
         recorder = await engine._core.recorder_for("w")
@@ -132,9 +135,7 @@ async def test_a_quick_activity_costs_one_append_and_the_history_is_unchanged(
 async def test_a_slow_activity_is_recorded_when_the_window_closes(
     store_url: Callable[[], str], mock_clock: trio.testing.MockClock
 ) -> None:
-    async with aion.open_engine(
-        store_url(), workflows=WORKFLOWS, activities=ACTIVITIES, config=_config()
-    ) as engine:
+    async with _engine(store_url()) as engine:
         run = await engine.start(waits_on_gate, 2, workflow_id="w")
         await _until(lambda: bool(RUNS))
         assert RUNS == ["gated 2"], "control: the attempt is running"
@@ -161,9 +162,7 @@ async def test_a_slow_activity_is_recorded_when_the_window_closes(
 async def test_the_window_flush_does_not_queue_behind_a_busy_recorder(
     store_url: Callable[[], str], mock_clock: trio.testing.MockClock
 ) -> None:
-    async with aion.open_engine(
-        store_url(), workflows=WORKFLOWS, activities=ACTIVITIES, config=_config()
-    ) as engine:
+    async with _engine(store_url()) as engine:
         await engine.start(waits_on_gate, 7, workflow_id="w")
         await _until(lambda: bool(RUNS))
         recorder = await engine._core.recorder_for("w")
@@ -182,9 +181,7 @@ async def test_the_window_flush_does_not_queue_behind_a_busy_recorder(
 async def test_a_command_recorded_inside_the_window_carries_the_held_back_schedule(
     store_url: Callable[[], str], mock_clock: trio.testing.MockClock
 ) -> None:
-    async with aion.open_engine(
-        store_url(), workflows=WORKFLOWS, activities=ACTIVITIES, config=_config()
-    ) as engine:
+    async with _engine(store_url()) as engine:
         await engine.start(starts_then_sleeps, 3, workflow_id="w")
         recorder = await engine._core.recorder_for("w")
         # The recorder's own history grows once the append has returned.
@@ -207,9 +204,7 @@ async def test_a_command_recorded_inside_the_window_carries_the_held_back_schedu
 async def test_terminating_inside_the_window_settles_the_held_back_activity(
     store_url: Callable[[], str], mock_clock: trio.testing.MockClock, window: float | None
 ) -> None:
-    async with aion.open_engine(
-        store_url(), workflows=WORKFLOWS, activities=ACTIVITIES, config=_config(window)
-    ) as engine:
+    async with _engine(store_url(), window) as engine:
         await engine.start(waits_on_gate, 4, workflow_id="w")
         await _until(lambda: bool(RUNS))
         held_back = _count(await engine.history("w"), aion.ActivityScheduled) == 0
@@ -230,7 +225,7 @@ async def test_a_graceful_close_writes_the_held_back_schedule(
     store_url: Callable[[], str], mock_clock: trio.testing.MockClock
 ) -> None:
     url = store_url()
-    async with aion.open_engine(url, workflows=WORKFLOWS, activities=ACTIVITIES, config=_config()) as engine:
+    async with _engine(url) as engine:
         await engine.start(waits_on_gate, 5, workflow_id="w")
         await _until(lambda: bool(RUNS))
         assert _count(await engine.history("w"), aion.ActivityScheduled) == 0, "control: held back"
@@ -248,9 +243,7 @@ async def test_a_crash_inside_the_window_loses_the_attempt_and_replay_runs_it_ag
 ) -> None:
     url = store_url()
     with pytest.raises(_Crash):  # noqa: PT012 - the crash is the block's last statement
-        async with aion.open_engine(
-            url, workflows=WORKFLOWS, activities=ACTIVITIES, config=_config()
-        ) as engine:
+        async with _engine(url) as engine:
             await engine.start(waits_on_gate, 6, workflow_id="w")
             await _until(lambda: bool(RUNS))
             raise _Crash  # an abnormal exit writes nothing more
@@ -258,7 +251,7 @@ async def test_a_crash_inside_the_window_loses_the_attempt_and_replay_runs_it_ag
         history = await store.events.read_history("w")
     assert _types(history) == ["WorkflowStarted"], "the attempt left no trace"
     GATE["open"].set()
-    async with aion.open_engine(url, workflows=WORKFLOWS, activities=ACTIVITIES, config=_config()) as engine:
+    async with _engine(url) as engine:
         assert await engine.result("w") == 60
         history = await engine.history("w")
     assert RUNS == ["gated 6", "gated 6"], "at least once: the lost attempt ran again"
