@@ -377,12 +377,14 @@ class RecordOutcome(enum.Enum):
 
 
 async def record_activity_event(
-    recorder: Recorder, run_id: str, activity_id: int, body: EventBody
+    recorder: Recorder, run_id: str, activity_id: int, body: EventBody, *, retried: bool = False
 ) -> RecordOutcome:
     """The guarded append every activity record goes through.
 
     Under the recorder lock: epoch gate first, then the run's segment (re-read
     if stale): if the activity or the run already has a terminal, stand down.
+    ``retried``: an earlier try of this very record failed with an unknown
+    outcome, so first look whether it landed (then it is not written twice).
     Store errors propagate (the caller decides whether to retry).
     """
     action = f"record {type(body).__name__}"
@@ -392,7 +394,9 @@ async def record_activity_event(
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
         # The activity's own deferred schedule (if any) shares this append.
-        await recorder.current_history(keep_deferred=True)
+        history = await recorder.current_history(keep_deferred=True)
+        if retried and _landed(history, run_id, body):
+            return RecordOutcome.RECORDED
         state = recorder.run_state(run_id)
         if activity_id in state.settled or state.ended is not None:
             return RecordOutcome.SETTLED_ELSEWHERE
@@ -401,6 +405,22 @@ async def record_activity_event(
         except EngineEpochClosed:
             return RecordOutcome.EPOCH_CLOSED
         return RecordOutcome.RECORDED
+
+
+def _record_key(body: EventBody) -> tuple[Any, ...]:
+    """What tells one activity record apart from every other of its run."""
+    return (
+        type(body),
+        getattr(body, "activity_id", None),
+        getattr(body, "attempt", None),
+        getattr(body, "final", None),
+    )
+
+
+def _landed(history: Sequence[Event], run_id: str, body: EventBody) -> bool:
+    """Whether ``body`` is already in ``run_id``'s segment (an append of unknown outcome landed)."""
+    key = _record_key(body)
+    return any(_record_key(event.body) == key for event in run_segment(history, run_id))
 
 
 class RecordFailed(Exception):
@@ -467,10 +487,12 @@ class ActivityDriver:
     # -- records -------------------------------------------------------------
 
     async def _required(self, body: EventBody) -> RecordOutcome:
-        """A trail record the loop cannot continue without; a store failure raises RecordFailed."""
+        """A trail record the loop cannot continue without: retried on transient store
+        failures like the settling record; any other store failure raises RecordFailed."""
+        what = f"record {type(body).__name__} of activity:{self.request.activity_id} {self.request.activity_type}"
         try:
-            return await record_activity_event(
-                self.recorder, self.request.run_id, self.request.activity_id, body
+            return await _record_retrying(
+                self.recorder, self.request, body, self.record_backoff, self.log, what
             )
         except StoreError as exc:
             raise RecordFailed(f"{type(exc).__name__}: {exc}") from exc
@@ -786,6 +808,28 @@ class ActivityDriver:
         return None
 
 
+async def _record_retrying(
+    recorder: Recorder,
+    request: ActivityRequest,
+    body: EventBody,
+    record_backoff: tuple[float, float],
+    log_extra: dict[str, Any],
+    what: str,
+) -> RecordOutcome:
+    """``record_activity_event``, retried on ``BackendUnavailable`` until it lands
+    (a try whose commit landed unacknowledged is found, not written twice)."""
+    backoff: TransientBackoff | None = None  # built on the first transient failure
+    while True:
+        try:
+            return await record_activity_event(
+                recorder, request.run_id, request.activity_id, body, retried=backoff is not None
+            )
+        except BackendUnavailable as exc:
+            if backoff is None:
+                backoff = TransientBackoff(*record_backoff, logger, log_extra)
+            await backoff.failed(what, exc)
+
+
 async def _record_outcome(
     recorder: Recorder,
     request: ActivityRequest,
@@ -793,29 +837,18 @@ async def _record_outcome(
     record_backoff: tuple[float, float],
     log_extra: dict[str, Any],
 ) -> RecordOutcome:
-    backoff: TransientBackoff | None = None  # built on the first transient failure
-    while True:
-        try:
-            result = await record_activity_event(recorder, request.run_id, request.activity_id, body)
-        except BackendUnavailable as exc:
-            if backoff is None:
-                backoff = TransientBackoff(*record_backoff, logger, log_extra)
-            what = (
-                f"record the outcome of activity:{request.activity_id} {request.activity_type} "
-                f"(attempt {request.attempt})"
-            )
-            await backoff.failed(what, exc)
-            continue
-        if result is RecordOutcome.EPOCH_CLOSED:
-            logger.info(
-                "activity:%d outcome not recorded: the engine is shutting down; recovery re-dispatches it",
-                request.activity_id,
-                extra=log_extra,
-            )
-        elif result is RecordOutcome.SETTLED_ELSEWHERE:
-            logger.debug(
-                "activity:%d was settled elsewhere; this outcome is dropped",
-                request.activity_id,
-                extra=log_extra,
-            )
-        return result
+    what = f"record the outcome of activity:{request.activity_id} {request.activity_type} (attempt {request.attempt})"
+    result = await _record_retrying(recorder, request, body, record_backoff, log_extra, what)
+    if result is RecordOutcome.EPOCH_CLOSED:
+        logger.info(
+            "activity:%d outcome not recorded: the engine is shutting down; recovery re-dispatches it",
+            request.activity_id,
+            extra=log_extra,
+        )
+    elif result is RecordOutcome.SETTLED_ELSEWHERE:
+        logger.debug(
+            "activity:%d was settled elsewhere; this outcome is dropped",
+            request.activity_id,
+            extra=log_extra,
+        )
+    return result

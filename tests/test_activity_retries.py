@@ -556,6 +556,37 @@ async def test_a_failed_trail_record_fails_the_activity_honestly(
     assert dispatcher.attempts == [1], "no unrecorded second attempt"
 
 
+@pytest.mark.parametrize("landed", [False, True], ids=["refused", "committed-unacknowledged"])
+@pytest.mark.parametrize("record", [2, 3], ids=["trail-failure", "next-start"])
+async def test_a_transient_fault_on_a_retry_record_is_retried_and_recorded_once(
+    autojump_clock: trio.testing.MockClock, record: int, landed: bool
+) -> None:
+    """A BackendUnavailable on the non-final ActivityFailed (append 2, carrying the deferred
+    Scheduled+Started) or on the next ActivityStarted (append 3) is retried like every
+    other record: the activity fails only by its own policy, and an append whose commit
+    landed unacknowledged is found on the re-read, not written twice."""
+    dispatcher = Scripted([fail(aion.FailureCause.RETRYABLE, "reset"), ok("charged")])
+    async with flaky_one_charge(dispatcher) as opened:
+        flaky, engine = opened.flaky, opened.engine
+        fault = aion.BackendUnavailable("injected: database restarting")
+        if landed:
+            flaky.events.commit_then_fail_appends_after(record - 1, 1, fault)
+        else:
+            flaky.events.fail_appends_after(record - 1, 2, fault)
+        run = await engine.start(one_charge, {"retry": 3}, workflow_id="w")
+        result = await run.result()
+    assert flaky.events.faults["append"] == (1 if landed else 2), "control: the record's append really failed"
+    assert result == "charged"
+    assert dispatcher.attempts == [1, 2]
+    assert trail(opened.history) == [
+        ("started", 1, None),
+        ("failed", 1, False),
+        ("started", 2, None),
+        ("completed", 2, None),
+    ]
+    assert [e.seq for e in opened.history] == list(range(1, len(opened.history) + 1))
+
+
 # --------------------------------------------------------------------------
 # Timeouts and heartbeats (real in-process activities)
 # --------------------------------------------------------------------------

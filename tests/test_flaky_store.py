@@ -112,6 +112,16 @@ async def test_commit_then_fail_lands_the_batch_but_loses_the_acknowledgement(fl
     assert info.value.found == 2
 
 
+async def test_commit_then_fail_after_k_lets_k_appends_through_first(flaky: FlakyStore) -> None:
+    flaky.commit_then_fail_appends_after(1, 1)
+    await flaky.append("wf", markers("wf", 1, 1), 0)
+    with pytest.raises(BackendUnavailable, match="committed but its acknowledgement was lost"):
+        await flaky.append("wf", markers("wf", 2, 1), 1)
+    assert len(await flaky.inner.read_history("wf")) == 2
+    await flaky.append("wf", markers("wf", 3, 1), 2)
+    assert flaky.faults["append"] == 1
+
+
 async def test_commit_then_fail_stays_armed_when_the_inner_append_fails(flaky: FlakyStore) -> None:
     await flaky.append("wf", markers("wf", 1, 1), 0)
     flaky.commit_then_fail_next_appends(1)

@@ -212,7 +212,11 @@ class FlakyStore(_Flaky[EventStore]):
         the inner append itself fails (conflict, invalid batch, cancelled),
         that error propagates and the fault stays armed.
         """
-        self._arm("append", 0, n, _Fault("commit_then_fail", _check_exc(exc)))
+        self.commit_then_fail_appends_after(0, n, exc)
+
+    def commit_then_fail_appends_after(self, k: int, n: int = 1, exc: ExceptionSpec | None = None) -> None:
+        """After ``k`` more appends pass through, the next ``n`` commit, then raise (as above)."""
+        self._arm("append", k, n, _Fault("commit_then_fail", _check_exc(exc)))
 
     async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
         fault = await self._begin("append")
