@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final, runtime_checkable
 import attrs
 import trio
 
+from ._contain import being_cancelled, is_structural
 from ._definitions import ActivityDefinition, ActivityLoop
 from ._errors import (
     BackendUnavailable,
@@ -334,7 +335,15 @@ class InProcessDispatcher:
             return None, ActivityOutcome(
                 error=error_from_exception(exc, FailureCause.RETRYABLE), kind=OutcomeKind.WORKER_LOST
             )
-        except Exception as exc:
+        except BaseException as exc:
+            # Any exception of the code's own (SystemExit, a custom BaseException,
+            # asyncio's CancelledError...) fails the attempt; only the engine's
+            # cancellation and a Ctrl-C pass (see _contain).
+            if is_structural(exc):
+                raise
+            if being_cancelled():
+                # Raised while the engine cancels the attempt: that is the cancellation.
+                await trio.lowlevel.checkpoint()
             retry = options.retry
             cause = (
                 FailureCause.TERMINAL

@@ -44,6 +44,7 @@ from ._completion import (
     reconcile_registry,
     teardown_bodies,
 )
+from ._contain import is_structural
 from ._context import (
     SCOPE_TIMEOUT_TYPE,
     ContinueAsNew,
@@ -637,7 +638,11 @@ class EngineCore:
                     intent = TerminalIntent.continued_as_new(payload, request.workflow_type, exit_time)
                 except PayloadError as exc:
                     intent = TerminalIntent.failed(error_info(exc), exit_time)
-            except Exception as exc:
+            except BaseException as exc:
+                # SystemExit or any other BaseException of the code's own fails the
+                # run; only the engine's cancellation and a Ctrl-C pass (see _contain).
+                if is_structural(exc):
+                    raise
                 if ctx._poisoned is not None:
                     await self.mark_stuck(lease, str(ctx._poisoned))
                     return
