@@ -192,7 +192,7 @@ async def test_a_real_ctrl_c_during_an_activity_still_interrupts_the_process() -
             ) as engine:
                 run = await engine.start(interrupted, workflow_id="ctrl-c")
                 await run.result()
-    except BaseException as exc:  # noqa: BLE001 - the test inspects it
+    except BaseException as exc:
         caught = exc
     assert isinstance(caught, KeyboardInterrupt), repr(caught)
     assert is_structural(caught)
