@@ -73,15 +73,47 @@ def committed_elsewhere(path: Path, workflow_id: str) -> int:
         conn.close()
 
 
+@attrs.define
+class CommitClock:
+    """The writer's clock: it moves only by ``cost`` seconds inside every transaction.
+
+    A test that counts inline commits sets it (cost 0): on the real clock, one pause
+    of this process during a commit (a garbage collection after a hypothesis-heavy
+    test, a CPU taken by other work) makes the commit look stalled and ends inline
+    commits for ``_threads.INLINE_COOLDOWN``, so the count would depend on the machine."""
+
+    now: float = 1000.0
+    cost: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def commit_clock(monkeypatch: pytest.MonkeyPatch) -> CommitClock:
+    clock = CommitClock()
+    original = Writer._transaction
+
+    def costly(self: Writer, ops: Any, fast: bool, begun: bool = False) -> Any:
+        clock.now += clock.cost
+        return original(self, ops, fast, begun)
+
+    monkeypatch.setattr(Writer, "_transaction", costly)
+    return clock
+
+
 # --------------------------------------------------------------------------
 # Inline commits
 # --------------------------------------------------------------------------
 
 
-async def test_a_lone_append_on_an_idle_loop_commits_on_the_trio_thread(tmp_path: Path) -> None:
+async def test_a_lone_append_on_an_idle_loop_commits_on_the_trio_thread(
+    tmp_path: Path, commit_clock: CommitClock
+) -> None:
     path = tmp_path / "i.db"
     async with opened(path) as store:
         writer = writer_of(store)
+        writer._clock = commit_clock  # no commit looks slow, whatever pauses this process
         threads: set[int] = set()
         original = writer._transaction
 
@@ -120,8 +152,14 @@ def test_inline_commits_url_values() -> None:
         parse_sqlite_url("sqlite:////x.db?inline=off")
 
 
-async def test_an_append_while_other_tasks_are_runnable_goes_to_the_writer_thread(tmp_path: Path) -> None:
+async def test_an_append_while_other_tasks_are_runnable_goes_to_the_writer_thread(
+    tmp_path: Path, commit_clock: CommitClock
+) -> None:
     async with opened(tmp_path / "busy.db") as store:
+        # Commits take no time on this clock: a pause of the process in the first
+        # commit (a garbage collection, a busy CPU) must not end inline commits
+        # (INLINE_STALL) and fail the control below.
+        writer_of(store)._clock = commit_clock
         ran: list[str] = []
 
         async def other() -> None:
@@ -178,30 +216,6 @@ async def test_a_cancelled_caller_commits_nothing_inline(tmp_path: Path) -> None
         assert scope.cancelled_caught
         assert await store.events.read_history("wf") == []
         assert store.events.statistics().commits == 0
-
-
-@attrs.define
-class CommitClock:
-    """The writer's clock, advanced by ``cost`` seconds inside every transaction."""
-
-    now: float = 1000.0
-    cost: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def commit_clock(monkeypatch: pytest.MonkeyPatch) -> CommitClock:
-    clock = CommitClock()
-    original = Writer._transaction
-
-    def costly(self: Writer, ops: Any, fast: bool, begun: bool = False) -> Any:
-        clock.now += clock.cost
-        return original(self, ops, fast, begun)
-
-    monkeypatch.setattr(Writer, "_transaction", costly)
-    return clock
 
 
 async def test_slow_commits_stop_inline_commits_until_they_are_fast_again(
