@@ -287,7 +287,7 @@ async def test_wal_autocheckpoint_must_be_a_positive_whole_number(tmp_path: Path
 
 @pytest.mark.slow
 def test_sigkill_with_a_long_unchecked_wal_loses_no_acknowledged_batch(tmp_path: Path) -> None:
-    from tests.procs.wal_writer import BATCH, marker
+    from procs.wal_writer import BATCH, marker  # tests/ is on sys.path, as for _samples
 
     path = tmp_path / "k.db"
     root = Path(__file__).resolve().parent.parent
