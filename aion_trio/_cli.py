@@ -36,9 +36,11 @@ Output and errors
 Human output is rich tables on stdout (plain text when stdout is not a
 terminal); ``--json`` prints JSON for machines.  Every error is one line,
 ``Error: ...``, on stderr: exit status 2 for a usage error (a bad option or
-argument, a bad store URL, a store plugin that cannot be loaded), 1 for
-anything else (a store that cannot be opened, an unknown workflow, a failed
-run, ...).  Tracebacks are for bugs only.
+argument, a bad store URL, a store plugin that cannot be loaded), 130 for
+an interrupt (SIGINT, Ctrl-C), 1 for anything else (a store that cannot be
+opened, an unknown workflow, a failed run, ...).  Tracebacks are for bugs
+only.  Tables fit the terminal, or ``PIPED_WIDTH`` columns when stdout is not
+a terminal (``COLUMNS`` overrides both).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import os
 import signal as signal_module
 import sys
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, NoReturn, TypeVar
 
@@ -78,6 +80,7 @@ from ._definitions import ActivityDefinition, WorkflowDefinition, index_definiti
 from ._engine import Engine, IdReusePolicy, WorkflowDescription, describe_history, open_engine
 from ._errors import (
     AionError,
+    EngineError,
     InvalidQuery,
     InvalidStoreUrl,
     NotRunning,
@@ -123,7 +126,7 @@ from ._store import (
 )
 from ._taskqueues import run_activity_worker
 from ._version import __version__
-from ._wire import body_to_wire, event_to_json, format_datetime
+from ._wire import body_to_wire, event_to_json, event_to_wire, format_datetime
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
@@ -131,11 +134,15 @@ if sys.version_info < (3, 11):  # pragma: no cover
 PROG_NAME = "aion-trio"
 EXIT_PLUGIN_ERROR = 2
 EXIT_USAGE = 2
+#: The shell's status for a process ended by SIGINT (128 + 2).
+EXIT_INTERRUPTED = 130
 STORE_ENV = "AION_TRIO_STORE"
 MODULE_ENV = "AION_TRIO_MODULE"
 DEFAULT_STORE = "sqlite:///aion.db"
 DEFAULT_LIST_LIMIT = 100
 DEFAULT_DRAIN_TIMEOUT = 10.0
+#: Columns of the tables when stdout is not a terminal (a terminal: its width; $COLUMNS: that).
+PIPED_WIDTH = 100
 
 T = TypeVar("T")
 
@@ -188,7 +195,9 @@ class _Cli(click.Group):
             _fail(f"{exc.format_message().rstrip('.')}{hint}", exc.exit_code)
         except click.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code)
-        except click.Abort:
+        except click.Abort as exc:
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                _fail("interrupted", EXIT_INTERRUPTED)
             _fail("aborted", 1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -239,6 +248,9 @@ def _user_error(exc: BaseException, store: str) -> click.ClickException | None:
         return UserError(str(exc))
     if isinstance(exc, StoreError):
         return UserError(f"store {store!r}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, EngineError):
+        # The engine's messages name what was refused and why (CannotReopen, QueryFailed, ...).
+        return UserError(str(exc))
     if isinstance(exc, AionError):
         return UserError(f"{type(exc).__name__}: {exc}")
     return None
@@ -400,6 +412,13 @@ def _import_target(spec: str) -> Any:
     module_name, _, attr_path = spec.partition(":")
     if not module_name or (":" in spec and not attr_path):
         raise UsageProblem(f"{spec!r} is not MODULE:ATTR (e.g. myapp.workflows:app) or MODULE")
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        # A file name where a module name goes: name the module that file is.
+        stem = os.path.splitext(module_name)[0].replace(os.sep, "/").strip("./").replace("/", ".")
+        raise UsageProblem(
+            f"{spec!r} is a file name; give the module and the object in it, MODULE:ATTR, e.g. "
+            f"{stem}:app (the current directory is on the import path)"
+        )
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -472,8 +491,8 @@ _STATUS_STYLE = {
 def _console() -> Console:
     console = Console(highlight=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        # Piped or redirected: rows stay whole for grep and friends instead of wrapping at 80.
-        console = Console(highlight=False, width=200)
+        # Piped or redirected: a fixed width that fits a review tool or an e-mail.
+        console = Console(highlight=False, width=PIPED_WIDTH)
     return console
 
 
@@ -562,10 +581,12 @@ def _row_json(row: VisibilityRow) -> dict[str, Any]:
         "failed_step": row.failed_step,
         "failure_reason": row.failure_reason,
         "stuck_reason": row.stuck_reason,
-        "search_attributes": {
-            k: list(v) if isinstance(v, tuple) else v for k, v in row.search_attributes.items()
-        },
+        "search_attributes": _attributes_json(row.search_attributes),
     }
+
+
+def _attributes_json(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in attributes.items()}
 
 
 # --------------------------------------------------------------------------
@@ -734,12 +755,13 @@ def list_(
         console.print(f"No workflows match ({total} in total match the filters; offset {offset}).")
         return
     table = Table(title=f"Workflows in {url}", title_justify="left")
+    # Narrow output (PIPED_WIDTH) wraps the times and folds the type; an id stays whole.
     table.add_column("Workflow ID", no_wrap=True, style="bold")
-    table.add_column("Type", no_wrap=True)
+    table.add_column("Type", overflow="fold")
     table.add_column("Status", no_wrap=True)
-    table.add_column("Started (UTC)", no_wrap=True)
-    table.add_column("Closed (UTC)", no_wrap=True)
-    table.add_column("Note")
+    table.add_column("Started (UTC)", overflow="fold")
+    table.add_column("Closed (UTC)", overflow="fold")
+    table.add_column("Note", overflow="fold")
     for row in rows:
         note = row.stuck_reason and f"stuck: {row.stuck_reason}"
         if note is None and row.failure_reason:
@@ -810,10 +832,52 @@ def _show(console: Console, events: list[Event], description: WorkflowDescriptio
     console.print(_history_table(events, "History"))
 
 
+def _show_json(events: list[Event], description: WorkflowDescription) -> dict[str, Any]:
+    """What ``show`` prints, as one JSON object; ``history`` holds the events' wire form."""
+    error = description.error
+    running = description.status is WorkflowStatus.RUNNING
+    return {
+        "workflow_id": description.workflow_id,
+        "run_id": description.run_id,
+        "run_ids": list(description.run_ids),
+        "workflow_type": description.workflow_type,
+        "status": description.status.value,
+        "start_time": format_datetime(description.start_time),
+        "close_time": format_datetime(description.close_time) if description.close_time else None,
+        "task_queue": description.task_queue,
+        "search_attributes": _attributes_json(description.search_attributes),
+        "stuck_reason": description.stuck_reason,
+        "result": description.result if description.status is WorkflowStatus.COMPLETED else None,
+        "error": None
+        if error is None
+        else {"type": error.type, "message": error.message, "traceback": error.traceback},
+        "failed_step": description.failed_step,
+        "pending_activities": [
+            {
+                "activity_id": a.activity_id,
+                "activity_type": a.activity_type,
+                "attempt": a.attempt,
+                "scheduled_at": format_datetime(a.scheduled_at),
+                "task_queue": a.task_queue,
+            }
+            for a in description.pending_activities
+        ],
+        "pending_timers": [
+            {"timer_id": t.timer_id, "fire_at": format_datetime(t.fire_at)}
+            for t in (outstanding_timers(run_segment(events, description.run_id)) if running else ())
+        ],
+        "history_length": description.history_length,
+        "history": [event_to_wire(event) for event in events],
+    }
+
+
 @cli.command()
 @_store_option
 @click.argument("workflow_id")
-def show(store: str | None, workflow_id: str) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object (the summary, and the history's events)."
+)
+def show(store: str | None, workflow_id: str, as_json: bool) -> None:
     """Show one workflow: summary, pending work, failure, and its history."""
     url = _resolve_store(store)
 
@@ -826,6 +890,9 @@ def show(store: str | None, workflow_id: str) -> None:
     description = describe_history(
         workflow_id, events, codec=PayloadCodec(), stuck_reason=row.stuck_reason if row else None
     )
+    if as_json:
+        click.echo(json.dumps(_show_json(events, description), indent=2, ensure_ascii=False))
+        return
     _show(_console(), events, description)
 
 

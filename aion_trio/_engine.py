@@ -2070,7 +2070,9 @@ class Engine:
                 await recorder.wait_changed()
                 continue
             if status is not WorkflowStatus.RUNNING or run_id is None:
-                raise NotRunning(workflow_id, status.value if status else "unknown", f"query {name!r}")
+                raise NotRunning(
+                    workflow_id, status.value if status else "unknown", f"query {name!r}", writes=False
+                )
             if lease is None or lease.residency is Residency.SUSPENDED:
                 reason = core.stuck.get(workflow_id)
                 raise QueryUnavailable(

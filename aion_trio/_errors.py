@@ -398,14 +398,19 @@ class WorkflowAlreadyStarted(EngineError):
 
 
 class NotRunning(EngineError):
-    """The operation needs a running workflow, and this one is terminal."""
+    """The operation needs a running workflow, and this one is terminal.
 
-    def __init__(self, workflow_id: str, status: str, operation: str) -> None:
+    ``writes`` is false for an operation that never records anything (a query): its
+    message then does not say that nothing was recorded.
+    """
+
+    def __init__(self, workflow_id: str, status: str, operation: str, *, writes: bool = True) -> None:
         self.workflow_id = workflow_id
         self.status = status
         self.operation = operation
+        outcome = "nothing was recorded" if writes else "only a running workflow answers queries"
         super().__init__(
-            f"cannot {operation} workflow {workflow_id!r}: it is {status}, not running; nothing was recorded"
+            f"cannot {operation} workflow {workflow_id!r}: it is {status}, not running; {outcome}"
         )
 
 
@@ -441,8 +446,7 @@ class UnknownQuery(QueryError, LookupError):
         super().__init__(
             f"workflow {workflow_id!r} run {run_id} has no query handler {name!r} "
             f"(registered: {', '.join(repr(k) for k in self.known) or 'none'}); register one in the "
-            f"workflow code with ctx.set_query_handler({name!r}, fn) or @ctx.query_handler; "
-            "nothing was recorded"
+            f"workflow code with ctx.set_query_handler({name!r}, fn) or @ctx.query_handler"
         )
 
 
@@ -456,8 +460,7 @@ class QueryFailed(QueryError):
         self.error = error
         super().__init__(
             f"query {name!r} on workflow {workflow_id!r} run {run_id} failed: its handler raised "
-            f"{type(error).__name__}: {error} (traceback in __cause__); the run is unaffected and "
-            "nothing was recorded"
+            f"{type(error).__name__}: {error} (traceback in __cause__); the run is unaffected"
         )
 
 
@@ -489,10 +492,7 @@ class QueryUnavailable(QueryError):
         self.workflow_id = workflow_id
         self.run_id = run_id
         self.reason = reason
-        super().__init__(
-            f"cannot query workflow {workflow_id!r} run {run_id}: it is Running, but {reason}; "
-            "nothing was recorded"
-        )
+        super().__init__(f"cannot query workflow {workflow_id!r} run {run_id}: it is Running, but {reason}")
 
 
 class ActivityFailure(AionError):
