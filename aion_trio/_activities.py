@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final, runtime_checkable
 import attrs
 import trio
 
+from ._clock import hold_mock_time
 from ._contain import being_cancelled, is_structural
 from ._definitions import ActivityDefinition, ActivityLoop
 from ._errors import (
@@ -359,9 +360,10 @@ class InProcessDispatcher:
             # abandon_on_cancel: a timed-out thread activity is abandoned; its
             # late result is discarded (threads cannot be interrupted).
             context = contextvars.copy_context()
-            return await trio.to_thread.run_sync(
-                lambda: context.run(definition.fn, *args), abandon_on_cancel=True, limiter=self._limiter
-            )
+            with hold_mock_time():  # a MockClock's autojump waits for the thread
+                return await trio.to_thread.run_sync(
+                    lambda: context.run(definition.fn, *args), abandon_on_cancel=True, limiter=self._limiter
+                )
         import trio_asyncio
 
         if self._asyncio_loop is None:  # pragma: no cover - the engine opens one when needed

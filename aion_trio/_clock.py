@@ -3,19 +3,26 @@
 Durable time is ``anchor_wall + (trio.current_time() - anchor_trio)``, anchored
 when the engine opens.  Under ``trio.testing.MockClock`` durable time therefore
 moves exactly as mock time does: a workflow sleeping 30 days completes in
-milliseconds.  (Under autojump, time jumps whenever every task is blocked —
-including while a worker thread runs — so thread-backed stores and sync
-activities "take" arbitrary mock time; time-skipping tests use the memory
-store and async activities.)
+milliseconds.
+
+Under autojump the clock jumps whenever every task is blocked, and a task
+waiting for a worker thread counts as blocked: a thread-backed store call or
+a plain ``def`` activity would "take" arbitrary mock time.  Every thread hop
+of the engine and of the stores therefore runs under :func:`hold_mock_time`,
+which suspends autojump while any such call is in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 from datetime import datetime, timedelta, timezone
+from types import TracebackType
 from typing import Protocol, final
 
 import attrs
 import trio
+import trio.testing
 
 
 class EngineClock(Protocol):
@@ -71,3 +78,71 @@ class TrioClock:
 
     def trio_deadline(self, when: datetime) -> float:
         return self._anchor_trio + (when - self._anchor_wall).total_seconds()
+
+
+# -- mock time stands still while a thread call is in flight ---------------------
+
+
+@final
+@attrs.define(eq=False)
+class _Suspension:
+    """One run's suspended autojump: how many thread calls hold it, and the threshold to restore."""
+
+    clock: trio.testing.MockClock
+    saved: float
+    holders: int = 0
+
+
+_SUSPENSION: trio.lowlevel.RunVar[_Suspension | None] = trio.lowlevel.RunVar(
+    "aion_trio_autojump_suspension", default=None
+)
+
+
+@final
+class _Hold:
+    __slots__ = ("_clock",)
+
+    def __init__(self, clock: trio.testing.MockClock) -> None:
+        self._clock = clock
+
+    def __enter__(self) -> None:
+        suspension = _SUSPENSION.get()
+        if suspension is None or suspension.clock is not self._clock:
+            suspension = _Suspension(clock=self._clock, saved=self._clock.autojump_threshold)
+            _SUSPENSION.set(suspension)
+        if suspension.holders == 0:
+            suspension.saved = self._clock.autojump_threshold
+            self._clock.autojump_threshold = math.inf
+        suspension.holders += 1
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        suspension = _SUSPENSION.get()
+        assert suspension is not None
+        assert suspension.holders > 0
+        suspension.holders -= 1
+        if suspension.holders == 0 and self._clock.autojump_threshold == math.inf:
+            # (A threshold the test set meanwhile is left as it set it.)
+            self._clock.autojump_threshold = suspension.saved
+
+
+_NO_HOLD = contextlib.nullcontext()
+
+
+def hold_mock_time() -> contextlib.AbstractContextManager[None]:
+    """While entered, a ``trio.testing.MockClock``'s autojump does not jump.
+
+    Wrap every await on a worker thread (a store's database call, a thread
+    activity) in it, so mock time does not pass while real work runs in a
+    thread: a 0.2 s thread call under a 1-hour timeout does not time out under
+    ``MockClock(autojump_threshold=0)``.  Holds nest and count: autojump is
+    restored when the last one is left.  Under any other clock it costs one
+    check and does nothing.  Enter it in the Trio thread, around the await
+    (a thread the caller stops waiting for, e.g. abandoned on cancellation,
+    no longer holds time).
+    """
+    clock = trio.lowlevel.current_clock()
+    if isinstance(clock, trio.testing.MockClock):
+        return _Hold(clock)
+    return _NO_HOLD

@@ -7,6 +7,7 @@ protocols and errors, and the registration hook.
 
 from __future__ import annotations
 
+from .._clock import hold_mock_time as hold_mock_time
 from .._commands import (
     CancelCommand as CancelCommand,
     Command as Command,

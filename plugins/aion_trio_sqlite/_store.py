@@ -23,6 +23,7 @@ from aion_trio.plugin import (
     VisibilityRow,
     WorkflowStatus,
     command_data_json,
+    hold_mock_time,
     is_active_status,
     status_after,
     validate_batch,
@@ -387,7 +388,8 @@ async def open_sqlite_store(
     busy_ms = max(0, round(busy_timeout * 1000))
     # Opening blocks (file I/O, maybe a migration): off the Trio thread.  The
     # open is not abandoned on cancellation, so its connections never leak.
-    writer_conn, reader_conns = await trio.to_thread.run_sync(_open_all, parsed, busy_ms, readers)
+    with hold_mock_time():
+        writer_conn, reader_conns = await trio.to_thread.run_sync(_open_all, parsed, busy_ms, readers)
     token = trio.lowlevel.current_trio_token()
     backend = _Backend(
         location=parsed.path,

@@ -60,6 +60,7 @@ import attrs
 import trio
 
 from aion_trio import AionInternalError
+from aion_trio.plugin import hold_mock_time
 
 from ._mapping import TRANSACTION_ERRORS, cause, runtime_error
 from ._walroom import WalRoom
@@ -141,7 +142,8 @@ class _Service:
                 return trio.lowlevel.Abort.SUCCEEDED
             return trio.lowlevel.Abort.FAILED
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        with hold_mock_time():  # a MockClock's autojump waits for the thread
+            await trio.lowlevel.wait_task_rescheduled(abort)
         if request.error is not None:
             raise request.error
 
@@ -195,7 +197,7 @@ class _Service:
         with self._lock:
             self._stopping = True
             self._notify_all()
-        with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True), hold_mock_time():
             if self._running:
                 await self._stopped.wait()
         # Each thread closed its connection before signalling; all that is left
@@ -304,7 +306,9 @@ class Writer(_Service):
         self._drain()
         try:
             try:
-                if not await self._signalled(op):
+                with hold_mock_time():  # a MockClock's autojump waits for the thread
+                    waited = await self._signalled(op)
+                if not waited:
                     # The writer finished before this task waited (its thread ran
                     # while ours was in a system call): still a schedule point, as
                     # every store call is; the write is committed, so not a cancel point.
@@ -314,7 +318,7 @@ class Writer(_Service):
                 # it (the cancellation then arrives at the next checkpoint).
                 if self._withdraw(op):
                     raise
-                with trio.CancelScope(shield=True):
+                with trio.CancelScope(shield=True), hold_mock_time():
                     await self._signalled(op)
         finally:
             if not op.done:

@@ -35,6 +35,7 @@ from aion_trio.plugin import (
     VisibilityRow,
     command_data_json,
     command_from_data_json,
+    hold_mock_time,
     outcome_from_json,
     outcome_to_json,
     signal_recorded_outcome,
@@ -212,7 +213,8 @@ class _Backend:
         transaction it opens commits or rolls back) and returns normally,
         and the cancellation arrives at the caller's next checkpoint.
         """
-        return await trio.to_thread.run_sync(self._call, doing, function, limiter=self.limiter)
+        with hold_mock_time():  # a MockClock's autojump waits for the database
+            return await trio.to_thread.run_sync(self._call, doing, function, limiter=self.limiter)
 
     def _call(self, doing: str, function: Callable[[Conn], T]) -> T:
         try:
@@ -675,7 +677,8 @@ class PostgresStore:
         backend = self._backend
         if not backend.closed:
             backend.closed = True
-            await trio.to_thread.run_sync(_close_backend, backend)
+            with hold_mock_time():
+                await trio.to_thread.run_sync(_close_backend, backend)
         await trio.lowlevel.checkpoint()
 
 
@@ -994,7 +997,8 @@ async def open_postgres_store(
     every = ttl / 3 if renew_every is not None and renew_every < 0 else renew_every
     # Opening blocks (network, maybe a migration): off the Trio thread and
     # never abandoned, so a cancelled open still closes what it opened.
-    backend = await trio.to_thread.run_sync(_open_sync, parsed, node_id, ttl)
+    with hold_mock_time():
+        backend = await trio.to_thread.run_sync(_open_sync, parsed, node_id, ttl)
     events = PostgresEventStore(backend=backend)
     visibility = PostgresVisibilityStore(backend=backend)
     store: PostgresStore
@@ -1008,7 +1012,8 @@ async def open_postgres_store(
         listening = backend.listener.subscribe(backend.channel, wakeups.notified)
         # Listening before the engine looks at the tables: a notification sent after
         # that look is not lost.  Bounded: polling covers a slow connect.
-        await trio.to_thread.run_sync(listening.wait, parsed.pool_timeout)
+        with hold_mock_time():
+            await trio.to_thread.run_sync(listening.wait, parsed.pool_timeout)
     try:
         try:
             async with trio.open_nursery() as nursery:
