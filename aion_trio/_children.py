@@ -490,19 +490,28 @@ async def close_if_orphaned(core: EngineCore, recorder: Recorder, run_id: str) -
         if first.parent_run_id is None:
             break
         root = first.parent_run_id
+    await guarded(
+        core,
+        "apply the close policy of a child's parent",
+        {"workflow_id": parent_workflow_id, "child_workflow_id": recorder.workflow_id},
+        _close_if_parent_ended,
+        core,
+        parent_workflow_id,
+        recorder.workflow_id,
+        root,
+    )
+
+
+async def _close_if_parent_ended(
+    core: EngineCore, parent_workflow_id: str, child_workflow_id: str, root: str
+) -> None:
+    """Idempotent: the parent's history (loaded here, so a read fault is retried) says
+    whether the child is still open under an ended run."""
     parent = await core.recorder_for(parent_workflow_id)
     for parent_run in run_ids(parent.history):
         for child in open_children(parent.history, parent_workflow_id, parent_run):
-            if child.workflow_id == recorder.workflow_id and child.first_run_id == root:
-                await guarded(
-                    core,
-                    "close the children of an ended run",
-                    {"workflow_id": parent_workflow_id, "run_id": parent_run},
-                    close_children,
-                    core,
-                    parent_workflow_id,
-                    parent_run,
-                )
+            if child.workflow_id == child_workflow_id and child.first_run_id == root:
+                await close_children(core, parent_workflow_id, parent_run)
                 return
 
 

@@ -1426,11 +1426,7 @@ class EngineCore:
         orphans it can claim now, not every active workflow of the store.
         """
         began = trio.current_time()
-        if self.cluster is not None:
-            active = await self.cluster.owned_active()
-            active += await self.cluster.claim_orphans(self.config.sweep_batch)
-        else:
-            active = await self.events.list_active()
+        active = await self._list_recoverable()
         resumed = 0
         for workflow_id in active:
             if await self.recover_one(workflow_id):
@@ -1449,20 +1445,62 @@ class EngineCore:
                 RecoveryFinished(active=len(active), resumed=resumed, seconds=trio.current_time() - began)
             )
 
+    async def _list_recoverable(self) -> list[str]:
+        """The workflows the sweep resumes.  A transient read fault is retried with
+        backoff (logged loudly) until the store answers: recovery needs the list."""
+        backoff: TransientBackoff | None = None  # built on the first transient failure
+        while True:
+            try:
+                if self.cluster is None:
+                    return await self.events.list_active()
+                active = await self.cluster.owned_active()
+                return active + await self.cluster.claim_orphans(self.config.sweep_batch)
+            except BackendUnavailable as exc:
+                if backoff is None:
+                    ladder = self.config.completion_retry
+                    backoff = TransientBackoff(ladder.initial, ladder.ceiling, logger, {})
+                await backoff.failed("list the active workflows for recovery", exc)
+
     async def recover_one(self, workflow_id: str) -> bool:
-        """Recover one workflow; a failure is logged, marks it stuck and returns ``False``."""
+        """Recover one workflow; returns whether it was resumed now.
+
+        A transient fault loading its history (nothing has been done for it yet) is
+        retried in the epoch with backoff until it loads or the epoch closes, while
+        the sweep goes on; any other failure is logged and marks it stuck.
+        """
+        resumed: list[bool] = []
+        await children.guarded(
+            self,
+            "load a workflow's history for recovery",
+            {"workflow_id": workflow_id},
+            self._recover_loaded,
+            workflow_id,
+            resumed,
+        )
+        return bool(resumed)
+
+    async def _recover_loaded(self, workflow_id: str, resumed: list[bool]) -> None:
+        """Raises only ``BackendUnavailable``, and only before anything was done."""
         try:
-            await self.recover_workflow(workflow_id)
-            return True
-        except (trio.Cancelled, KeyboardInterrupt):
+            recorder = await self.recorder_for(workflow_id)
+        except BackendUnavailable:
             raise
-        except NotOwner:
-            return False  # claimed by another node meanwhile: relinquished (logged there)
         except Exception as exc:
-            reason = f"recovery failed: {type(exc).__name__}: {exc}"
-            self.stuck[workflow_id] = reason
-            logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
-            return False
+            self._recovery_failed(workflow_id, exc)
+            return
+        try:
+            await self.recover_workflow(recorder)
+        except Exception as exc:
+            self._recovery_failed(workflow_id, exc)
+            return
+        resumed.append(True)
+
+    def _recovery_failed(self, workflow_id: str, exc: Exception) -> None:
+        if isinstance(exc, NotOwner):
+            return  # claimed by another node meanwhile: relinquished (logged there)
+        reason = f"recovery failed: {type(exc).__name__}: {exc}"
+        self.stuck[workflow_id] = reason
+        logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
 
     async def resume_teardowns(self, active: set[str]) -> None:
         """Deadline teardowns interrupted by a crash (``WorkflowTimedOut`` recorded, deadline
@@ -1507,8 +1545,8 @@ class EngineCore:
                     continue  # another node owns it: its rows are that node's to write
                 await self.upsert_visibility_quietly(row.workflow_id)
 
-    async def recover_workflow(self, workflow_id: str) -> None:
-        recorder = await self.recorder_for(workflow_id)
+    async def recover_workflow(self, recorder: Recorder) -> None:
+        workflow_id = recorder.workflow_id
         history = recorder.history
         run_id = latest_run_id(history)
         status = workflow_status(history)

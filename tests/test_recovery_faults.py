@@ -1,0 +1,116 @@
+"""Recovery under faults: transient read faults during the startup sweep (issue 14 item 10).
+
+A transient fault (``BackendUnavailable``) while recovery lists the active
+workflows or loads one's history is retried with backoff: ``open_engine``
+does not fail and the run is not given up.  Only a non-transient cause makes a
+run stuck.  Real time with a millisecond retry ladder (so the tests run on the
+thread-backed SQLite store too); restarts reopen the same store URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import trio
+import trio.testing
+
+import aion_trio as aion
+import aion_trio.testing
+
+
+@aion.workflow
+async def waits_for_go(ctx: aion.WorkflowContext, name: str) -> str:
+    value = await ctx.wait_signal("go")
+    return f"{name}: {value}"
+
+
+WORKFLOWS = [waits_for_go]
+CONFIG = aion.EngineConfig(completion_retry=aion.CompletionRetryConfig(initial=0.001, ceiling=0.004))
+
+
+async def _leave_running(url: str, *names: str) -> None:
+    """An engine starts the runs, which wait for a signal; it then closes (they stay Running)."""
+    async with aion.open_engine(url, workflows=WORKFLOWS) as engine:
+        for name in names:
+            await engine.start(waits_for_go, name, workflow_id=name)
+        await trio.testing.wait_all_tasks_blocked()
+
+
+@contextlib.asynccontextmanager
+async def _flaky_engine(
+    url: str, arm: Callable[[aion.testing.FlakyStore], None]
+) -> AsyncIterator[tuple[aion.Engine, aion.testing.FlakyStoreBundle]]:
+    async with aion.open_store(url) as inner:
+        flaky = aion.testing.FlakyStoreBundle(inner)
+        arm(flaky.events)
+        async with aion.open_engine(flaky, workflows=WORKFLOWS, config=CONFIG) as engine:
+            yield engine, flaky
+
+
+async def _signal_retrying(engine: aion.Engine, name: str) -> None:
+    with trio.fail_after(10):
+        while True:
+            try:
+                await engine.signal(name, "go", "now")
+                return
+            except aion.BackendUnavailable:
+                await trio.sleep(0.001)
+
+
+async def test_a_transient_fault_listing_the_active_workflows_is_retried_and_open_engine_succeeds(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    await _leave_running(url, "a")
+
+    def arm(events: aion.testing.FlakyStore) -> None:
+        events.fail_next("list_active", 3)
+
+    async with _flaky_engine(url, arm) as (engine, flaky):
+        assert flaky.events.faults["list_active"] == 3, "control: the listing really failed"
+        assert (await engine.describe("a")).stuck_reason is None
+        await engine.signal("a", "go", "now")
+        with trio.fail_after(10):
+            assert await engine.result("a") == "a: now"
+
+
+async def test_a_transient_fault_loading_a_history_is_retried_and_the_run_is_not_given_up(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    await _leave_running(url, "a", "b")
+
+    def arm(events: aion.testing.FlakyStore) -> None:
+        events.fail_next_reads(5)  # the sweep's first load meets them (and its retries)
+
+    async with _flaky_engine(url, arm) as (engine, flaky):
+        for name in ("a", "b"):
+            # open_engine did not wait for the retried load: a signal meanwhile may meet
+            # one of the armed faults too, and its client retries it.
+            await _signal_retrying(engine, name)
+        with trio.fail_after(10):
+            assert await engine.result("a") == "a: now"
+            assert await engine.result("b") == "b: now"
+        assert flaky.events.faults["read_history"] == 5, "control: the loads really failed"
+        assert [(await engine.describe(name)).stuck_reason for name in ("a", "b")] == [None, None]
+
+
+async def test_a_non_transient_fault_loading_a_history_marks_only_that_run_stuck(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    await _leave_running(url, "a", "b")
+
+    def arm(events: aion.testing.FlakyStore) -> None:
+        events.fail_next_reads(1, aion.SerializationError("a", 2, "injected: corrupt row"))
+
+    async with _flaky_engine(url, arm) as (engine, _):
+        reasons = {name: (await engine.describe(name)).stuck_reason for name in ("a", "b")}
+        stuck = [name for name, reason in reasons.items() if reason is not None]
+        assert len(stuck) == 1, reasons
+        assert str(reasons[stuck[0]]).startswith("recovery failed: SerializationError"), reasons
+        (healthy,) = {"a", "b"} - set(stuck)
+        await engine.signal(healthy, "go", "now")
+        with trio.fail_after(10):
+            assert await engine.result(healthy) == f"{healthy}: now"
