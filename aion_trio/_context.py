@@ -51,22 +51,29 @@ from ._events import (
     ActivityCompleted,
     ActivityError,
     ActivityFailed,
-    ActivityScheduled,
     ChildWorkflowCancelled,
     ChildWorkflowCompleted,
     ChildWorkflowFailed,
-    ChildWorkflowStarted,
     Event,
     FailureCause,
     SignalReceived,
+    TimerCancelCause,
     TimerCancelled,
     TimerFired,
     TimerStarted,
     WorkflowCancelRequested,
     WorkflowStarted,
 )
-from ._ids import anonymous_timer, named_timer, scope_timer_id, validate_workflow_id
+from ._ids import PATCH_MARKER_PREFIX, anonymous_timer, named_timer, scope_timer_id, validate_workflow_id
 from ._payload import Payload
+from ._projections import (
+    COMMAND_ACTIVITY,
+    COMMAND_CHILD,
+    COMMAND_PATCH,
+    COMMAND_TIMER,
+    COMMAND_TIMER_CANCEL,
+    CommandKey,
+)
 from ._retry import UNSET, RetryPolicy, check_layer, explicit
 
 if TYPE_CHECKING:
@@ -76,8 +83,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 P = ParamSpec("P")
 F = TypeVar("F", bound=Callable[..., Any])
-
-PATCH_MARKER_PREFIX = "patch:"
 
 
 class RunAborted(BaseException):
@@ -265,6 +270,13 @@ class WorkflowContext:
         self._next_timer = 0
         self._next_scope = 0
         self._next_child = 0
+        #: Position in the run's recorded command sequence (``RunState.commands``): the
+        #: code's next command must match the one recorded there, of whatever kind.
+        self._next_command = 0
+        #: Timers whose cancel this execution issued (or found recorded as its own).
+        self._timers_retired: set[str] = set()
+        #: Patch ids this execution already answered ``True`` for.
+        self._patches: set[str] = set()
         #: Ids of children this execution started and whose outcome it has not consumed.
         self._unobserved_children: set[str] = set()
         self._scopes: list[str] = []
@@ -359,6 +371,61 @@ class WorkflowContext:
         self._poisoned = error
         return error
 
+    def _divergence(self, position: int, recorded: CommandKey, requested: str) -> BaseException:
+        return self._poison(
+            NonDeterminismError(
+                self.workflow_id, self.run_id, recorded.kind, position, recorded.describe(), requested
+            )
+        )
+
+    def _resolve_command(self, requested: CommandKey) -> Event | None:
+        """Resolve the code's next command against the run's recorded command sequence.
+
+        Returns the recorded event (*Recorded*: replay, append nothing) or ``None``
+        (*ResumeLive*: the caller records it).  A recorded command of another kind,
+        name or arguments at this position is *NonDeterminism* (DESIGN §6.4).  One
+        list index per command: no scan of the history.
+        """
+        commands = self._state.commands
+        position = self._next_command
+        self._next_command = position + 1
+        if position < len(commands):
+            recorded, event = commands[position]
+            if not recorded.matches(requested):
+                self._next_command = position
+                raise self._divergence(position, recorded, requested.describe())
+            return event
+        self._caught_up = True
+        return None
+
+    def _resolve_timer_cancel(self, timer_id: str) -> bool:
+        """The code retires timer ``timer_id``: ``True`` if the caller must record the cancel.
+
+        Live, a timer already resolved needs no cancel (and one that fires before
+        the cancel is written is not cancelled), so on replay a recorded fire
+        stands for the cancel the live run did not write.
+        """
+        self._state.sync()
+        commands = self._state.commands
+        position = self._next_command
+        requested = CommandKey(COMMAND_TIMER_CANCEL, timer_id)
+        resolution = self._state.timer_resolutions.get(timer_id)
+        if position < len(commands):
+            recorded, _ = commands[position]
+            if recorded.matches(requested):
+                self._next_command = position + 1
+                self._timers_retired.add(timer_id)
+                return False
+            if resolution is not None and isinstance(resolution.body, TimerFired):
+                return False
+            raise self._divergence(position, recorded, requested.describe())
+        if resolution is not None:
+            return False
+        self._next_command = position + 1
+        self._timers_retired.add(timer_id)
+        self._caught_up = True
+        return True
+
     # -- activities --------------------------------------------------------
 
     def start(
@@ -393,28 +460,17 @@ class WorkflowContext:
             call_layer = check_layer(call_layer, f"ctx.start({definition.name})")
         ordinal = self._next_activity
         self._state.sync()
-        recorded = self._state.scheduled.get(ordinal)
+        recorded = self._resolve_command(CommandKey(COMMAND_ACTIVITY, definition.name))
         if recorded is not None:
-            body = recorded.body
-            assert isinstance(body, ActivityScheduled)
-            if body.activity_type != definition.name:
-                raise self._poison(
-                    NonDeterminismError(
-                        self.workflow_id,
-                        self.run_id,
-                        "activity",
-                        ordinal,
-                        f"activity {body.activity_type!r}",
-                        f"activity {definition.name!r}",
-                    )
-                )
             self._next_activity += 1
-            self._consume(recorded)
             return ActivityHandle(self, ordinal, definition.name)
         # ResumeLive: validate the input before anything is recorded.
-        payload = self._core.codec.encode(list(args), what=f"input of activity {definition.name!r}")
-        queue, recorded_options = self._core.resolved_activity_options(definition, call_layer)
-        self._caught_up = True
+        try:
+            payload = self._core.codec.encode(list(args), what=f"input of activity {definition.name!r}")
+            queue, recorded_options = self._core.resolved_activity_options(definition, call_layer)
+        except BaseException:
+            self._next_command -= 1  # nothing was issued
+            raise
         self._next_activity += 1
         self._pending.append(
             _PendingActivity(
@@ -657,24 +713,10 @@ class WorkflowContext:
             )
         payload = self._core.codec.encode(list(args), what=f"input of child workflow {definition.name!r}")
         self._state.sync()
-        recorded = self._state.children.get(ordinal)
+        recorded = self._resolve_command(CommandKey(COMMAND_CHILD, definition.name, child_id))
         if recorded is not None:
-            body = recorded.body
-            assert isinstance(body, ChildWorkflowStarted)
-            if body.workflow_type != definition.name or body.child_workflow_id != child_id:
-                raise self._poison(
-                    NonDeterminismError(
-                        self.workflow_id,
-                        self.run_id,
-                        "child workflow",
-                        ordinal,
-                        f"child {body.workflow_type!r} with id {body.child_workflow_id!r}",
-                        f"child {definition.name!r} with id {child_id!r}",
-                    )
-                )
             self._next_child += 1
             self._unobserved_children.add(child_id)
-            self._consume(recorded)
             return ChildHandle(self, ordinal, child_id, definition.name)
         start = self._state.start
         assert start is not None
@@ -684,7 +726,6 @@ class WorkflowContext:
             task_queue=task_queue or start.body.task_queue,
             timeout=seconds,
         )
-        self._caught_up = True
         self._next_child += 1
         self._unobserved_children.add(child_id)
         self._pending.append(
@@ -736,13 +777,12 @@ class WorkflowContext:
 
     # -- timers --------------------------------------------------------------
 
-    def _start_timer(self, timer_id: str, fire_at: datetime) -> None:
-        recorded = self._state.timers.get(timer_id)
-        if recorded is not None:
-            self._consume(recorded)
-            return
-        self._caught_up = True
-        self._pending.append(_PendingTimer(timer_id=timer_id, fire_at=fire_at))
+    def _start_timer(self, timer_id: str, fire_at: datetime) -> Event | None:
+        """Issue the command starting ``timer_id``; returns its recorded ``TimerStarted`` on replay."""
+        recorded = self._resolve_command(CommandKey(COMMAND_TIMER, timer_id))
+        if recorded is None:
+            self._pending.append(_PendingTimer(timer_id=timer_id, fire_at=fire_at))
+        return recorded
 
     def start_timer(
         self, name: str, duration: timedelta | float | None = None, *, at: datetime | None = None
@@ -769,22 +809,15 @@ class WorkflowContext:
         self._named_timers.add(name)
         timer_id = named_timer(name)
         self._state.sync()
-        recorded = self._state.timers.get(timer_id)
+        recorded = self._start_timer(timer_id, fire_at)
         if recorded is not None and isinstance(recorded.body, TimerStarted):
             fire_at = recorded.body.fire_at  # replay: the recorded time wins
-        self._start_timer(timer_id, fire_at)
         return TimerHandle(self, name, timer_id, fire_at)
 
     async def _await_timer(self, handle: TimerHandle) -> bool:
         self._require_own_task("awaiting a timer handle")
         timer_id = handle.timer_id
-
-        async def expire(scope_timer: str) -> Event:
-            return await self._core.record_timer_scope_timeout(
-                self._lease, self._state, timer_id, scope_timer
-            )
-
-        event = await self._wait_until(lambda: self._state.timer_resolutions.get(timer_id), expire)
+        event = await self._await_timer_or_scope(timer_id)
         self._consume(event)
         if isinstance(event.body, TimerFired):
             return True
@@ -792,11 +825,37 @@ class WorkflowContext:
             return False
         raise Timeout(f"a timeout scope expired while waiting for timer {handle.name!r}")
 
+    async def _await_timer_or_scope(self, timer_id: str) -> Event:
+        """Wait for the timer's resolution; a timeout scope expiring first cancels the timer.
+
+        That cancel is one of the code's commands: replay finds it recorded (and
+        consumes it) where the live run wrote it.
+        """
+
+        async def expire(scope_timer: str) -> Event:
+            if not self._resolve_timer_cancel(timer_id):
+                resolution = self._state.timer_resolutions.get(timer_id)
+                assert resolution is not None
+                return resolution
+            return await self._core.record_timer_scope_timeout(
+                self._lease, self._state, timer_id, scope_timer
+            )
+
+        event = await self._wait_until(lambda: self._state.timer_resolutions.get(timer_id), expire)
+        body = event.body
+        if (
+            isinstance(body, TimerCancelled)
+            and body.cause is TimerCancelCause.WORKFLOW_INTENT
+            and timer_id not in self._timers_retired
+        ):
+            # Replay: the live run's scope expiry recorded this cancel here.
+            self._resolve_timer_cancel(timer_id)
+        return event
+
     async def _cancel_timer(self, handle: TimerHandle) -> bool:
         self._require_own_task("cancelling a timer")
         handle._cancel_requested = True
-        self._state.sync()
-        if handle.timer_id not in self._state.timer_resolutions:
+        if handle.timer_id not in self._timers_retired and self._resolve_timer_cancel(handle.timer_id):
             self._pending.append(_PendingTimerCancel(timer_id=handle.timer_id))
         await self._flush()
         self._state.sync()
@@ -825,13 +884,7 @@ class WorkflowContext:
         timer_id = anonymous_timer(self._next_timer)
         self._next_timer += 1
         self._start_timer(timer_id, when)
-
-        async def expire(scope_timer: str) -> Event:
-            return await self._core.record_timer_scope_timeout(
-                self._lease, self._state, timer_id, scope_timer
-            )
-
-        event = await self._wait_until(lambda: self._state.timer_resolutions.get(timer_id), expire)
+        event = await self._await_timer_or_scope(timer_id)
         self._consume(event)
         if isinstance(event.body, TimerCancelled):
             raise Timeout(f"a timeout scope expired while sleeping ({timer_id})")
@@ -869,7 +922,7 @@ class WorkflowContext:
 
         event = await self._wait_until(check)
         self._consume(event)
-        if timer_id is not None and timer_id not in self._state.timer_resolutions:
+        if timer_id is not None and self._resolve_timer_cancel(timer_id):
             self._pending.append(_PendingTimerCancel(timer_id=timer_id))
         if isinstance(event.body, TimerFired):
             raise Timeout(f"no {name!r} signal arrived in time")
@@ -899,20 +952,29 @@ class WorkflowContext:
         by older code before the marker existed takes the old path.
         """
         self._require_own_task("ctx.patched()")
+        if not isinstance(patch_id, str) or not patch_id:
+            raise ValueError(f"patch id must be a non-empty str, got {patch_id!r}")
+        if patch_id in self._patches:
+            return True  # recorded (or found) once per run; later calls agree
         name = PATCH_MARKER_PREFIX + patch_id
         self._state.sync()
-        marker = self._state.markers.get(name)
-        if marker is not None:
-            self._consume(marker)
+        commands = self._state.commands
+        position = self._next_command
+        if position < len(commands):
+            recorded, _ = commands[position]
+            if not recorded.matches(CommandKey(COMMAND_PATCH, patch_id)):
+                # History made by older code issued another command here, without
+                # this patch: follow the old path so replay keeps matching it.
+                return False
+            self._next_command = position + 1
+            self._patches.add(patch_id)
             return True
-        if self._has_unmatched_commands():
-            # History made by older code issued further commands without this
-            # patch: follow the old path so replay keeps matching it.
-            return False
         await self._flush()
+        self._next_command += 1
+        self._patches.add(patch_id)
+        self._caught_up = True
         await self._core.record_marker(self._lease, name, Payload("true"))
         self._state.sync()
-        self._caught_up = True
         return True
 
     def continue_as_new(self, *args: Any, workflow_type: str | None = None) -> ContinueAsNew:
@@ -1030,34 +1092,14 @@ class WorkflowContext:
 
     # -- checks at exit ----------------------------------------------------
 
-    def _has_unmatched_commands(self) -> bool:
-        self._state.sync()
-        if any(k >= self._next_activity for k in self._state.scheduled):
-            return True
-        if any(k >= self._next_child for k in self._state.children):
-            return True
-        issued = {anonymous_timer(n) for n in range(self._next_timer)} | {
-            scope_timer_id(n) for n in range(self._next_scope)
-        }
-        return any(t not in issued and not t.startswith(("deadline:", "named:")) for t in self._state.timers)
-
     def unissued_recorded_command(self) -> tuple[str, int, str] | None:
-        """A command recorded in history that this execution never issued, if any."""
+        """The first command recorded in history that this execution never issued, if any:
+        ``(kind, position in the run's command sequence, description)``."""
         self._state.sync()
-        extra = sorted(k for k in self._state.scheduled if k >= self._next_activity)
-        if extra:
-            body = self._state.scheduled[extra[0]].body
-            assert isinstance(body, ActivityScheduled)
-            return ("activity", extra[0], f"activity {body.activity_type!r}")
-        children = sorted(k for k in self._state.children if k >= self._next_child)
-        if children:
-            child = self._state.children[children[0]].body
-            assert isinstance(child, ChildWorkflowStarted)
-            return (
-                "child workflow",
-                children[0],
-                f"child {child.workflow_type!r} with id {child.child_workflow_id!r}",
-            )
+        position = self._next_command
+        if position < len(self._state.commands):
+            recorded, _ = self._state.commands[position]
+            return (recorded.kind, position, recorded.describe())
         return None
 
 
@@ -1104,10 +1146,7 @@ class TimeoutScope:
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         ctx = self._ctx
         ctx._scopes.remove(self.timer_id)
-        ctx._state.sync()
-        if self.timer_id not in ctx._state.timer_resolutions and not any(
-            isinstance(p, _PendingTimerCancel) and p.timer_id == self.timer_id for p in ctx._pending
-        ):
+        if self.timer_id not in ctx._timers_retired and ctx._resolve_timer_cancel(self.timer_id):
             # Left in time (or by an exception of its own): retire the scope's timer.
             ctx._pending.append(_PendingTimerCancel(timer_id=self.timer_id))
             if exc_type is None:

@@ -624,13 +624,11 @@ class EngineCore:
                 await self.mark_stuck(lease, str(exc))
                 return
             except WorkflowCancelled as cancelled:
-                if ctx._poisoned is not None:
-                    await self.mark_stuck(lease, str(ctx._poisoned))
+                if await self._stuck_at_exit(lease, ctx, "the workflow to end cancelled"):
                     return
                 intent = TerminalIntent.cancelled(cancelled.reason, self.clock.now())
             except ContinueAsNew as request:
-                if ctx._poisoned is not None:
-                    await self.mark_stuck(lease, str(ctx._poisoned))
+                if await self._stuck_at_exit(lease, ctx, "the workflow to continue as new"):
                     return
                 exit_time = self.clock.now()
                 try:
@@ -643,30 +641,11 @@ class EngineCore:
                 # run; only the engine's cancellation and a Ctrl-C pass (see _contain).
                 if is_structural(exc):
                     raise
-                if ctx._poisoned is not None:
-                    await self.mark_stuck(lease, str(ctx._poisoned))
+                if await self._stuck_at_exit(lease, ctx, f"the workflow to fail ({type(exc).__name__})"):
                     return
                 intent = TerminalIntent.failed(error_info(exc), self.clock.now())
             else:
-                if ctx._poisoned is not None:
-                    await self.mark_stuck(lease, str(ctx._poisoned))
-                    return
-                leftover = ctx.unissued_recorded_command()
-                if leftover is not None:
-                    family, ordinal, recorded = leftover
-                    await self.mark_stuck(
-                        lease,
-                        str(
-                            NonDeterminismError(
-                                lease.workflow_id,
-                                lease.run_id,
-                                family,
-                                ordinal,
-                                recorded,
-                                "the workflow to return",
-                            )
-                        ),
-                    )
+                if await self._stuck_at_exit(lease, ctx, "the workflow to return"):
                     return
                 exit_time = self.clock.now()
                 try:
@@ -689,6 +668,20 @@ class EngineCore:
                 exc,
                 extra=fields,
             )
+
+    async def _stuck_at_exit(self, lease: Lease, ctx: WorkflowContext, exit: str) -> bool:
+        """The code ended: mark the run stuck (``True``) if it diverged from history — a
+        command of its own failed to match, or history holds a command it never issued."""
+        if ctx._poisoned is not None:
+            await self.mark_stuck(lease, str(ctx._poisoned))
+            return True
+        leftover = ctx.unissued_recorded_command()
+        if leftover is None:
+            return False
+        family, ordinal, recorded = leftover
+        error = NonDeterminismError(lease.workflow_id, lease.run_id, family, ordinal, recorded, exit)
+        await self.mark_stuck(lease, str(error))
+        return True
 
     async def mark_stuck(self, lease: Lease, reason: str) -> None:
         """Leave the run Running, marked stuck (visibility ``stuck_reason``), others unaffected."""

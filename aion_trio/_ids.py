@@ -82,8 +82,15 @@ def anonymous_timer(ordinal: int) -> TimerId:
     return f"anonymous:{ordinal}"
 
 
+DEADLINE_TIMER_PREFIX = "deadline:"
+"""Timer ids the engine reserves for workflow deadlines (not commands of the code)."""
+
+PATCH_MARKER_PREFIX = "patch:"
+"""Names of the markers ``ctx.patched(id)`` records."""
+
+
 def deadline_timer_id(run_id: RunId) -> TimerId:
-    return f"deadline:{run_id}"
+    return f"{DEADLINE_TIMER_PREFIX}{run_id}"
 
 
 def scope_timer_id(ordinal: int) -> TimerId:

@@ -9,9 +9,9 @@ property tests hold the two to the same answers on every prefix).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import TypeGuard, final
+from typing import Any, TypeGuard, final
 
 import attrs
 
@@ -47,6 +47,7 @@ from ._events import (
     WorkflowStatus,
     WorkflowTimedOut,
 )
+from ._ids import DEADLINE_TIMER_PREFIX, PATCH_MARKER_PREFIX
 
 
 def run_segment(events: Sequence[Event], run_id: str) -> list[Event]:
@@ -393,6 +394,105 @@ def start_event(events: Sequence[Event], run_id: str) -> Event | None:
 
 
 @final
+@attrs.frozen
+class CommandKey:
+    """What one workflow command is, as replay compares it (DESIGN §6.3, §6.4).
+
+    ``kind`` and ``name`` must be equal; ``ident`` too (a child's workflow id).
+    ``digest`` (of the encoded arguments) is compared only when both sides have
+    one: a history recorded before digests existed still replays.
+    """
+
+    kind: str
+    name: str
+    ident: str = ""
+    digest: str | None = None
+
+    def matches(self, requested: CommandKey) -> bool:
+        return (
+            self.kind == requested.kind
+            and self.name == requested.name
+            and self.ident == requested.ident
+            and (self.digest is None or requested.digest is None or self.digest == requested.digest)
+        )
+
+    def describe(self) -> str:
+        if self.kind == COMMAND_CHILD:
+            return f"child {self.name!r} with id {self.ident!r}"
+        if self.kind == COMMAND_TIMER_CANCEL:
+            return f"cancel of timer {self.name!r}"
+        if self.kind == COMMAND_SEARCH_ATTRIBUTES:
+            return "search-attribute upsert"
+        return f"{self.kind} {self.name!r}"
+
+
+COMMAND_ACTIVITY = "activity"
+COMMAND_TIMER = "timer"
+COMMAND_TIMER_CANCEL = "timer cancel"
+COMMAND_CHILD = "child workflow"
+COMMAND_PATCH = "patch"
+COMMAND_SEARCH_ATTRIBUTES = "search attributes"
+
+
+def _activity_command(body: ActivityScheduled) -> CommandKey:
+    return CommandKey(COMMAND_ACTIVITY, body.activity_type)
+
+
+def _timer_command(body: TimerStarted) -> CommandKey | None:
+    if body.timer_id.startswith(DEADLINE_TIMER_PREFIX):
+        return None  # the engine's workflow deadline, not the code's
+    return CommandKey(COMMAND_TIMER, body.timer_id)
+
+
+def _timer_cancel_command(body: TimerCancelled) -> CommandKey | None:
+    if body.cause is not TimerCancelCause.WORKFLOW_INTENT or body.timer_id.startswith(DEADLINE_TIMER_PREFIX):
+        return None  # a teardown's retirement, or the engine retiring its deadline
+    return CommandKey(COMMAND_TIMER_CANCEL, body.timer_id)
+
+
+def _child_command(body: ChildWorkflowStarted) -> CommandKey:
+    return CommandKey(COMMAND_CHILD, body.workflow_type, body.child_workflow_id)
+
+
+def _marker_command(body: MarkerRecorded) -> CommandKey | None:
+    if body.name.startswith(PATCH_MARKER_PREFIX):
+        return CommandKey(COMMAND_PATCH, body.name[len(PATCH_MARKER_PREFIX) :])
+    # A child's options marker (CHILD_MARKER_PREFIX) is part of its ChildWorkflowStarted
+    # command; other markers are not written by workflow code.
+    return None
+
+
+def _upsert_command(body: SearchAttributesUpserted) -> CommandKey:
+    return CommandKey(COMMAND_SEARCH_ATTRIBUTES, "")
+
+
+_COMMAND_KEYS: Mapping[type, Callable[[Any], CommandKey | None]] = {
+    ActivityScheduled: _activity_command,
+    TimerStarted: _timer_command,
+    TimerCancelled: _timer_cancel_command,
+    ChildWorkflowStarted: _child_command,
+    MarkerRecorded: _marker_command,
+    SearchAttributesUpserted: _upsert_command,
+}
+
+
+def command_key(body: EventBody) -> CommandKey | None:
+    """The command ``body`` records, or ``None`` if it is not one of the code's commands.
+
+    The one classification of events for replay: workflow code's commands are
+    activity schedules, timer starts and intentional cancels (sleeps, named
+    timers, signal-wait timeouts, ``scope:`` timeout scopes), child starts,
+    ``ctx.patched`` markers and search-attribute upserts.  Everything else is an
+    observation or the engine's own record: activity attempts and outcomes,
+    retry trails, timer fires, signals, child outcomes, cancel requests,
+    teardown retirements, ``deadline:`` timers, lifecycle events.  A run's
+    terminal (completion, continue-as-new) is compared at the code's exit.
+    """
+    maker = _COMMAND_KEYS.get(type(body))
+    return maker(body) if maker is not None else None
+
+
+@final
 class RunState:
     """An incremental index of one run's segment of the recorder's history."""
 
@@ -406,6 +506,8 @@ class RunState:
         self.scheduled: dict[int, Event] = {}
         self.settled: dict[int, Event] = {}
         self.markers: dict[str, Event] = {}
+        #: The run's commands in the order recorded (:func:`command_key`), with their events.
+        self.commands: list[tuple[CommandKey, Event]] = []
         self.started_attempt: dict[int, int] = {}
         self.timers: dict[str, Event] = {}
         self.timer_resolutions: dict[str, Event] = {}
@@ -441,6 +543,11 @@ class RunState:
                 continue
             if not self._inside:
                 continue
+            maker = _COMMAND_KEYS.get(type(body))
+            if maker is not None:
+                key = maker(body)
+                if key is not None:
+                    self.commands.append((key, event))
             if isinstance(body, ActivityScheduled):
                 self.scheduled[body.activity_id] = event
             elif isinstance(body, ActivityStarted):

@@ -1,0 +1,300 @@
+"""Replay compares the whole command sequence, of every kind and in order (DESIGN §6.3, §6.4).
+
+Each scenario runs a first version of a workflow until it parks (the engine
+closes, leaving history as a crash would), then opens an engine with a second
+version: a divergence of any kind — an activity where a timer was recorded, a
+deleted sleep, a dropped cancel, a signal wait that lost its timeout — stops
+the run at that command with ``NonDeterminismError``: it stays Running, marked
+stuck, nothing more is recorded and nothing is executed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+import trio
+
+import aion_trio as aion
+from aion_trio import events as ev
+from aion_trio._projections import command_key
+
+CHARGED: list[str] = []
+LIMIT = 20  # seconds: every wait below is bounded by this
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    CHARGED.clear()
+
+
+@aion.activity
+async def charge(order: str) -> str:
+    CHARGED.append(order)
+    return f"charged {order}"
+
+
+async def _history_until(
+    engine: aion.Engine, workflow_id: str, done: Callable[[list[aion.Event]], bool]
+) -> list[aion.Event]:
+    with trio.fail_after(LIMIT):
+        while True:
+            history = await engine.history(workflow_id)
+            if done(history):
+                return history
+            await trio.sleep(0.005)
+
+
+async def _stuck_reason(engine: aion.Engine, workflow_id: str) -> str:
+    with trio.fail_after(LIMIT):
+        while True:
+            description = await engine.describe(workflow_id)
+            if description.stuck_reason:
+                assert description.status is aion.WorkflowStatus.RUNNING
+                return description.stuck_reason
+            await trio.sleep(0.005)
+
+
+def _types(history: Sequence[aion.Event]) -> list[str]:
+    return [type(e.body).__name__ for e in history]
+
+
+# -- the two examples from the issue -------------------------------------------------
+
+
+@aion.workflow(name="sleeper")
+async def sleeper_v1(ctx: aion.WorkflowContext) -> str:
+    await ctx.sleep(86400)
+    return "woke"
+
+
+@aion.workflow(name="sleeper")
+async def sleeper_charges_first(ctx: aion.WorkflowContext) -> str:
+    await ctx.run(charge, "o-1")  # new, not gated by ctx.patched
+    await ctx.sleep(86400)
+    return "woke"
+
+
+@aion.workflow(name="sleeper")
+async def sleeper_without_the_sleep(ctx: aion.WorkflowContext) -> str:
+    return "woke"
+
+
+async def _park_sleeper(url: str) -> list[aion.Event]:
+    async with aion.open_engine(url, workflows=[sleeper_v1]) as engine:
+        await engine.start(sleeper_v1, workflow_id="s")
+        history = await _history_until(engine, "s", lambda h: _types(h)[-1:] == ["TimerStarted"])
+    assert _types(history) == ["WorkflowStarted", "TimerStarted"], "control: the recorded history"
+    return history
+
+
+async def test_an_activity_inserted_before_a_recorded_sleep_is_non_determinism_and_never_runs(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    recorded = await _park_sleeper(url)
+    async with aion.open_engine(url, workflows=[sleeper_charges_first], activities=[charge]) as engine:
+        reason = await _stuck_reason(engine, "s")
+        history = await engine.history("s")
+    assert "timer command #0 was recorded as timer 'anonymous:0'" in reason, reason
+    assert "now requests activity 'charge'" in reason, reason
+    assert CHARGED == [], "the inserted activity must not be executed (nobody is charged)"
+    assert history == recorded, "nothing is recorded for the divergent command"
+
+
+async def test_a_deleted_sleep_is_non_determinism_and_the_run_does_not_complete(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    recorded = await _park_sleeper(url)
+    async with aion.open_engine(url, workflows=[sleeper_without_the_sleep]) as engine:
+        reason = await _stuck_reason(engine, "s")
+        history = await engine.history("s")
+    assert "timer command #0 was recorded as timer 'anonymous:0'" in reason, reason
+    assert "now requests the workflow to return" in reason, reason
+    assert history == recorded, "no terminal is recorded"
+
+
+# -- other kinds: cancels, signal-wait timeouts, children, patches ----------------------
+
+
+@aion.workflow(name="reminder")
+async def reminder_v1(ctx: aion.WorkflowContext) -> str:
+    timer = ctx.start_timer("nag", 86400)
+    await ctx.wait_signal("paid")
+    await timer.cancel()
+    await ctx.wait_signal("shipped")
+    return "done"
+
+
+@aion.workflow(name="reminder")
+async def reminder_keeps_the_timer(ctx: aion.WorkflowContext) -> str:
+    ctx.start_timer("nag", 86400)
+    await ctx.wait_signal("paid")
+    await ctx.wait_signal("shipped")
+    return "done"
+
+
+async def test_a_dropped_timer_cancel_is_non_determinism(store_url: Callable[[], str]) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[reminder_v1]) as engine:
+        await engine.start(reminder_v1, workflow_id="r")
+        await _history_until(engine, "r", lambda h: "TimerStarted" in _types(h))
+        await engine.signal("r", "paid")
+        await _history_until(engine, "r", lambda h: "TimerCancelled" in _types(h))
+    async with aion.open_engine(url, workflows=[reminder_keeps_the_timer]) as engine:
+        await engine.signal("r", "shipped")
+        reason = await _stuck_reason(engine, "r")
+        history = await engine.history("r")
+    assert "timer cancel command #1 was recorded as cancel of timer 'named:nag'" in reason, reason
+    assert "now requests the workflow to return" in reason, reason
+    assert not any(e.is_terminal for e in history)
+
+
+@aion.workflow(name="waiter")
+async def waiter_v1(ctx: aion.WorkflowContext) -> str:
+    try:
+        return str(await ctx.wait_signal("go", timeout=86400))
+    except aion.Timeout:
+        return "late"
+
+
+@aion.workflow(name="waiter")
+async def waiter_without_timeout(ctx: aion.WorkflowContext) -> str:
+    return str(await ctx.wait_signal("go"))
+
+
+async def test_a_signal_wait_that_lost_its_timeout_is_non_determinism(store_url: Callable[[], str]) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[waiter_v1]) as engine:
+        await engine.start(waiter_v1, workflow_id="w")
+        await _history_until(engine, "w", lambda h: "TimerStarted" in _types(h))
+    async with aion.open_engine(url, workflows=[waiter_without_timeout]) as engine:
+        await engine.signal("w", "go", "now")
+        reason = await _stuck_reason(engine, "w")
+        history = await engine.history("w")
+    assert "timer command #0 was recorded as timer 'anonymous:0'" in reason, reason
+    assert not any(e.is_terminal for e in history)
+
+
+@aion.workflow
+async def kid(ctx: aion.WorkflowContext) -> str:
+    await ctx.wait_signal("never")
+    return "kid"
+
+
+@aion.workflow(name="parent")
+async def parent_v1(ctx: aion.WorkflowContext) -> str:
+    await ctx.sleep(86400)
+    return "parent"
+
+
+@aion.workflow(name="parent")
+async def parent_starts_a_child_first(ctx: aion.WorkflowContext) -> str:
+    ctx.start_child(kid)
+    await ctx.sleep(86400)
+    return "parent"
+
+
+async def test_a_child_inserted_before_a_recorded_timer_is_non_determinism_and_never_starts(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[parent_v1]) as engine:
+        await engine.start(parent_v1, workflow_id="p")
+        recorded = await _history_until(engine, "p", lambda h: "TimerStarted" in _types(h))
+    async with aion.open_engine(url, workflows=[parent_starts_a_child_first, kid]) as engine:
+        reason = await _stuck_reason(engine, "p")
+        history = await engine.history("p")
+        children = await engine.list(workflow_type="kid")
+    assert "timer command #0 was recorded as timer 'anonymous:0'" in reason, reason
+    assert "now requests child 'kid'" in reason, reason
+    assert history == recorded
+    assert children == [], "the inserted child is never started"
+
+
+@aion.workflow(name="gated")
+async def gated_v1(ctx: aion.WorkflowContext) -> str:
+    ctx.start_timer("reminder", 86400)
+    await ctx.wait_signal("go")
+    return "done"
+
+
+@aion.workflow(name="gated")
+async def gated_v2(ctx: aion.WorkflowContext) -> str:
+    if await ctx.patched("charge-first"):
+        await ctx.run(charge, ctx.workflow_id)
+    ctx.start_timer("reminder", 86400)
+    await ctx.wait_signal("go")
+    return "done"
+
+
+async def test_patched_takes_the_old_path_where_a_timer_was_recorded_and_the_new_one_live(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[gated_v1]) as engine:
+        await engine.start(gated_v1, workflow_id="old")
+        await _history_until(engine, "old", lambda h: "TimerStarted" in _types(h))
+    async with aion.open_engine(url, workflows=[gated_v2], activities=[charge]) as engine:
+        await engine.start(gated_v2, workflow_id="new")
+        with trio.fail_after(LIMIT):
+            for workflow_id in ("old", "new"):
+                await engine.signal(workflow_id, "go")
+                assert await engine.result(workflow_id) == "done"
+        old_history = await engine.history("old")
+        new_history = await engine.history("new")
+    assert CHARGED == ["new"], "the old run kept its old path; the new one charged"
+    assert not any(isinstance(e.body, ev.MarkerRecorded) for e in old_history)
+    assert [e.body.name for e in new_history if isinstance(e.body, ev.MarkerRecorded)] == [
+        "patch:charge-first"
+    ]
+
+
+# -- the one classification --------------------------------------------------------
+
+
+AT = datetime(2026, 1, 2, tzinfo=timezone.utc)
+RUN = "3f1c2a9e-5b7d-4c1e-8f20-6a9b0c1d2e3f"
+ERROR = ev.ActivityError(cause=ev.FailureCause.RETRYABLE, type="E", message="m")
+
+
+@pytest.mark.parametrize(
+    ("body", "command"),
+    [
+        (ev.ActivityScheduled(activity_id=0, activity_type="a", input=aion.Payload.of([])), "activity 'a'"),
+        (ev.TimerStarted(timer_id="anonymous:0", fire_at=AT), "timer 'anonymous:0'"),
+        (ev.TimerStarted(timer_id="named:x", fire_at=AT), "timer 'named:x'"),
+        (ev.TimerStarted(timer_id="scope:0", fire_at=AT), "timer 'scope:0'"),
+        (ev.TimerStarted(timer_id=f"deadline:{RUN}", fire_at=AT), None),
+        (
+            ev.TimerCancelled(timer_id="named:x", cause=ev.TimerCancelCause.WORKFLOW_INTENT),
+            "cancel of timer 'named:x'",
+        ),
+        (ev.TimerCancelled(timer_id="named:x", cause=ev.TimerCancelCause.CANCEL_TEARDOWN), None),
+        (ev.TimerCancelled(timer_id=f"deadline:{RUN}", cause=ev.TimerCancelCause.WORKFLOW_INTENT), None),
+        (
+            ev.ChildWorkflowStarted(child_workflow_id="c", workflow_type="k", input=aion.Payload.of([])),
+            "child 'k' with id 'c'",
+        ),
+        (ev.MarkerRecorded(name="patch:p", value=aion.Payload.of(True)), "patch 'p'"),
+        (ev.MarkerRecorded(name="child:0", value=aion.Payload.of({})), None),
+        (ev.SearchAttributesUpserted(attributes={"k": 1}), "search-attribute upsert"),
+        (ev.ActivityStarted(activity_id=0, attempt=1), None),
+        (ev.ActivityCompleted(activity_id=0, result=aion.Payload.of(1), attempt=1), None),
+        (ev.ActivityFailed(activity_id=0, error=ERROR, attempt=1, final=False), None),
+        (ev.ActivityFailed(activity_id=0, error=ERROR, attempt=1, final=True), None),
+        (ev.ActivityCancelled(activity_id=0, attempt=1), None),
+        (ev.TimerFired(timer_id="anonymous:0"), None),
+        (ev.SignalReceived(name="s", payload=aion.Payload.of(1)), None),
+        (ev.WorkflowCancelRequested(reason="r"), None),
+        (ev.WorkflowReopened(run_id=RUN, reopened_activity_ids=()), None),
+        (ev.WorkflowCompleted(result=aion.Payload.of(1)), None),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, ev.EventBody) else str(value),
+)
+def test_events_are_classified_as_commands_in_one_place(body: ev.EventBody, command: Any) -> None:
+    key = command_key(body)
+    assert (key.describe() if key is not None else None) == command
