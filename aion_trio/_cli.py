@@ -1114,7 +1114,8 @@ def start(
             task_queue=task_queue,
             id_reuse=IdReusePolicy(id_reuse.lower()),
         )
-        click.echo(f"started workflow {handle.workflow_id!r} run {handle.run_id} ({_DIRECT})", err=True)
+        verb = "started" if handle.created else "attached to existing"
+        click.echo(f"{verb} workflow {handle.workflow_id!r} run {handle.run_id} ({_DIRECT})", err=True)
         return handle.run_id, (await handle.result() if wait else None)
 
     async def go() -> tuple[str, Any]:

@@ -17,7 +17,8 @@ from typing import Any, ClassVar, Union, final
 import attrs
 
 from ._errors import CommandDecodeError, EventDecodeError
-from ._ids import validate_workflow_id
+from ._events import OMIT_NONE
+from ._ids import validate_request_id, validate_workflow_id
 from ._payload import NULL, Payload
 from ._wire import loads_strict, record_from_wire, record_to_wire, register_wire_record
 
@@ -27,6 +28,17 @@ ID_REUSE_VALUES = ("allow_duplicate", "allow_if_failed", "reject_duplicate", "us
 
 def _workflow_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     validate_workflow_id(value)
+
+
+def _optional_request_id(instance: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None:
+        validate_request_id(value, attribute.name)
+
+
+def _request_id() -> Any:
+    """The command's idempotency key: queueing it twice adds it once, and the owner records its
+    effect under it (applied twice, it records once).  ``None``: the owner uses ``inbox:N``."""
+    return attrs.field(default=None, validator=_optional_request_id, metadata={OMIT_NONE: True})
 
 
 def _non_empty(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -61,6 +73,7 @@ class StartCommand:
     args: Payload = attrs.field(factory=lambda: Payload.trusted("[]"), validator=_args)
     id_reuse: str = attrs.field(default="allow_duplicate")
     task_queue: str | None = None
+    request_id: str | None = _request_id()
 
     @id_reuse.validator
     def _check_reuse(self, attribute: attrs.Attribute[str], value: str) -> None:
@@ -80,6 +93,7 @@ class SignalCommand:
     workflow_id: str = attrs.field(validator=_workflow_id)
     name: str = attrs.field(validator=_non_empty)
     payload: Payload = attrs.field(default=NULL, validator=_payload)
+    request_id: str | None = _request_id()
 
     def describe(self) -> str:
         return f"signal {self.name!r} to {self.workflow_id!r}"
@@ -93,6 +107,7 @@ class CancelCommand:
     KIND: ClassVar[str] = "cancel"
     workflow_id: str = attrs.field(validator=_workflow_id)
     reason: str = attrs.field(default="", validator=_text)
+    request_id: str | None = _request_id()
 
     def describe(self) -> str:
         return f"cancel {self.workflow_id!r}"
@@ -106,6 +121,7 @@ class TerminateCommand:
     KIND: ClassVar[str] = "terminate"
     workflow_id: str = attrs.field(validator=_workflow_id)
     reason: str = attrs.field(default="", validator=_text)
+    request_id: str | None = _request_id()
 
     def describe(self) -> str:
         return f"terminate {self.workflow_id!r}"
@@ -118,6 +134,7 @@ class ReopenCommand:
 
     KIND: ClassVar[str] = "reopen"
     workflow_id: str = attrs.field(validator=_workflow_id)
+    request_id: str | None = _request_id()
 
     def describe(self) -> str:
         return f"reopen {self.workflow_id!r}"
@@ -135,6 +152,7 @@ class QueryCommand:
     workflow_id: str = attrs.field(validator=_workflow_id)
     name: str = attrs.field(validator=_non_empty)
     args: Payload = attrs.field(factory=lambda: Payload("[]"), validator=_args)
+    request_id: str | None = _request_id()
 
     def describe(self) -> str:
         return f"query {self.name!r} of {self.workflow_id!r}"
@@ -192,12 +210,8 @@ class CommandOutcome:
 
 
 def signal_recorded_outcome(workflow_id: str, name: str) -> CommandOutcome:
-    """The outcome of a signal command whose ``SignalReceived`` was recorded.
-
-    A store that acks the command in the append that records the signal (its
-    event carries ``command_id``) stores this outcome, the one the owning
-    engine's drain reports.
-    """
+    """The outcome of a signal command whose ``SignalReceived`` was recorded (or found
+    recorded under the command's request id, when it was delivered again)."""
     return CommandOutcome.success(f"signal {name!r} recorded for workflow {workflow_id!r}")
 
 

@@ -86,6 +86,7 @@ from ._events import (
     ChildWorkflowStarted,
     ErrorInfo,
     Event,
+    EventBody,
     FailureCause,
     MarkerRecorded,
     SignalReceived,
@@ -105,19 +106,22 @@ from ._events import (
     WorkflowTimedOut,
     validate_search_attributes,
 )
-from ._ids import deadline_timer_id, new_run_id, new_workflow_id, validate_workflow_id
+from ._ids import deadline_timer_id, new_run_id, new_workflow_id, validate_request_id, validate_workflow_id
 from ._inbox import InboxDrainer, Ownership
 from ._observe import ObserverHub, RecoveryFinished, WorkflowRelinquished, build_hub
 from ._ownership import OwnerClaim, OwnerIdentity, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import default_plugin_manager, open_store
 from ._projections import (
+    RecordedRequest,
     RunState,
     current_lease_terminal,
     failure,
+    is_active,
     latest_run_id,
     next_delivery_attempt,
     outstanding_timers,
+    recorded_request,
     retry_trail,
     run_segment,
     scheduled_activities,
@@ -553,13 +557,24 @@ class EngineCore:
     # -- runs --------------------------------------------------------------
 
     async def reopen_locked(
-        self, recorder: Recorder, run_id: str, workflow_type: str, activity_ids: Sequence[int] = ()
+        self,
+        recorder: Recorder,
+        run_id: str,
+        workflow_type: str,
+        activity_ids: Sequence[int] = (),
+        request_id: str | None = None,
     ) -> Lease:
         """Append ``WorkflowReopened`` and install the run's new lease in the same critical
         section (hold the recorder lock), so no check made under the lock ever sees the
         reopen recorded without its lease, or the lease without its reopen."""
         await recorder.append(
-            [WorkflowReopened(run_id=run_id, reopened_activity_ids=tuple(int(a) for a in activity_ids))],
+            [
+                WorkflowReopened(
+                    run_id=run_id,
+                    reopened_activity_ids=tuple(int(a) for a in activity_ids),
+                    request_id=request_id,
+                )
+            ],
             action="reopen the run",
             run_id=run_id,
         )
@@ -1583,12 +1598,19 @@ def error_info(exc: BaseException) -> ErrorInfo:
 
 @final
 class RunHandle:
-    """A started run: ``await handle.result()``."""
+    """A started run: ``await handle.result()``.
 
-    def __init__(self, engine: Engine, workflow_id: str, run_id: str) -> None:
+    ``created`` is true when the call that returned the handle recorded the run's
+    start (a retry with the same ``request_id`` returns the first call's handle,
+    so it is true there too); false when it attached to a run that existed
+    (``IdReusePolicy.USE_EXISTING``) or reopened one.
+    """
+
+    def __init__(self, engine: Engine, workflow_id: str, run_id: str, *, created: bool = False) -> None:
         self._engine = engine
         self.workflow_id = workflow_id
         self.run_id = run_id
+        self.created = created
 
     async def result(self, *, follow_continue_as_new: bool = True) -> Any:
         return await self._engine.result(
@@ -1599,7 +1621,7 @@ class RunHandle:
         return await self._engine.describe(self.workflow_id)
 
     def __repr__(self) -> str:
-        return f"<RunHandle {self.workflow_id!r} run {self.run_id}>"
+        return f"<RunHandle {self.workflow_id!r} run {self.run_id}{'' if self.created else ' (existing)'}>"
 
 
 @final
@@ -1659,8 +1681,14 @@ class Engine:
         search_attributes: Mapping[str, Any] | None = None,
         task_queue: str | None = None,
         timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+        request_id: str | None = None,
     ) -> RunHandle:
         """Start a workflow run; returns once ``WorkflowStarted`` is durable.
+
+        ``request_id``: an idempotency key (needs ``workflow_id``).  A start whose
+        key is already recorded in the workflow's history records nothing and
+        returns the first start's handle, whatever ``id_reuse`` says, so a call
+        that failed with :class:`BackendUnavailable` can be retried safely.
 
         ``timeout`` is the run's deadline (a durable timer from its start): when it
         passes, the run is stopped and ends ``TimedOut``, its activities cancelled.
@@ -1679,6 +1707,12 @@ class Engine:
         if not isinstance(id_reuse, IdReusePolicy):
             raise TypeError(f"id_reuse must be an IdReusePolicy, got {id_reuse!r}")
         deadline_after = _deadline(timeout)
+        if request_id is not None:
+            validate_request_id(request_id)
+            if workflow_id is None:
+                raise ValueError(
+                    "a start with a request_id needs an explicit workflow_id: a retry must name the same workflow"
+                )
         if not core.epoch.admitting:
             raise epoch_closed(wid, None, "start a workflow")
 
@@ -1691,6 +1725,7 @@ class Engine:
                     task_queue=queue,
                     search_attributes=attributes,
                     timeout=deadline_after,
+                    request_id=request_id,
                 )
             ]
             if deadline_after is not None:
@@ -1724,10 +1759,19 @@ class Engine:
                 if deadline_after is not None:
                     await core.arm_timer(wid, run_id, deadline_timer_id(run_id), now + deadline_after)
                 await core.refresh_visibility_soon(wid)
-                return RunHandle(self, wid, run_id)
+                return RunHandle(self, wid, run_id, created=True)
         recorder = await core.recorder_for(wid)
+        if request_id is not None:
+            async with recorder.lock:
+                found = _recorded(await recorder.current_history(), wid, request_id, WorkflowStarted, "start")
+            if found is not None:
+                await self._resume_idle(wid)
+                return RunHandle(self, wid, found.run_id, created=True)
         async with recorder.lock:
             history = await recorder.current_history()
+            found = _recorded(history, wid, request_id, WorkflowStarted, "start")
+            if found is not None:  # a concurrent call with the same key started it meanwhile
+                return RunHandle(self, wid, found.run_id, created=True)
             existing_run = latest_run_id(history)
             if existing_run is not None:
                 status = workflow_status(history)
@@ -1745,7 +1789,20 @@ class Engine:
             if deadline_after is not None:
                 await core.arm_timer(wid, run_id, deadline_timer_id(run_id), now + deadline_after)
         await core.refresh_visibility_soon(wid)
-        return RunHandle(self, wid, run_id)
+        return RunHandle(self, wid, run_id, created=True)
+
+    async def _resume_idle(self, workflow_id: str) -> None:
+        """After a retried request found its own earlier record: a run that record started or
+        reopened, left without a lease here when the first attempt's acknowledgement was lost,
+        is resumed as the recovery sweep would resume it."""
+        core = self._core
+        recorder = core.loaded_recorder(workflow_id)
+        run_id = latest_run_id(recorder.history) if recorder is not None else None
+        if recorder is None or run_id is None or not is_active(recorder.history):
+            return
+        lease = core.registry.get(workflow_id, run_id)
+        if lease is None or lease.completion.is_set:
+            await core.recover_one(workflow_id)
 
     async def _await_lifecycle(self, workflow_id: str, recorder: Recorder) -> list[Event] | None:
         """Wait until ``workflow_id``'s history may hold a new lifecycle event.
@@ -1827,51 +1884,48 @@ class Engine:
                     )
             fresh = await self._await_lifecycle(workflow_id, recorder)
 
-    async def signal(self, workflow_id: str, name: str, payload: Any = None) -> None:
+    async def signal(
+        self, workflow_id: str, name: str, payload: Any = None, *, request_id: str | None = None
+    ) -> None:
         """Record a signal for the workflow's running run and wake it.
 
         Refused with a typed error, recording nothing, if the workflow does not
         exist (:class:`WorkflowNotFound`) or is not running (:class:`NotRunning`);
         an unserialisable or oversized payload is refused before anything is recorded.
+        ``request_id``: an idempotency key; a signal whose key is already recorded
+        is not recorded again (and not refused, even if the run ended since).
         """
         core = self._core
         if not isinstance(name, str) or not name:
             raise ValueError(f"signal name must be a non-empty str, got {name!r}")
+        if request_id is not None:
+            validate_request_id(request_id)
         encoded = core.codec.encode(payload, what=f"payload of signal {name!r}")
         if not core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "record a signal")
         await self._here_or_owner(
             workflow_id,
-            lambda: self._signal_here(workflow_id, name, encoded),
-            lambda: SignalCommand(workflow_id=workflow_id, name=name, payload=encoded),
+            lambda: self._signal_here(workflow_id, name, encoded, request_id),
+            lambda: SignalCommand(workflow_id=workflow_id, name=name, payload=encoded, request_id=request_id),
         )
 
     async def _signal_here(
-        self, workflow_id: str, name: str, encoded: Payload, command_id: int | None = None
+        self, workflow_id: str, name: str, encoded: Payload, request_id: str | None = None
     ) -> None:
-        """Record the signal through this engine's recorder.  ``command_id``: the inbox
-        command delivering it; a command already recorded is not recorded again."""
+        """Record the signal through this engine's recorder, unless ``request_id`` is recorded."""
         if not self._core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "record a signal")
         recorder = await self._existing_recorder(workflow_id)
         async with recorder.lock:
             history = await recorder.current_history()
-            if command_id is not None and any(
-                isinstance(e.body, SignalReceived) and e.body.command_id == command_id for e in history
-            ):
-                logger.info(
-                    "inbox command #%d: its signal %r is already recorded; not recorded again",
-                    command_id,
-                    name,
-                    extra={"workflow_id": workflow_id, "command_id": command_id},
-                )
+            if _recorded(history, workflow_id, request_id, SignalReceived, f"signal {name!r}") is not None:
                 return
             status = workflow_status(history)
             run_id = latest_run_id(history)
             if status is not WorkflowStatus.RUNNING or run_id is None:
                 raise NotRunning(workflow_id, status.value if status else "unknown", f"signal {name!r} to")
             await recorder.append(
-                [SignalReceived(name=name, payload=encoded, command_id=command_id)],
+                [SignalReceived(name=name, payload=encoded, request_id=request_id)],
                 action=f"record signal {name!r}",
                 run_id=run_id,
             )
@@ -1907,29 +1961,36 @@ class Engine:
             raise NotRunning(recorder.workflow_id, status.value if status else "unknown", operation)
         return run_id, run_segment(history, run_id)
 
-    async def cancel(self, workflow_id: str, reason: str = "") -> None:
+    async def cancel(self, workflow_id: str, reason: str = "", *, request_id: str | None = None) -> None:
         """Ask the running run to cancel: records ``WorkflowCancelRequested`` and wakes it.
 
         The workflow sees :class:`aion_trio.WorkflowCancelled` at its next await
         (outside ``ctx.cleanup()``); it may compensate, and ends ``Cancelled`` when
         the exception leaves it.  A second request while one is pending records
         nothing.  Unknown or terminal workflows are refused with a typed error.
+        ``request_id``: an idempotency key; a cancel whose key is recorded records
+        nothing and is not refused.
         """
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {reason!r}")
+        if request_id is not None:
+            validate_request_id(request_id)
         if not self._core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "cancel a workflow")
         await self._here_or_owner(
             workflow_id,
-            lambda: self._cancel_here(workflow_id, reason),
-            lambda: CancelCommand(workflow_id=workflow_id, reason=reason),
+            lambda: self._cancel_here(workflow_id, reason, request_id),
+            lambda: CancelCommand(workflow_id=workflow_id, reason=reason, request_id=request_id),
         )
 
-    async def _cancel_here(self, workflow_id: str, reason: str) -> None:
+    async def _cancel_here(self, workflow_id: str, reason: str, request_id: str | None = None) -> None:
         if not self._core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "cancel a workflow")
         recorder = await self._existing_recorder(workflow_id)
         async with recorder.lock:
+            history = await recorder.current_history()
+            if _recorded(history, workflow_id, request_id, WorkflowCancelRequested, "cancel") is not None:
+                return
             run_id, segment = await self._running_run(recorder, "cancel")
             state = RunState(run_id, segment)
             state.sync()
@@ -1941,37 +2002,53 @@ class Engine:
                 )
                 return
             await recorder.append(
-                [WorkflowCancelRequested(reason=reason)], action="request cancellation", run_id=run_id
+                [WorkflowCancelRequested(reason=reason, request_id=request_id)],
+                action="request cancellation",
+                run_id=run_id,
             )
 
-    async def terminate(self, workflow_id: str, reason: str = "") -> None:
+    async def terminate(self, workflow_id: str, reason: str = "", *, request_id: str | None = None) -> None:
         """End the running run at once, without running its code: records
         ``WorkflowCancelled(terminated=True)`` with its in-flight activities cancelled
-        and its timers retired in the same batch, then stops the run's task."""
+        and its timers retired in the same batch, then stops the run's task.
+        ``request_id``: an idempotency key; a terminate whose key is recorded records
+        nothing and is not refused."""
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {reason!r}")
+        if request_id is not None:
+            validate_request_id(request_id)
         if not self._core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "terminate a workflow")
         await self._here_or_owner(
             workflow_id,
-            lambda: self._terminate_here(workflow_id, reason),
-            lambda: TerminateCommand(workflow_id=workflow_id, reason=reason),
+            lambda: self._terminate_here(workflow_id, reason, request_id),
+            lambda: TerminateCommand(workflow_id=workflow_id, reason=reason, request_id=request_id),
         )
 
-    async def _terminate_here(self, workflow_id: str, reason: str) -> None:
+    async def _terminate_here(self, workflow_id: str, reason: str, request_id: str | None = None) -> None:
         core = self._core
         if not core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "terminate a workflow")
         recorder = await self._existing_recorder(workflow_id)
         async with recorder.lock:
-            run_id, segment = await self._running_run(recorder, "terminate")
-            bodies: list[Any] = [
-                CancelledEvent(reason=reason, terminated=True),
-                *teardown_bodies(segment, run_id, retire_timers=True),
-            ]
-            events = await recorder.append(bodies, action="terminate the workflow", run_id=run_id)
-            core.stop_run_locally(workflow_id, run_id, events[0])
-            await forget_retired(core, workflow_id, bodies)
+            history = await recorder.current_history()
+            found = _recorded(history, workflow_id, request_id, CancelledEvent, "terminate")
+            if found is not None:
+                # Recorded by a first attempt whose acknowledgement was lost: finish what it
+                # left undone, unless the run was reopened since.
+                run_id = found.run_id
+                if current_lease_terminal(run_segment(history, run_id)) != found.event:
+                    return
+                core.stop_run_locally(workflow_id, run_id, found.event)
+            else:
+                run_id, segment = await self._running_run(recorder, "terminate")
+                bodies: list[Any] = [
+                    CancelledEvent(reason=reason, terminated=True, request_id=request_id),
+                    *teardown_bodies(segment, run_id, retire_timers=True),
+                ]
+                events = await recorder.append(bodies, action="terminate the workflow", run_id=run_id)
+                core.stop_run_locally(workflow_id, run_id, events[0])
+                await forget_retired(core, workflow_id, bodies)
         logger.warning(
             "workflow run terminated: %s",
             reason or "(no reason given)",
@@ -1981,7 +2058,7 @@ class Engine:
             await core.upsert_visibility(workflow_id)
         await core.run_closed(workflow_id, run_id)
 
-    async def reopen(self, workflow_id: str) -> RunHandle:
+    async def reopen(self, workflow_id: str, *, request_id: str | None = None) -> RunHandle:
         """Reopen a Failed or Cancelled run: ``WorkflowReopened`` supersedes its terminal and
         a new lease replays it (fixed code can now pass where the old failed); activities
         and timers the teardown cancelled are re-dispatched and re-armed.
@@ -1989,13 +2066,18 @@ class Engine:
         Refused with :class:`CannotReopen` for other statuses, and for a cancelled run whose
         code reacted to the cancellation (it recorded commands after the request: replaying
         without the cancellation would take another path).
+
+        ``request_id``: an idempotency key; a reopen whose key is recorded records
+        nothing and returns the first reopen's handle.
         """
+        if request_id is not None:
+            validate_request_id(request_id)
         if not self._core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "reopen a workflow")
         found = await self._here_or_owner(
             workflow_id,
-            lambda: self._reopen_here(workflow_id),
-            lambda: ReopenCommand(workflow_id=workflow_id),
+            lambda: self._reopen_here(workflow_id, request_id),
+            lambda: ReopenCommand(workflow_id=workflow_id, request_id=request_id),
         )
         if isinstance(found, CommandOutcome):
             assert found.run_id is not None
@@ -2003,13 +2085,22 @@ class Engine:
         assert isinstance(found, RunHandle)
         return found
 
-    async def _reopen_here(self, workflow_id: str) -> RunHandle:
+    async def _reopen_here(self, workflow_id: str, request_id: str | None = None) -> RunHandle:
         core = self._core
         if not core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "reopen a workflow")
         recorder = await self._existing_recorder(workflow_id)
         async with recorder.lock:
             history = await recorder.current_history()
+            found = _recorded(history, workflow_id, request_id, WorkflowReopened, "reopen")
+        if found is not None:
+            await self._resume_idle(workflow_id)
+            return RunHandle(self, workflow_id, found.run_id)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            found = _recorded(history, workflow_id, request_id, WorkflowReopened, "reopen")
+            if found is not None:  # a concurrent call with the same key reopened it meanwhile
+                return RunHandle(self, workflow_id, found.run_id)
             run_id = latest_run_id(history)
             assert run_id is not None
             segment = run_segment(history, run_id)
@@ -2043,7 +2134,7 @@ class Engine:
                     if isinstance(e.body, ActivityCancelled) and e.seq > terminal.seq
                 }
             )
-            lease = await core.reopen_locked(recorder, run_id, start.workflow_type, reopened)
+            lease = await core.reopen_locked(recorder, run_id, start.workflow_type, reopened, request_id)
             core.spawn_run(lease)
             await core.redispatch_unsettled(recorder, run_id)
             for timer in outstanding_timers(run_segment(recorder.history, run_id)):
@@ -2281,6 +2372,33 @@ def _filter(filter: VisibilityFilter | None, criteria: Mapping[str, Any]) -> Vis
     if filter is not None and criteria:
         raise TypeError("pass either a VisibilityFilter or keyword criteria, not both")
     return filter if filter is not None else VisibilityFilter(**criteria)
+
+
+def _recorded(
+    history: Sequence[Event], workflow_id: str, request_id: str | None, kind: type[EventBody], what: str
+) -> RecordedRequest | None:
+    """The event ``request_id`` already recorded (a retried call: record nothing), or ``None``.
+
+    A key already spent on another kind of call is refused: one key names one call."""
+    if request_id is None:
+        return None
+    found = recorded_request(history, request_id)
+    if found is None:
+        return None
+    body = found.event.body
+    if not isinstance(body, kind) or (isinstance(body, CancelledEvent) and not body.terminated):
+        raise ValueError(
+            f"request_id {request_id!r} was already used on workflow {workflow_id!r} for a "
+            f"{type(body).__name__} (seq {found.event.seq}); give each distinct call its own request_id"
+        )
+    logger.info(
+        "%s with request id %r is already recorded (seq %d); nothing recorded again",
+        what,
+        request_id,
+        found.event.seq,
+        extra={"workflow_id": workflow_id, "run_id": found.run_id, "request_id": request_id},
+    )
+    return found
 
 
 def _reuse_allowed(policy: IdReusePolicy, status: WorkflowStatus) -> bool | None:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeAlias, Union, final
 
 import attrs
 
-from ._ids import validate_run_id, validate_timer_id, validate_workflow_id
+from ._ids import validate_request_id, validate_run_id, validate_timer_id, validate_workflow_id
 from ._payload import Payload
 
 
@@ -85,6 +85,17 @@ OMIT_NONE = "aion_trio_wire_omit_none"
 def _optional_command_id(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"{attribute.name} must be an int >= 1 or None, got {value!r}")
+
+
+def _optional_request_id(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None:
+        validate_request_id(value, attribute.name)
+
+
+def _request_id_field() -> Any:
+    """The idempotency key of the client call (or inbox command) that recorded the event:
+    a retry with the same key finds it here and records nothing.  Off the wire when ``None``."""
+    return attrs.field(default=None, validator=_optional_request_id, metadata={OMIT_NONE: True})
 
 
 def _non_empty_str(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -296,6 +307,7 @@ class WorkflowStarted(EventBody):
         factory=dict, converter=_search_attrs_converter
     )
     timeout: timedelta | None = attrs.field(default=None, validator=_optional_timeout)
+    request_id: str | None = _request_id_field()
 
 
 @attrs.frozen(kw_only=True)
@@ -313,6 +325,7 @@ class WorkflowFailed(EventBody):
 @attrs.frozen(kw_only=True)
 class WorkflowCancelRequested(EventBody):
     reason: str = attrs.field(validator=_str)
+    request_id: str | None = _request_id_field()
 
 
 @attrs.frozen(kw_only=True)
@@ -321,6 +334,7 @@ class WorkflowCancelled(EventBody):
     reason: str = attrs.field(validator=_str)
     #: True when ``terminate`` ended the run without running its code.
     terminated: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    request_id: str | None = _request_id_field()
 
 
 @attrs.frozen(kw_only=True)
@@ -346,6 +360,7 @@ class WorkflowReopened(EventBody):
     reopened_activity_ids: tuple[int, ...] = attrs.field(
         default=(), converter=_int_tuple, validator=_activity_ids
     )
+    request_id: str | None = _request_id_field()
 
 
 @attrs.frozen(kw_only=True)
@@ -429,11 +444,12 @@ class TimerCancelled(EventBody):
 class SignalReceived(EventBody):
     name: str = attrs.field(validator=_non_empty_str)
     payload: Payload = attrs.field(validator=_payload)
-    #: The inbox command that delivered the signal (cluster mode), so a redelivered
-    #: command is recognised in history and applied once; absent from the wire when ``None``.
+    #: Histories written before request ids: the inbox command that delivered the
+    #: signal (it counts as request id ``inbox:N``).  Never written now.
     command_id: int | None = attrs.field(
         default=None, validator=_optional_command_id, metadata={OMIT_NONE: True}
     )
+    request_id: str | None = _request_id_field()
 
 
 @attrs.frozen(kw_only=True)

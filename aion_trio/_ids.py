@@ -116,3 +116,38 @@ def validate_timer_id(timer_id: object, what: str = "timer_id") -> TimerId:
 
 def _is_ordinal(text: str) -> bool:
     return text.isascii() and text.isdigit() and str(int(text)) == text
+
+
+RequestId: TypeAlias = str
+"""An idempotency key: the same key twice on one workflow id records once (docs/concepts.md)."""
+
+MAX_REQUEST_ID_LENGTH = 200
+INBOX_REQUEST_PREFIX = "inbox:"
+"""Request ids ``inbox:N`` name inbox command ``N`` that was queued without a request id."""
+
+
+def validate_request_id(request_id: object, what: str = "request_id") -> RequestId:
+    """Return ``request_id`` if it is a usable idempotency key, else raise saying why."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"{what} must be str, got {type(request_id).__name__}")
+    if not request_id:
+        raise ValueError(f"{what} must not be empty")
+    if len(request_id) > MAX_REQUEST_ID_LENGTH:
+        raise ValueError(f"{what} is {len(request_id)} characters; the limit is {MAX_REQUEST_ID_LENGTH}")
+    if _CONTROL_CHARACTER.search(request_id):
+        raise ValueError(f"{what} {request_id!r} contains control characters")
+    if not request_id.isascii():
+        try:
+            request_id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} {request_id!r} is not valid Unicode text (a lone surrogate)") from None
+    return request_id
+
+
+def new_request_id() -> RequestId:
+    return str(uuid.uuid4())
+
+
+def inbox_request_id(command_id: int) -> RequestId:
+    """The request id of inbox command ``command_id`` queued without one of its own."""
+    return f"{INBOX_REQUEST_PREFIX}{command_id}"

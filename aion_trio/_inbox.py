@@ -28,6 +28,7 @@ from ._commands import (
     signal_recorded_outcome,
 )
 from ._errors import AionError, AionInternalError, BackendUnavailable, EngineEpochClosed, NotOwner, StoreError
+from ._ids import inbox_request_id
 from ._ownership import OwnerClaim, wall_now
 from ._store import CommandInbox, OwnedStore
 
@@ -104,11 +105,17 @@ async def apply_command(
     ``EngineEpochClosed``, ``BackendUnavailable`` and ``NotOwner`` (cluster mode:
     another node claimed the workflow) propagate: the command was not (or not
     knowably) applied and stays queued for a later drain, or for the new owner.
-    A signal carries ``command_id`` into its event, so a command delivered again
-    is recognised in history and not recorded twice.
+    Every command but a query is applied under its request id (its own, or
+    ``inbox:N`` from ``command_id``), which the effect's event records: a command
+    delivered again (its worker died after applying it, before the ack) finds
+    its effect in history, records nothing and answers with the first outcome.
+    A query records nothing: delivered again, it is simply answered again.
     """
     from ._engine import IdReusePolicy
 
+    key = command.request_id
+    if key is None and command_id is not None:
+        key = inbox_request_id(command_id)
     try:
         if isinstance(command, StartCommand):
             args = codec_decode(command.args)
@@ -119,22 +126,23 @@ async def apply_command(
                 workflow_id=command.workflow_id,
                 id_reuse=policy,
                 task_queue=command.task_queue,
+                request_id=key,
             )
-            verb = "attached to" if policy is IdReusePolicy.USE_EXISTING else "started"
+            verb = "started" if handle.created else "attached to existing"
             return CommandOutcome.success(
                 f"{verb} workflow {handle.workflow_id!r} run {handle.run_id}", run_id=handle.run_id
             )
         if isinstance(command, SignalCommand):
-            await engine._signal_here(command.workflow_id, command.name, command.payload, command_id)
+            await engine._signal_here(command.workflow_id, command.name, command.payload, key)
             return signal_recorded_outcome(command.workflow_id, command.name)
         if isinstance(command, CancelCommand):
-            await engine._cancel_here(command.workflow_id, command.reason)
+            await engine._cancel_here(command.workflow_id, command.reason, key)
             return CommandOutcome.success(f"cancellation requested for workflow {command.workflow_id!r}")
         if isinstance(command, TerminateCommand):
-            await engine._terminate_here(command.workflow_id, command.reason)
+            await engine._terminate_here(command.workflow_id, command.reason, key)
             return CommandOutcome.success(f"workflow {command.workflow_id!r} terminated")
         if isinstance(command, ReopenCommand):
-            handle = await engine._reopen_here(command.workflow_id)
+            handle = await engine._reopen_here(command.workflow_id, key)
             return CommandOutcome.success(
                 f"reopened workflow {handle.workflow_id!r} run {handle.run_id}", run_id=handle.run_id
             )

@@ -47,7 +47,7 @@ from ._events import (
     WorkflowStatus,
     WorkflowTimedOut,
 )
-from ._ids import DEADLINE_TIMER_PREFIX, PATCH_MARKER_PREFIX
+from ._ids import DEADLINE_TIMER_PREFIX, PATCH_MARKER_PREFIX, inbox_request_id
 
 
 def run_segment(events: Sequence[Event], run_id: str) -> list[Event]:
@@ -594,3 +594,36 @@ class RunState:
                 self.signals.setdefault(body.name, []).append(event)
             elif isinstance(body, (TimerFired, TimerCancelled)):
                 self.timer_resolutions.setdefault(body.timer_id, event)
+
+
+def request_of(body: EventBody) -> str | None:
+    """The request id (idempotency key) an event was recorded under, if any.
+
+    A signal recorded before request ids existed names its inbox command by
+    number; it counts as that command's default request id ``inbox:N``.
+    """
+    request_id: str | None = getattr(body, "request_id", None)
+    if request_id is None and isinstance(body, SignalReceived) and body.command_id is not None:
+        return inbox_request_id(body.command_id)
+    return request_id
+
+
+@final
+@attrs.frozen
+class RecordedRequest:
+    """Where a request id was recorded: the event and the run whose segment holds it."""
+
+    event: Event
+    run_id: str
+
+
+def recorded_request(events: Sequence[Event], request_id: str) -> RecordedRequest | None:
+    """The event recorded under ``request_id`` anywhere in the workflow's history (every run)."""
+    run_id: str | None = None
+    for event in events:
+        body = event.body
+        if isinstance(body, WorkflowStarted):
+            run_id = body.run_id
+        if run_id is not None and request_of(body) == request_id:
+            return RecordedRequest(event, run_id)
+    return None

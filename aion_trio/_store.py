@@ -345,7 +345,9 @@ class CommandInbox(Protocol):
     """Optional capability: commands for the store's owner from processes that are not it.
 
     * ``enqueue_command(command)``: store it durably; returns its id, an int
-      larger than every id given before (the inbox is FIFO by id).
+      larger than every id given before (the inbox is FIFO by id).  A command
+      whose ``request_id`` is set and already queued (pending or acked) is not
+      added again: the first one's id is returned.
     * ``pending_commands(limit=100)``: un-acked commands, oldest first, at
       most ``limit``.
     * ``ack_command(command_id, outcome)``: mark it done with ``outcome``;

@@ -84,16 +84,17 @@ FULL_BODIES: dict[str, EventBody] = {
             task_queue="orders",
             search_attributes={"customer": "c-42", "total": 12.5, "rank": 3, "vip": True, "tags": ["a", "b"]},
             timeout=timedelta(days=2, microseconds=5),
+            request_id="cli-start-7",
         ),
         WorkflowCompleted(result=Payload.of({"receipt": "r-1", "stock": [1, 2]})),
         WorkflowFailed(error=ERROR_INFO),
-        WorkflowCancelRequested(reason="customer asked"),
-        WorkflowCancelled(reason="customer asked", terminated=True),
+        WorkflowCancelRequested(reason="customer asked", request_id="cancel-7"),
+        WorkflowCancelled(reason="customer asked", terminated=True, request_id="inbox:12"),
         WorkflowTimedOut(timeout_kind=TimeoutKind.DEADLINE),
         WorkflowContinuedAsNew(
             input=Payload.of({"cursor": 100}), workflow_type="checkout_v2", parent_run_id=RUN_ID
         ),
-        WorkflowReopened(run_id=RUN_ID, reopened_activity_ids=(0, 2)),
+        WorkflowReopened(run_id=RUN_ID, reopened_activity_ids=(0, 2), request_id="reopen-ünï"),
         SearchAttributesUpserted(attributes={"stage": "shipping", "progress": 0.75, "tags": ["x"]}),
         ActivityScheduled(
             activity_id=2,
@@ -113,7 +114,9 @@ FULL_BODIES: dict[str, EventBody] = {
         TimerStarted(timer_id="named:reminder", fire_at=FIRE_AT),
         TimerFired(timer_id="anonymous:3"),
         TimerCancelled(timer_id="scope:1", cause=TimerCancelCause.CANCEL_TEARDOWN),
-        SignalReceived(name="approve", payload=Payload.of({"by": "alice", "ok": True}), command_id=3),
+        SignalReceived(
+            name="approve", payload=Payload.of({"by": "alice", "ok": True}), command_id=3, request_id="sig-1"
+        ),
         ChildWorkflowStarted(
             child_workflow_id="order-7/ship", workflow_type="ship", input=Payload.of({"id": 7})
         ),
@@ -141,6 +144,7 @@ MINIMAL_BODIES: dict[str, EventBody] = {
         ActivityFailed(activity_id=0, error=MINIMAL_ACTIVITY_ERROR, attempt=1, final=False),
         ChildWorkflowFailed(child_workflow_id="child", error=MINIMAL_ERROR_INFO),
         SignalReceived(name="approve", payload=Payload.of({"by": "alice", "ok": True})),
+        WorkflowCancelRequested(reason="customer asked"),
     )
 }
 

@@ -710,6 +710,9 @@ def test_start_no_wait_then_signal_then_the_result(tmp_path: Path, monkeypatch: 
     waited = run_cli("start", "approval", "7", "--id", "ap", "--id-reuse", "use_existing")
     assert waited.exit_code == 0, waited.output
     assert json.loads(waited.stdout) == {"order": 7, "decision": {"by": "ops"}}
+    # It says it attached to the run that existed, not that it started one.
+    assert f"attached to existing workflow 'ap' run {ids['run_id']} " in waited.stderr
+    assert "started workflow" not in waited.stderr
 
 
 def test_start_a_failing_workflow_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -890,6 +890,13 @@ class EnqueueIdRace(ControlProxy):
         return next_id
 
 
+class EnqueueIgnoresRequestId(ControlProxy):
+    """Queues every command anew: a client's retry after an ambiguous failure adds a duplicate."""
+
+    async def enqueue_command(self, command: Any) -> int:
+        return await self.inner.enqueue_command(attrs.evolve(command, request_id=None))
+
+
 class InboxNotACheckpoint(ControlProxy):
     async def command_outcome(self, command_id: int) -> CommandOutcome | None:
         return _stored(self.inner).commands[command_id][1]  # type: ignore[no-any-return]
@@ -933,6 +940,9 @@ INBOX_CASES = [
     pytest.param(OutcomeForgotten, "inbox_outcome_readable", id="outcome-forgotten"),
     pytest.param(InboxNotDurable, "inbox_survives_reopen", id="inbox-not-durable"),
     pytest.param(EnqueueIdRace, "inbox_concurrent_enqueues_from_two_handles", id="enqueue-id-race"),
+    pytest.param(
+        EnqueueIgnoresRequestId, "inbox_enqueue_once_per_request_id", id="enqueue-ignores-request-id"
+    ),
     pytest.param(InboxNotACheckpoint, "inbox_every_method_is_a_checkpoint", id="inbox-not-a-checkpoint"),
     pytest.param(InboxSilentAfterClose, "inbox_use_after_close", id="inbox-silent-after-close"),
 ]

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import trio
 
 from .._commands import (
@@ -303,7 +304,7 @@ def _every_command() -> list[Any]:
             workflow_id="wf-ünï/1", name="approve", payload=Payload.of({"by": "ops", "n": [1, 2.0]})
         ),
         SignalCommand(workflow_id="wf-2", name="poke"),
-        CancelCommand(workflow_id="wf-2", reason="customer asked \N{SNOWMAN}"),
+        CancelCommand(workflow_id="wf-2", reason="customer asked \N{SNOWMAN}", request_id="client-'1' ✓"),
         TerminateCommand(workflow_id="wf-3", reason=""),
         ReopenCommand(workflow_id="wf-3"),
     ]
@@ -431,6 +432,47 @@ async def _inbox_concurrent_enqueues_from_two_handles(ctx: ScenarioContext) -> N
         ids = [cid for cid, _ in got]
         ctx.expect(len(set(ids)) == len(ids), f"concurrent enqueues gave duplicate ids: {sorted(ids)}")
         await _expect_pending(ctx, first, sorted(got, key=lambda p: p[0]), "pending_commands()")
+
+
+@_inbox
+async def _inbox_enqueue_once_per_request_id(ctx: ScenarioContext) -> None:
+    """A command queued again under its request id (a client retrying after an ambiguous
+    failure) adds nothing and gets the first one's id, pending or acked, across handles and
+    a reopen; commands without one, or with another, are queued each time."""
+    keyed = SignalCommand(workflow_id="wf-1", name="go", request_id="req-1")
+    async with ctx.open() as first, ctx.open() as second:
+        ids: list[int] = []
+
+        async def send(store: Any) -> None:
+            ids.append(await store.enqueue_command(keyed))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, first)
+            nursery.start_soon(send, second)
+        ctx.expect(ids[0] == ids[1], f"one request id queued from two handles at once got ids {ids}")
+        plain = [await first.enqueue_command(_signal(1)) for _ in range(2)]
+        other = await first.enqueue_command(attrs.evolve(keyed, request_id="req-2"))
+        ctx.expect(
+            len({ids[0], *plain, other}) == 4, f"distinct commands share ids: {ids[0]}, {plain}, {other}"
+        )
+        await _expect_pending(
+            ctx,
+            first,
+            [
+                (ids[0], keyed),
+                (plain[0], _signal(1)),
+                (plain[1], _signal(1)),
+                (other, attrs.evolve(keyed, request_id="req-2")),
+            ],
+            "pending_commands() after queueing one request id twice",
+        )
+        await first.ack_command(ids[0], CommandOutcome.success("done"))
+    async with ctx.open() as store:
+        again = await store.enqueue_command(keyed)
+        ctx.expect_equal(again, ids[0], "enqueue_command() of an acked request id after reopening")
+        ctx.expect_equal(await store.command_outcome(again), CommandOutcome.success("done"), "its outcome")
+        pending = [p.command_id for p in await store.pending_commands(1000)]
+        ctx.expect(ids[0] not in pending, f"the acked command is pending again: {pending}")
 
 
 @_inbox

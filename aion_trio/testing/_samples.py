@@ -107,14 +107,15 @@ def full_bodies() -> list[EventBody]:
                 "Tags": ("a", "b'c"),
             },
             timeout=timedelta(hours=1, seconds=30, microseconds=500),
+            request_id="start-'a'",
         ),
         WorkflowCompleted(result=Payload.of({"ok": True, "n": BIG_INT})),
         WorkflowFailed(error=error),
-        WorkflowCancelRequested(reason="operator asked; it's late"),
-        WorkflowCancelled(reason="cancelled by 'ops'"),
+        WorkflowCancelRequested(reason="operator asked; it's late", request_id="cancel-1"),
+        WorkflowCancelled(reason="cancelled by 'ops'", request_id="inbox:4"),
         WorkflowTimedOut(timeout_kind=TimeoutKind.DEADLINE),
         WorkflowContinuedAsNew(input=Payload.of([1, 2, 3]), workflow_type="order.v2", parent_run_id=RUN_A),
-        WorkflowReopened(run_id=RUN_C, reopened_activity_ids=(0, 2)),  # type: ignore[arg-type,unused-ignore]
+        WorkflowReopened(run_id=RUN_C, reopened_activity_ids=(0, 2), request_id="reopen-1"),  # type: ignore[arg-type,unused-ignore]
         SearchAttributesUpserted(attributes={"Stage": "paid", "Retries": 0, "Ratio": -0.25, "Done": False}),
         ActivityScheduled(
             activity_id=0,
@@ -134,7 +135,9 @@ def full_bodies() -> list[EventBody]:
         TimerStarted(timer_id="named:reminder", fire_at=at(86400.5, tz=PLUS_0530)),
         TimerFired(timer_id="anonymous:0"),
         TimerCancelled(timer_id="scope:1", cause=TimerCancelCause.CANCEL_TEARDOWN),
-        SignalReceived(name="approve", payload=Payload.of({"by": "o'brien"}), command_id=7),
+        SignalReceived(
+            name="approve", payload=Payload.of({"by": "o'brien"}), command_id=7, request_id="sig-'7'"
+        ),
         ChildWorkflowStarted(
             child_workflow_id="child-1", workflow_type="ship", input=Payload.of({"to": "Brno"})
         ),

@@ -63,6 +63,8 @@ class _Data:
     # command_id -> [(type, data json) as stored, outcome or None]
     commands: dict[int, tuple[tuple[str, str], CommandOutcome | None]] = attrs.field(factory=dict)
     last_command_id: int = 0
+    # request id -> command_id: a command queued again under its request id is not added
+    command_requests: dict[str, int] = attrs.field(factory=dict)
 
 
 _named: dict[str, _Data] = {}
@@ -243,8 +245,12 @@ class MemoryStore:
         stored = command_data_json(command)
         data = self._data
         with data.lock:
+            if command.request_id is not None and command.request_id in data.command_requests:
+                return data.command_requests[command.request_id]
             data.last_command_id += 1
             data.commands[data.last_command_id] = (stored, None)
+            if command.request_id is not None:
+                data.command_requests[command.request_id] = data.last_command_id
             return data.last_command_id
 
     async def pending_commands(self, limit: int = 100) -> list[PendingCommand]:

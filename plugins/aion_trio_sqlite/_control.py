@@ -44,7 +44,11 @@ _SQL_PUT_OWNER = (
 )
 _SQL_RENEW_OWNER = "UPDATE owner SET renewed_at = ? WHERE id = 1 AND token = ?"
 _SQL_RELEASE_OWNER = "DELETE FROM owner WHERE id = 1 AND token = ?"
-_SQL_ENQUEUE = "INSERT INTO inbox (type, data) VALUES (?, ?)"
+_SQL_ENQUEUE = (
+    "INSERT INTO inbox (type, data, request_id) VALUES (?, ?, ?)"
+    " ON CONFLICT (request_id) WHERE request_id IS NOT NULL DO NOTHING"
+)
+_SQL_COMMAND_OF_REQUEST = "SELECT command_id FROM inbox WHERE request_id = ?"
 _SQL_ACK = "UPDATE inbox SET acked = 1, outcome = ? WHERE command_id = ? AND acked = 0"
 _SQL_COMMAND_EXISTS = "SELECT 1 FROM inbox WHERE command_id = ?"
 _SQL_PENDING = "SELECT command_id, type, data FROM inbox WHERE acked = 0 ORDER BY command_id LIMIT ?"
@@ -156,19 +160,25 @@ class ReleaseOp(WriteOp):
 
 
 class EnqueueOp(WriteOp):
-    __slots__ = ("data", "kind", "result")
+    """Queue a command; one already queued under the same request id is not added again."""
+
+    __slots__ = ("data", "kind", "request_id", "result")
     doing = "queueing a command"
 
-    def __init__(self, kind: str, data: str) -> None:
+    def __init__(self, kind: str, data: str, request_id: str | None) -> None:
         super().__init__()
         self.kind = kind
         self.data = data
+        self.request_id = request_id
         self.result: int | None = None
 
     def apply(self, conn: apsw.Connection) -> None:
         self.error = None
-        conn.execute(_SQL_ENQUEUE, (self.kind, self.data))
-        self.result = conn.last_insert_rowid()
+        conn.execute(_SQL_ENQUEUE, (self.kind, self.data, self.request_id))
+        if conn.changes() == 1:
+            self.result = conn.last_insert_rowid()
+        else:
+            self.result = conn.execute(_SQL_COMMAND_OF_REQUEST, (self.request_id,)).fetchall()[0][0]
 
 
 class AckOp(WriteOp):

@@ -74,6 +74,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " acked INTEGER NOT NULL DEFAULT 0, outcome TEXT)",
         "CREATE INDEX inbox_pending ON inbox (command_id) WHERE acked = 0",
     ),
+    # 3: inbox commands' request ids (idempotency keys): a command queued again
+    # under its request id is found here and not added twice.
+    (
+        "ALTER TABLE inbox ADD COLUMN request_id TEXT",
+        "CREATE UNIQUE INDEX inbox_by_request ON inbox (request_id) WHERE request_id IS NOT NULL",
+    ),
 )
 
 DEFAULT_WAL_AUTOCHECKPOINT = 4000

@@ -303,7 +303,7 @@ class SqliteStore:
             kind, data = command_data_json(command)
         except Exception as exc:
             await _refuse(exc)
-        op = _control.EnqueueOp(kind, data)
+        op = _control.EnqueueOp(kind, data, command.request_id)
         await self._backend.writer.submit(op)
         assert op.result is not None
         return op.result

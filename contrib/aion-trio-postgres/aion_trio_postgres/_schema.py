@@ -220,6 +220,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX activity_tasks_pending ON activity_tasks (task_queue, id) WHERE status = 'pending'",
         "CREATE INDEX activity_tasks_leases ON activity_tasks (lease_expires_at) WHERE status = 'running'",
     ),
+    # 4: inbox commands' request ids (idempotency keys): a command queued again
+    # under its request id is found here and not added twice.
+    (
+        'ALTER TABLE inbox ADD COLUMN request_id text COLLATE "C"',
+        "CREATE UNIQUE INDEX inbox_by_request ON inbox (request_id) WHERE request_id IS NOT NULL",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

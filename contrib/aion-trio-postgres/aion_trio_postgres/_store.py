@@ -18,7 +18,6 @@ import psycopg_pool
 import trio
 
 from aion_trio import ActivityOutcome, ActivityRequest
-from aion_trio.events import SignalReceived
 from aion_trio.plugin import (
     BackendUnavailable,
     Command,
@@ -38,7 +37,6 @@ from aion_trio.plugin import (
     hold_mock_time,
     outcome_from_json,
     outcome_to_json,
-    signal_recorded_outcome,
     status_after,
     validate_batch,
 )
@@ -141,10 +139,12 @@ _SQL_OWNER_OF = (
     " FROM workflows w LEFT JOIN nodes n ON n.node_id = w.owner_node WHERE w.workflow_id = %s"
 )
 _SQL_ENQUEUE = (
-    "WITH c AS (INSERT INTO inbox (workflow_id, type, data) VALUES (%s, %s, %s) RETURNING id, workflow_id)"
+    "WITH c AS (INSERT INTO inbox (workflow_id, type, data, request_id) VALUES (%s, %s, %s, %s)"
+    " ON CONFLICT (request_id) WHERE request_id IS NOT NULL DO NOTHING RETURNING id, workflow_id)"
     " SELECT c.id, pg_notify(%s, coalesce((SELECT w.owner_node FROM workflows w"
     " WHERE w.workflow_id = c.workflow_id), '')) FROM c"
 )
+_SQL_COMMAND_OF_REQUEST = "SELECT id FROM inbox WHERE request_id = %s"
 _SQL_PENDING = (
     "SELECT i.id, i.type, i.data FROM inbox i JOIN workflows w ON w.workflow_id = i.workflow_id"
     " WHERE NOT i.acked AND w.owner_node = %s ORDER BY i.id LIMIT %s"
@@ -382,28 +382,10 @@ class PostgresEventStore(_Facade):
             batch.dropped_timers,
         )
         first_seq = events[0].seq
-        # Signals delivered by inbox commands: their commands are acked in the
-        # append's own transaction, so a command is applied exactly once.
-        acks = [
-            (outcome_to_json(signal_recorded_outcome(workflow_id, e.body.name)), e.body.command_id)
-            for e in events
-            if isinstance(e.body, SignalReceived) and e.body.command_id is not None
-        ]
-        channel = self._backend.channel
-
-        def write(conn: Conn) -> Any:
-            if not acks:
-                return conn.execute(_SQL_APPEND, params).fetchone()
-            with conn.transaction():
-                row = conn.execute(_SQL_APPEND, params).fetchone()
-                with conn.cursor() as cur:
-                    cur.executemany(_SQL_ACK, acks)
-                conn.execute(_SQL_NOTIFY, (channel, ""))
-                return row
 
         def run(conn: Conn) -> int:
             try:
-                row = write(conn)
+                row = conn.execute(_SQL_APPEND, params).fetchone()
             except psycopg.Error as exc:
                 refusal = _append_error(exc, workflow_id, expected_seq, first_seq)
                 if refusal is not None:
@@ -834,10 +816,13 @@ class PostgresClusterStore(PostgresStore):
             type_name, data = command_data_json(command)
         except Exception as exc:
             await _refuse(exc)
-        params = (command.workflow_id, type_name, data, self._backend.channel)
+        params = (command.workflow_id, type_name, data, command.request_id, self._backend.channel)
 
         def run(conn: Conn) -> int:
-            found = conn.execute(_SQL_ENQUEUE, params).fetchone()
+            with conn.transaction():
+                found = conn.execute(_SQL_ENQUEUE, params).fetchone()
+                if found is None:  # queued before under its request id: that command stands
+                    found = conn.execute(_SQL_COMMAND_OF_REQUEST, (command.request_id,)).fetchone()
             assert found is not None
             return int(found[0])
 

@@ -304,7 +304,7 @@ async def test_a_redelivered_signal_command_is_applied_once(
         assert rows[0][1] is True
         command_id = rows[0][0]
         signals = [e.body for e in await b.history("w") if isinstance(e.body, SignalReceived)]
-        assert [(s.payload.json, s.command_id) for s in signals] == [("1", command_id)]
+        assert [(s.payload.json, s.request_id) for s in signals] == [("1", f"inbox:{command_id}")]
         # The row is delivered again (as after a lost acknowledgement): history says it is done.
         await sql_async(
             pg_url, schema, "UPDATE inbox SET acked = false, outcome = NULL WHERE id = %s", (command_id,)
@@ -315,6 +315,32 @@ async def test_a_redelivered_signal_command_is_applied_once(
         await a.signal("w", "tick", 2)
         with trio.fail_after(10):
             assert await b.result("w") == [1, 2]
+
+
+async def test_a_routed_command_carries_its_request_id_and_redelivered_is_applied_once(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (store_a, a), node(url, "b") as (_, b):
+        await b.start(two_ticks, workflow_id="w")
+        await a.terminate("w", "stop", request_id="client-7")
+        rows = await sql_async(pg_url, schema, "SELECT id, acked, outcome, request_id FROM inbox")
+        assert [(r[1], r[3]) for r in rows] == [(True, "client-7")]
+        command_id, first_outcome = rows[0][0], rows[0][2]
+        # Delivered again, as after a worker died between applying and acking it.
+        await sql_async(
+            pg_url, schema, "UPDATE inbox SET acked = false, outcome = NULL WHERE id = %s", (command_id,)
+        )
+        assert await b.drain_inbox() == 1
+        rows = await sql_async(pg_url, schema, "SELECT outcome FROM inbox WHERE id = %s", (command_id,))
+        assert rows[0][0] == first_outcome, "the first outcome, not NotRunning"
+        assert [e.type for e in await b.history("w")].count("WorkflowCancelled") == 1
+        # The sender retrying (same key) after an ambiguous failure: no new command, no refusal.
+        await a.terminate("w", "stop", request_id="client-7")
+        assert len(await sql_async(pg_url, schema, "SELECT id FROM inbox")) == 1
+        queued = aion.SignalCommand(workflow_id="w", name="tick", request_id="client-8")
+        assert await store_a.enqueue_command(queued) == await store_a.enqueue_command(queued)
 
 
 async def test_result_and_describe_on_a_non_owner_follow_the_store(
