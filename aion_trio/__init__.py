@@ -15,6 +15,7 @@ from ._activities import (
     ActivityRequest as ActivityRequest,
     DelegatingDispatcher as DelegatingDispatcher,
     OutcomeKind as OutcomeKind,
+    activity_cancelled as activity_cancelled,
     activity_info as activity_info,
     heartbeat as heartbeat,
 )
@@ -59,6 +60,7 @@ from ._errors import (
     ActivityFailure as ActivityFailure,
     AionError as AionError,
     AionInternalError as AionInternalError,
+    AttemptCancelled as AttemptCancelled,
     BackendUnavailable as BackendUnavailable,
     CannotReopen as CannotReopen,
     ChildWorkflowFailure as ChildWorkflowFailure,

@@ -18,10 +18,12 @@ import functools
 import json
 import logging
 import math
+import threading
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol, final, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, final, runtime_checkable
 
 import attrs
 import trio
@@ -30,6 +32,7 @@ from ._clock import hold_mock_time
 from ._contain import being_cancelled, is_structural
 from ._definitions import ActivityDefinition, ActivityLoop
 from ._errors import (
+    AttemptCancelled,
     BackendUnavailable,
     EngineEpochClosed,
     PayloadError,
@@ -184,8 +187,16 @@ def _decoded_options(options_json: str, task_queue: str) -> ActivityOptions:
 
 @final
 class _Heartbeat:
-    def __init__(self, timeout: float | None, on_beat: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        timeout: float | None,
+        on_beat: Callable[[Any], None] | None = None,
+        info: ActivityInfo | None = None,
+    ) -> None:
         self.timeout = timeout
+        self.info = info
+        #: Set (in the Trio thread) once the engine stopped waiting for the attempt's thread.
+        self.stopped = False
         self.last = trio.current_time()
         self.details: Any = None
         self.expired = False
@@ -226,7 +237,10 @@ def heartbeat(details: Any = None) -> None:
 
     With a ``heartbeat_timeout``, an attempt that does not heartbeat in time is
     cancelled and fails as a timeout (retry-eligible within the budget).
-    Outside an activity this raises ``RuntimeError``.
+    In a plain ``def`` activity whose attempt was stopped (cancel, terminate,
+    a timeout, a deadline, engine shutdown) this raises
+    :class:`~aion_trio.AttemptCancelled`: the engine no longer waits for the
+    thread.  Outside an activity this raises ``RuntimeError``.
     """
     tracker = _current_heartbeat.get()
     if tracker is None:
@@ -234,9 +248,191 @@ def heartbeat(details: Any = None) -> None:
     try:
         trio.lowlevel.current_task()
     except RuntimeError:
-        trio.from_thread.run_sync(tracker.beat, details)
+        _raise_if_stopped(tracker)
+        try:
+            trio.from_thread.run_sync(tracker.beat, details)
+        except trio.RunFinishedError:
+            tracker.stopped = True  # the whole Trio run is gone
+        _raise_if_stopped(tracker)
     else:
         tracker.beat(details)
+
+
+def _raise_if_stopped(tracker: _Heartbeat) -> None:
+    if tracker.stopped:
+        info = tracker.info
+        assert info is not None
+        raise AttemptCancelled(info.activity_type, info.activity_id, info.attempt)
+
+
+def activity_cancelled() -> bool:
+    """Whether the running attempt was stopped (cheap: poll it in a plain ``def`` activity's loop).
+
+    ``True`` once the engine stopped waiting for the attempt's thread: on
+    cancel, terminate, a timeout (attempt, heartbeat, schedule-to-close,
+    timeout scope), a workflow deadline or engine shutdown.  Always ``False``
+    in ``async def`` activities, which are really cancelled instead.  Outside
+    an activity this raises ``RuntimeError``.
+    """
+    tracker = _current_heartbeat.get()
+    if tracker is None:
+        raise RuntimeError("aion_trio.activity_cancelled() was called outside an activity")
+    return tracker.stopped
+
+
+# -- the attempt's clock: waiting for a thread slot is not the attempt's time --------
+
+
+@final
+class _AttemptClock:
+    """An attempt's timeout scope, which a dispatcher stops while the attempt waits in a queue.
+
+    The per-attempt ``timeout`` counts from the moment the attempt really
+    starts (a thread slot acquired); ``schedule_to_close`` keeps counting.
+    ``queued_seconds`` is the schedule-to-start wait, reported to observers.
+    """
+
+    __slots__ = ("_hard", "_queued_at", "_scope", "_timeout", "queued_seconds")
+
+    def __init__(self, timeout: float | None) -> None:
+        self._scope: trio.CancelScope | None = None
+        self._timeout = timeout
+        self._hard = math.inf  # schedule-to-close, as a Trio deadline (inf: none)
+        self._queued_at: float | None = None
+        self.queued_seconds = 0.0
+
+    def bind(self, scope: trio.CancelScope, hard: float) -> None:
+        """The scope bounding the attempt, and its schedule-to-close deadline (inf: none)."""
+        self._scope = scope
+        self._hard = hard
+
+    def queued(self) -> None:
+        self._queued_at = trio.current_time()
+        if self._scope is not None and self._timeout is not None:
+            self._scope.deadline = self._hard
+
+    def started(self) -> None:
+        now = trio.current_time()
+        if self._queued_at is not None:
+            self.queued_seconds += now - self._queued_at
+            self._queued_at = None
+        if self._scope is not None and self._timeout is not None:
+            self._scope.deadline = min(now + self._timeout, self._hard)
+
+
+_current_attempt_clock: contextvars.ContextVar[_AttemptClock | None] = contextvars.ContextVar(
+    "aion_trio_attempt_clock", default=None
+)
+
+
+# -- threads: slots, and the threads the engine stopped waiting for ------------------
+
+
+@final
+class _HeldSlot:
+    """A thread-limiter slot taken before the thread starts (so its wait is not the attempt's
+    time), handed to ``trio.to_thread.run_sync``, which gives it back when the thread returns."""
+
+    __slots__ = ("_limiter", "taken")
+
+    def __init__(self, limiter: trio.CapacityLimiter) -> None:
+        self._limiter = limiter
+        self.taken = False
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        self.taken = True  # already held; no checkpoint, so no cancellation can lose it
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self._limiter.release_on_behalf_of(self)
+
+
+@final
+@attrs.define(eq=False)
+class _ActivityThread:
+    info: ActivityInfo
+    started: float  # time.monotonic()
+    done: bool = False
+    abandoned_at: float | None = None
+
+
+@final
+class _ThreadBook:
+    """Every activity thread in flight; the ones the engine stopped waiting for are logged."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, _ActivityThread] = {}
+
+    def started(self, info: ActivityInfo) -> _ActivityThread:
+        thread = _ActivityThread(info=info, started=time.monotonic())
+        with self._lock:
+            self._running[id(thread)] = thread
+        return thread
+
+    def returned(self, thread: _ActivityThread) -> None:
+        # In the activity's thread, as it returns.
+        with self._lock:
+            thread.done = True
+            self._running.pop(id(thread), None)
+        if thread.abandoned_at is not None:
+            logger.info(
+                "the abandoned thread of activity:%d %s attempt %d returned %.3fs after it was told "
+                "to stop; its thread slot is free",
+                thread.info.activity_id,
+                thread.info.activity_type,
+                thread.info.attempt,
+                time.monotonic() - thread.abandoned_at,
+                extra=_thread_fields(thread),
+            )
+
+    def abandoned(self, thread: _ActivityThread) -> None:
+        with self._lock:
+            if thread.done:
+                return
+            thread.abandoned_at = time.monotonic()
+        logger.warning(
+            "activity:%d %s attempt %d was stopped while running in a thread; the thread runs on "
+            "(told through aion_trio.heartbeat() / activity_cancelled()) and holds one of "
+            "max_activity_threads until it returns",
+            thread.info.activity_id,
+            thread.info.activity_type,
+            thread.info.attempt,
+            extra=_thread_fields(thread),
+        )
+
+    def abandoned_count(self) -> int:
+        with self._lock:
+            return sum(1 for t in self._running.values() if t.abandoned_at is not None)
+
+    def log_unaccounted(self) -> None:
+        """At engine close: name every activity thread still running."""
+        with self._lock:
+            running = list(self._running.values())
+        if not running:
+            return
+        now = time.monotonic()
+        logger.warning(
+            "the engine closed with %d activity thread(s) still running (told to stop; their results "
+            "are discarded): %s",
+            len(running),
+            "; ".join(
+                f"{t.info.workflow_id} activity:{t.info.activity_id} {t.info.activity_type} "
+                f"attempt {t.info.attempt}, running {now - t.started:.1f}s"
+                for t in running
+            ),
+            extra={"threads": len(running)},
+        )
+
+
+def _thread_fields(thread: _ActivityThread) -> dict[str, Any]:
+    info = thread.info
+    return {
+        "workflow_id": info.workflow_id,
+        "run_id": info.run_id,
+        "activity": info.activity_id,
+        "activity_type": info.activity_type,
+        "attempt": info.attempt,
+    }
 
 
 @final
@@ -254,6 +450,16 @@ class InProcessDispatcher:
         self._codec = codec
         self._asyncio_loop = asyncio_loop
         self._limiter = thread_limiter
+        self._threads = _ThreadBook()
+
+    def abandoned_threads(self) -> int:
+        """Activity threads the engine stopped waiting for that have not returned yet
+        (each holds a ``max_activity_threads`` slot until it does)."""
+        return self._threads.abandoned_count()
+
+    def log_unaccounted_threads(self) -> None:
+        """Log every activity thread still running (the engine calls it when it closes)."""
+        self._threads.log_unaccounted()
 
     async def dispatch(self, request: ActivityRequest) -> ActivityOutcome:
         return await self.execute(request)
@@ -283,7 +489,7 @@ class InProcessDispatcher:
             attempt=request.attempt,
             task_queue=request.task_queue,
         )
-        tracker = _Heartbeat(options.heartbeat_timeout, on_heartbeat)
+        tracker = _Heartbeat(options.heartbeat_timeout, on_heartbeat, info)
         info_token = _current_info.set(info)
         beat_token = _current_heartbeat.set(tracker)
         scope: trio.CancelScope | None = None
@@ -353,17 +559,60 @@ class InProcessDispatcher:
             )
             return None, ActivityOutcome(error=error_from_exception(exc, cause))
 
+    async def _call_in_thread(self, definition: ActivityDefinition[Any], args: list[Any]) -> Any:
+        """Run a plain ``def`` activity in a worker thread.
+
+        Threads cannot be interrupted: a stopped attempt abandons its thread
+        (its late result is discarded), tells it (``heartbeat()`` raises,
+        ``activity_cancelled()`` is true) and logs it; the thread keeps its
+        slot until it really returns.  The attempt's ``timeout`` starts once a
+        slot is held.
+        """
+        tracker = _current_heartbeat.get()
+        info = _current_info.get()
+        assert tracker is not None
+        assert info is not None
+        limiter = self._limiter or trio.to_thread.current_default_thread_limiter()
+        slot = _HeldSlot(limiter)
+        clock = _current_attempt_clock.get()
+        if clock is not None:
+            clock.queued()
+        await limiter.acquire_on_behalf_of(slot)
+        if clock is not None:
+            clock.started()
+        thread = self._threads.started(info)
+        context = contextvars.copy_context()
+        book = self._threads
+
+        def work() -> Any:
+            try:
+                return context.run(definition.fn, *args)
+            finally:
+                book.returned(thread)
+
+        try:
+            with hold_mock_time():  # a MockClock's autojump waits for the thread
+                return await trio.to_thread.run_sync(
+                    work,
+                    abandon_on_cancel=True,
+                    limiter=cast("trio.CapacityLimiter", slot),  # a limiter by protocol
+                    thread_name=f"aion_trio activity {definition.name}",
+                )
+        except BaseException:
+            # Stopped while the thread runs (cancel, terminate, a timeout, shutdown): tell it.
+            tracker.stopped = True
+            book.abandoned(thread)
+            raise
+        finally:
+            if not slot.taken:  # the thread never started: the slot is still ours
+                book.returned(thread)
+                limiter.release_on_behalf_of(slot)
+
     async def _call(self, definition: ActivityDefinition[Any], args: list[Any]) -> Any:
         if definition.loop is ActivityLoop.TRIO:
             return await definition.fn(*args)
         if definition.loop is ActivityLoop.THREAD:
-            # abandon_on_cancel: a timed-out thread activity is abandoned; its
-            # late result is discarded (threads cannot be interrupted).
-            context = contextvars.copy_context()
-            with hold_mock_time():  # a MockClock's autojump waits for the thread
-                return await trio.to_thread.run_sync(
-                    lambda: context.run(definition.fn, *args), abandon_on_cancel=True, limiter=self._limiter
-                )
+            return await self._call_in_thread(definition, args)
         import trio_asyncio
 
         if self._asyncio_loop is None:  # pragma: no cover - the engine opens one when needed
@@ -574,8 +823,9 @@ class ActivityDriver:
 
     async def _attempt(self, state: _LoopState) -> ActivityOutcome:
         hub = self.recorder.observers
+        clock = _AttemptClock(self.options.timeout)
         if hub is None:
-            return await self._dispatch_attempt(state)
+            return await self._dispatch_attempt(state, clock)
         request = self.request
         common: dict[str, Any] = {
             "workflow_id": request.workflow_id,
@@ -588,7 +838,7 @@ class ActivityDriver:
         began = trio.current_time()
         kind, error_type = "cancelled", None
         try:
-            outcome = await self._dispatch_attempt(state)
+            outcome = await self._dispatch_attempt(state, clock)
             kind, error_type = _observed_outcome(outcome)
             return outcome
         except trio.Cancelled:
@@ -599,20 +849,30 @@ class ActivityDriver:
         finally:
             hub.emit(
                 ActivityAttemptEnded(
-                    outcome=kind, seconds=trio.current_time() - began, error_type=error_type, **common
+                    outcome=kind,
+                    seconds=trio.current_time() - began,
+                    error_type=error_type,
+                    queued_seconds=clock.queued_seconds,
+                    **common,
                 )
             )
 
-    async def _dispatch_attempt(self, state: _LoopState) -> ActivityOutcome:
+    async def _dispatch_attempt(self, state: _LoopState, clock: _AttemptClock) -> ActivityOutcome:
         request = self.request
         if request.attempt != state.attempt or request.task_queue != state.current_queue:
             request = attrs.evolve(request, attempt=state.attempt, task_queue=state.current_queue)
         bound = self._attempt_bound()
-        if bound == math.inf:
-            # Nothing bounds the attempt: no cancel scope to pay for.
-            return await self.dispatcher.dispatch(request)
-        with trio.move_on_at(bound) as scope:
-            return await self.dispatcher.dispatch(request)
+        token = _current_attempt_clock.set(clock)
+        try:
+            if bound == math.inf:
+                # Nothing bounds the attempt: no cancel scope to pay for.
+                return await self.dispatcher.dispatch(request)
+            with trio.move_on_at(bound) as scope:
+                deadline = self._deadline()
+                clock.bind(scope, math.inf if deadline is None else self.clock.trio_deadline(deadline))
+                return await self.dispatcher.dispatch(request)
+        finally:
+            _current_attempt_clock.reset(token)
         assert scope.cancelled_caught
         if self._past_deadline():
             message = f"schedule_to_close of {self.options.schedule_to_close}s exceeded during attempt {state.attempt}"

@@ -309,6 +309,9 @@ class EngineStatistics:
     stuck_runs: int
     loaded_recorders: int
     epoch: EpochStatistics
+    #: Plain ``def`` activity threads the engine stopped waiting for (cancel, terminate, a
+    #: timeout) that have not returned yet: each holds a ``max_activity_threads`` slot.
+    abandoned_activity_threads: int = 0
 
 
 def _schedule_bodies(p: _PendingActivity) -> tuple[ActivityScheduled, ActivityStarted]:
@@ -1631,6 +1634,7 @@ class Engine:
     def __init__(self, core: EngineCore) -> None:
         self._core = core
         self._ownership: Ownership | None = None
+        self._threads: InProcessDispatcher | None = None
         self._inbox: InboxDrainer | None = None
         #: Cluster mode's services (``None``: a single-owner store).
         self._cluster: ClusterServices | None = None
@@ -1670,6 +1674,7 @@ class Engine:
             stuck_runs=sum(1 for lease in leases if lease.residency is Residency.STUCK),
             loaded_recorders=len(self._core._recorders),
             epoch=self._core.epoch.statistics(),
+            abandoned_activity_threads=0 if self._threads is None else self._threads.abandoned_threads(),
         )
 
     async def start(
@@ -2491,6 +2496,8 @@ async def open_engine(
             asyncio_loop = await stack.enter_async_context(trio_asyncio.open_loop())
         limiter = trio.CapacityLimiter(config.max_activity_threads)
         in_process = InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter)
+        # After the epoch has joined: name the activity threads still running.
+        stack.callback(in_process.log_unaccounted_threads)
         delegating: object = dispatcher
         if isinstance(delegating, DelegatingDispatcher):
             delegating.use_in_process(in_process)
@@ -2516,6 +2523,7 @@ async def open_engine(
                 )
                 engine = Engine(core)
                 engine._ownership = ownership
+                engine._threads = in_process
                 services: ClusterServices | None = None
                 if cluster is not None:
                     services = ClusterServices(

@@ -565,6 +565,26 @@ class ChildWorkflowFailure(AionError):
         )
 
 
+class AttemptCancelled(AionError):
+    """Raised by :func:`aion_trio.heartbeat` in a plain ``def`` activity whose attempt was stopped.
+
+    The engine cannot interrupt a thread: on cancel, terminate, a timeout
+    (attempt, heartbeat, schedule-to-close, timeout scope), a workflow deadline
+    or engine shutdown it stops waiting for the thread and tells it through
+    this (and :func:`aion_trio.activity_cancelled`).  Let it propagate, or
+    return: whatever the thread does next is discarded.
+    """
+
+    def __init__(self, activity_type: str, activity_id: int, attempt: int) -> None:
+        super().__init__(
+            f"activity:{activity_id} {activity_type} attempt {attempt} was cancelled; "
+            "the engine no longer waits for this thread"
+        )
+        self.activity_type = activity_type
+        self.activity_id = activity_id
+        self.attempt = attempt
+
+
 class TerminalError(Exception):
     """Raise from activity code for a failure that must not be retried."""
 

@@ -104,7 +104,9 @@ class ActivityAttemptEnded(ObserverEvent):
     ``timed_out`` (its per-attempt or schedule-to-close timeout),
     ``worker_lost``, ``parked`` (shutdown: nothing recorded) or ``cancelled``
     (its run ended or a timeout scope expired).  ``seconds``: how long the
-    attempt ran, on Trio's clock.
+    attempt ran, on Trio's clock, ``queued_seconds`` of it waiting to start
+    (a plain ``def`` activity waiting for a ``max_activity_threads`` slot: the
+    schedule-to-start time, which its ``timeout`` does not count).
     """
 
     workflow_id: str
@@ -115,6 +117,7 @@ class ActivityAttemptEnded(ObserverEvent):
     outcome: str
     seconds: float
     error_type: str | None = None
+    queued_seconds: float = 0.0
 
 
 @final

@@ -41,7 +41,7 @@ AION_TRIO_NAMES = [
     "ActivityAdvisoryExhausted", "ActivityAttemptEnded", "ActivityAttemptStarted", "ActivityCancelled", "ActivityCompleted", "ActivityDefinition",
     "ActivityDispatcher", "ActivityError", "ActivityFailed", "ActivityFailure", "ActivityFallbackRouted",
     "ActivityHandle", "ActivityInfo", "ActivityOptions", "ActivityOutcome", "ActivityRequest",
-    "ActivityScheduled", "ActivityStarted", "ActivityTaskQueues", "AionError", "AionInternalError", "BackendUnavailable",
+    "ActivityScheduled", "ActivityStarted", "ActivityTaskQueues", "AionError", "AionInternalError", "AttemptCancelled", "BackendUnavailable",
     "CancelCommand", "CannotReopen", "ChildHandle", "ChildWorkflowCancelled", "ChildWorkflowCompleted",
     "ChildWorkflowFailed", "ChildWorkflowFailure", "ChildWorkflowStarted", "Command", "CommandDecodeError",
     "CommandInbox", "CommandNotAnswered", "CommandOutcome", "CompletionRetryConfig", "DatabaseCorrupt", "DatabaseTooNew", "DelegatingDispatcher", "Engine",
@@ -63,7 +63,7 @@ AION_TRIO_NAMES = [
     "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew", "WorkflowDefinition",
     "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowNotFound", "WorkflowRelinquished", "WorkflowReopened",
     "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut",
-    "activity", "activity_info", "heartbeat", "open_engine", "open_store", "run_activity_worker", "workflow",
+    "activity", "activity_cancelled", "activity_info", "heartbeat", "open_engine", "open_store", "run_activity_worker", "workflow",
 ]
 
 PLUGIN_NAMES = [
