@@ -71,6 +71,7 @@ from ._errors import (
     EngineEpochClosed as EngineEpochClosed,
     EngineError as EngineError,
     EventDecodeError as EventDecodeError,
+    InvalidArguments as InvalidArguments,
     InvalidBatch as InvalidBatch,
     InvalidQuery as InvalidQuery,
     InvalidStoreUrl as InvalidStoreUrl,

@@ -81,6 +81,7 @@ from ._engine import Engine, IdReusePolicy, WorkflowDescription, describe_histor
 from ._errors import (
     AionError,
     EngineError,
+    InvalidArguments,
     InvalidQuery,
     InvalidStoreUrl,
     NotRunning,
@@ -110,7 +111,7 @@ from ._events import (
     WorkflowStarted,
     WorkflowStatus,
 )
-from ._ids import new_workflow_id
+from ._ids import new_workflow_id, validate_task_queue
 from ._ownership import claim_is_live, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import ENTRY_POINT_GROUP, StoreRegistry, build_registry, make_plugin_manager, open_store
@@ -315,7 +316,10 @@ def _store_option(fn: F) -> F:
 def _resolve_store(store: str | None) -> str:
     """The command's --store, else the group's (which falls back to $AION_TRIO_STORE, then the default)."""
     if store is None:
-        store = click.get_current_context().find_root().params.get("store") or DEFAULT_STORE
+        # An empty group --store is refused like an empty command one, never taken as the default.
+        store = click.get_current_context().find_root().params.get("store")
+        if store is None:
+            store = DEFAULT_STORE
     return _store_url(store)
 
 
@@ -916,13 +920,20 @@ def history(store: str | None, workflow_id: str, as_json: bool) -> None:
     _console().print(_history_table(events, f"History of {workflow_id}"))
 
 
-def _check_type(app: App, workflow_type: str) -> None:
+def _check_type(app: App, workflow_type: str, args: Sequence[Any] | None = None) -> None:
+    """Refuse an unknown workflow type, and (given ``args``) arguments that do not fit its signature."""
     known = sorted(w.name for w in app.workflows)
     if workflow_type not in known:
         raise UserError(
             f"workflow type {workflow_type!r} is not in {app.spec} (it has: {', '.join(known) or 'none'}); "
             "add it to its workflows, or check the spelling"
         )
+    if args is not None:
+        definition = next(w for w in app.workflows if w.name == workflow_type)
+        try:
+            definition.check_arguments(args)
+        except InvalidArguments as exc:
+            raise UsageProblem(f"{exc}; give them as JSON after TYPE") from None
 
 
 DEFAULT_QUEUE_TIMEOUT = 30.0
@@ -1093,9 +1104,11 @@ def start(
     url = _resolve_store(store)
     args = [_json_argument(text, f"argument {i}") for i, text in enumerate(args_json, 1)]
     app = load_app(module)
-    _check_type(app, workflow_type)
+    _check_type(app, workflow_type, args)
     wid = workflow_id if workflow_id is not None else new_workflow_id()
     try:
+        if task_queue is not None:
+            validate_task_queue(task_queue, "--task-queue")
         command = StartCommand(
             workflow_id=wid,
             workflow_type=workflow_type,

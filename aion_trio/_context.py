@@ -17,7 +17,6 @@ import functools
 import hashlib
 import inspect
 import logging
-import math
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator, Sequence
@@ -64,7 +63,14 @@ from ._events import (
     WorkflowCancelRequested,
     WorkflowStarted,
 )
-from ._ids import PATCH_MARKER_PREFIX, anonymous_timer, named_timer, scope_timer_id, validate_workflow_id
+from ._ids import (
+    PATCH_MARKER_PREFIX,
+    anonymous_timer,
+    named_timer,
+    scope_timer_id,
+    validate_task_queue,
+    validate_workflow_id,
+)
 from ._payload import Payload
 from ._projections import (
     COMMAND_ACTIVITY,
@@ -74,7 +80,7 @@ from ._projections import (
     COMMAND_TIMER_CANCEL,
     CommandKey,
 )
-from ._retry import UNSET, RetryPolicy, check_layer, explicit
+from ._retry import UNSET, RetryPolicy, check_layer, duration_seconds, explicit
 
 if TYPE_CHECKING:
     from ._engine import EngineCore
@@ -447,6 +453,9 @@ class WorkflowContext:
         """
         self._require_own_task("ctx.start()")
         definition = self._core.activity_definition(activity)
+        # Decided alike live and on replay (code and arguments only): a call that
+        # does not fit raises here, and the run fails like on any exception.
+        definition.check_arguments(args)
         call_layer = explicit(
             retry=retry,
             timeout=timeout,
@@ -694,13 +703,14 @@ class WorkflowContext:
         """
         self._require_own_task("ctx.start_child()")
         definition = self._core.workflow_definition(workflow)
+        definition.check_arguments(args, "child workflow")
         if workflow_id is not None:
             validate_workflow_id(workflow_id, "child workflow_id")
         if not isinstance(parent_close_policy, ParentClosePolicy):
             raise TypeError(f"parent_close_policy must be a ParentClosePolicy, got {parent_close_policy!r}")
         seconds = _duration(timeout, "child timeout", allow_zero=False) if timeout is not None else None
-        if task_queue is not None and (not isinstance(task_queue, str) or not task_queue):
-            raise ValueError(f"task_queue must be a non-empty str, got {task_queue!r}")
+        if task_queue is not None:
+            validate_task_queue(task_queue)
         ordinal = self._next_child
         child_id = workflow_id or derive_child_workflow_id(self.workflow_id, self.run_id, ordinal)
         # Every check below decides alike live and on replay (it reads nothing that grows).
@@ -980,6 +990,9 @@ class WorkflowContext:
     def continue_as_new(self, *args: Any, workflow_type: str | None = None) -> ContinueAsNew:
         """``raise ctx.continue_as_new(...)``: end this run and start a fresh one with new input."""
         self._require_own_task("ctx.continue_as_new()")
+        successor = self._core.workflows.get(workflow_type or self._lease.workflow_type)
+        if successor is not None:
+            successor.check_arguments(args, "continue-as-new of workflow")
         return ContinueAsNew(args, workflow_type)
 
     # -- queries -------------------------------------------------------------
@@ -1116,12 +1129,7 @@ def _resolution_seq(found: Any) -> int:
 
 
 def _duration(value: timedelta | float, what: str, *, allow_zero: bool) -> float:
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be seconds or a timedelta, got {value!r}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ValueError(f"{what} must be a finite duration {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return seconds
+    return duration_seconds(value, what, allow_zero=allow_zero)
 
 
 @final

@@ -10,6 +10,8 @@ from typing import Any, Generic, TypeVar, final, overload
 
 import attrs
 
+from ._errors import InvalidArguments
+from ._ids import check_text
 from ._retry import UNSET, RetryPolicy, check_layer, explicit
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,10 +25,60 @@ class ActivityLoop(enum.Enum):
     ASYNCIO = "asyncio"  #: asyncio coroutine function, through trio-asyncio
 
 
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables have none: nothing to check
+        return None
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def check_arguments(
+    signature: inspect.Signature | None, args: Sequence[Any], *, kind: str, name: str, skip: int = 0
+) -> None:
+    """Raise :class:`InvalidArguments` unless ``fn(*skip_placeholders, *args)`` binds.
+
+    The engine passes arguments by position only, so a required keyword-only
+    parameter can never be filled: it is reported like a missing one.  ``skip``
+    leading parameters are the engine's (a workflow's ``ctx``).
+    """
+    if signature is None:
+        return
+    params = list(signature.parameters.values())[skip:]
+    plain = [p.replace(annotation=p.empty) for p in params]
+    shown = str(inspect.Signature(plain))
+    positional = [p for p in params if p.kind in _POSITIONAL]
+    missing = [p for p in positional[len(args) :] if p.default is p.empty] + [
+        p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+    ]
+    if missing:
+        first = missing[0]
+        how = (
+            " (keyword-only: positional arguments cannot fill it)" if first.kind is first.KEYWORD_ONLY else ""
+        )
+        raise InvalidArguments(
+            kind,
+            name,
+            first.name,
+            shown,
+            f"missing the argument {first.name!r}{how}, got {len(args)} argument(s)",
+        )
+    if len(args) > len(positional) and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        raise InvalidArguments(
+            kind,
+            name,
+            None,
+            shown,
+            f"got {len(args)} arguments, {len(args) - len(positional)} more than it takes",
+        )
+
+
 def _check_name(name: object, what: str) -> str:
     if not isinstance(name, str) or not name or any(c.isspace() for c in name):
         raise ValueError(f"{what} name must be a non-empty str without whitespace, got {name!r}")
-    return name
+    return check_text(name, f"{what} name")
 
 
 @final
@@ -36,9 +88,19 @@ class WorkflowDefinition(Generic[F]):
 
     name: str
     fn: F
+    _signature: inspect.Signature | None = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda self: _signature(self.fn), takes_self=True),
+    )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
+
+    def check_arguments(self, args: Sequence[Any], kind: str = "workflow") -> None:
+        """Raise :class:`InvalidArguments` unless ``fn(ctx, *args)`` binds."""
+        check_arguments(self._signature, args, kind=kind, name=self.name, skip=1)
 
 
 @final
@@ -51,10 +113,20 @@ class ActivityDefinition(Generic[F]):
     loop: ActivityLoop
     #: Options set on the decorator (a layer of the per call > activity > engine resolution).
     options: Mapping[str, Any] = attrs.field(factory=dict)
+    _signature: inspect.Signature | None = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda self: _signature(self.fn), takes_self=True),
+    )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the plain function (handy in unit tests of the activity itself)."""
         return self.fn(*args, **kwargs)
+
+    def check_arguments(self, args: Sequence[Any]) -> None:
+        """Raise :class:`InvalidArguments` unless ``fn(*args)`` binds."""
+        check_arguments(self._signature, args, kind="activity", name=self.name)
 
 
 @overload
@@ -72,10 +144,10 @@ def workflow(fn: F | None = None, /, *, name: str | None = None) -> Any:
     """
 
     def wrap(f: F) -> WorkflowDefinition[F]:
-        if not inspect.iscoroutinefunction(f):
+        if not callable(f) or not inspect.iscoroutinefunction(f):
             raise TypeError(f"@workflow needs an async def function, got {f!r}")
         definition: WorkflowDefinition[F] = WorkflowDefinition(
-            name=_check_name(name or f.__qualname__, "workflow"), fn=f
+            name=_check_name(f.__qualname__ if name is None else name, "workflow"), fn=f
         )
         return definition
 
@@ -139,6 +211,10 @@ def activity(
     )
 
     def wrap(f: F) -> ActivityDefinition[F]:
+        if not callable(f) or isinstance(f, (WorkflowDefinition, ActivityDefinition)):
+            raise TypeError(
+                f"@activity decorates a function, got {f!r}; options are keywords: @activity(name=..., retry=...)"
+            )
         if loop is None:
             kind = ActivityLoop.TRIO if inspect.iscoroutinefunction(f) else ActivityLoop.THREAD
         else:
@@ -152,7 +228,7 @@ def activity(
         if kind is ActivityLoop.THREAD and is_async:
             raise TypeError(f"activity {f.__qualname__}: an async def function cannot run in a thread")
         definition: ActivityDefinition[F] = ActivityDefinition(
-            name=_check_name(name or f.__qualname__, "activity"),
+            name=_check_name(f.__qualname__ if name is None else name, "activity"),
             fn=f,
             loop=kind,
             options=layer,

@@ -106,7 +106,14 @@ from ._events import (
     WorkflowTimedOut,
     validate_search_attributes,
 )
-from ._ids import deadline_timer_id, new_run_id, new_workflow_id, validate_request_id, validate_workflow_id
+from ._ids import (
+    deadline_timer_id,
+    new_run_id,
+    new_workflow_id,
+    validate_request_id,
+    validate_task_queue,
+    validate_workflow_id,
+)
 from ._inbox import InboxDrainer, Ownership
 from ._observe import ObserverHub, RecoveryFinished, WorkflowRelinquished, build_hub
 from ._ownership import OwnerClaim, OwnerIdentity, wall_now
@@ -132,7 +139,7 @@ from ._projections import (
 )
 from ._recorder import Recorder
 from ._registry import Lease, Registry, Residency
-from ._retry import TransientBackoff, check_layer, resolve_options
+from ._retry import TransientBackoff, check_layer, duration_seconds, resolve_options
 from ._store import (
     ClusterStore,
     CommandInbox,
@@ -169,6 +176,46 @@ class IdReusePolicy(enum.Enum):
 
 def _defaults_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
     return check_layer(layer, "EngineConfig.activity_defaults")
+
+
+def _check_setting_types(config: EngineConfig) -> None:
+    """Each setting's type, from its declared annotation, before any range check compares it.
+
+    Seconds (``float``) take an int or a float, finite, never a bool or a str;
+    counts (``int``) take an int (both ``ValueError``, as their range checks);
+    the rest their class (``TypeError``).  A new field is checked by declaring it.
+    """
+    for field in attrs.fields(type(config)):
+        value = getattr(config, field.name)
+        kind = str(field.type)
+        if value is None and kind.endswith("| None"):
+            continue
+        kind = kind.removesuffix(" | None")
+        where = f"EngineConfig.{field.name}"
+        if kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{where} must be a number of seconds (int or float), got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{where} must be a finite number of seconds, got {value!r}")
+        elif kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{where} must be an int, got {value!r}")
+        elif kind == "str":
+            if not isinstance(value, str):
+                raise TypeError(f"{where} must be a str, got {value!r}")
+        elif kind == "EngineClock":
+            if not all(callable(getattr(value, name, None)) for name in ("now", "trio_deadline")):
+                raise TypeError(
+                    f"{where} must be an EngineClock (with now() and trio_deadline()), got {value!r}"
+                )
+        elif kind in _SETTING_CLASSES and not isinstance(value, _SETTING_CLASSES[kind]):
+            raise TypeError(f"{where} must be a {kind}, got {value!r}")
+
+
+_SETTING_CLASSES: Mapping[str, type] = {
+    "CompletionRetryConfig": CompletionRetryConfig,
+    "PayloadCodec": PayloadCodec,
+}
 
 
 @final
@@ -226,6 +273,8 @@ class EngineConfig:
     activity_schedule_window: float | None = 0.02
 
     def __attrs_post_init__(self) -> None:
+        _check_setting_types(self)
+        validate_task_queue(self.default_task_queue, "EngineConfig.default_task_queue")
         if self.drain_timeout is not None and (self.drain_timeout < 0):
             raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout!r}")
         if self.max_activity_threads < 1:
@@ -1703,12 +1752,11 @@ class Engine:
         """
         core = self._core
         definition = core.workflow_definition(workflow)
+        definition.check_arguments(args)
         wid = validate_workflow_id(workflow_id) if workflow_id is not None else new_workflow_id()
         payload = core.codec.encode(list(args), what=f"input of workflow {definition.name!r}")
-        attributes = validate_search_attributes(search_attributes or {})
-        queue = task_queue or core.config.default_task_queue
-        if not isinstance(queue, str) or not queue:
-            raise ValueError(f"task_queue must be a non-empty str, got {queue!r}")
+        attributes = validate_search_attributes({} if search_attributes is None else search_attributes)
+        queue = validate_task_queue(core.config.default_task_queue if task_queue is None else task_queue)
         if not isinstance(id_reuse, IdReusePolicy):
             raise TypeError(f"id_reuse must be an IdReusePolicy, got {id_reuse!r}")
         deadline_after = _deadline(timeout)
@@ -2305,12 +2353,7 @@ def _commands_after_cancel(segment: Sequence[Event], terminal_seq: int) -> int:
 def _deadline(timeout: timedelta | float | None) -> timedelta | None:
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
-        raise TypeError(f"timeout must be seconds or a timedelta, got {timeout!r}")
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"timeout must be a finite duration > 0, got {timeout!r}")
-    return timedelta(seconds=seconds)
+    return timedelta(seconds=duration_seconds(timeout, "timeout", allow_zero=False))
 
 
 def describe_history(
@@ -2459,7 +2502,12 @@ async def open_engine(
     ``aion_trio_observe``) handed each :class:`ObserverEvent`, after the
     observers plugins registered through the ``aion_trio`` entry points.
     """
-    config = config or EngineConfig()
+    if config is None:
+        config = EngineConfig()
+    elif not isinstance(config, EngineConfig):
+        raise TypeError(f"open_engine(config=...) takes an EngineConfig, got {config!r}")
+    if not isinstance(store, (str, Store)):
+        raise TypeError(f"open_engine's store is a URL (str) or an opened store, got {store!r}")
     if drain_timeout is not None:
         config = attrs.evolve(config, drain_timeout=drain_timeout)
     workflow_map, activity_map = index_definitions(workflows, activities)

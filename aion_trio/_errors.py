@@ -373,6 +373,17 @@ class UnknownActivityType(EngineError, LookupError):
         )
 
 
+class InvalidArguments(EngineError, TypeError):
+    """The arguments do not fit the workflow's or activity's signature; nothing was recorded."""
+
+    def __init__(self, kind: str, name: str, parameter: str | None, signature: str, detail: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.parameter = parameter
+        self.signature = signature
+        super().__init__(f"{kind} {name!r} takes {signature}: {detail}; nothing was recorded")
+
+
 class WorkflowNotFound(EngineError, LookupError):
     """No workflow with this id (or run) exists in the store."""
 

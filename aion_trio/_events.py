@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeAlias, Union, final
 
 import attrs
 
-from ._ids import validate_request_id, validate_run_id, validate_timer_id, validate_workflow_id
+from ._ids import check_text, validate_request_id, validate_run_id, validate_timer_id, validate_workflow_id
 from ._payload import Payload
 
 
@@ -182,13 +182,20 @@ def _optional_timeout(
 
 def validate_search_attributes(attributes: Mapping[str, object]) -> dict[str, SearchValue]:
     """Check keys and values of a search-attribute mapping; lists become tuples."""
+    if not isinstance(attributes, Mapping):
+        raise TypeError(
+            f"search attributes must be a mapping of name to value, got {type(attributes).__name__} "
+            f"{attributes!r}"
+        )
     out: dict[str, SearchValue] = {}
     for key, value in attributes.items():
         validate_search_key(key)
         if isinstance(value, (list, tuple)):
             if not all(isinstance(v, str) for v in value):
                 raise ValueError(f"search attribute {key!r}: a list value must hold only str")
-            out[key] = tuple(value)
+            out[key] = tuple(check_text(v, f"search attribute {key!r}") for v in value)
+        elif isinstance(value, str):
+            out[key] = check_text(value, f"search attribute {key!r}")
         elif isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
             raise ValueError(f"search attribute {key!r}: {value!r} is not a finite number")
         elif isinstance(value, (str, int, float, bool)):

@@ -42,7 +42,29 @@ def validate_workflow_id(workflow_id: object, what: str = "workflow_id") -> Work
         raise ValueError(f"{what} is {len(workflow_id)} characters; the limit is {MAX_WORKFLOW_ID_LENGTH}")
     if _CONTROL_CHARACTER.search(workflow_id):
         raise ValueError(f"{what} {workflow_id!r} contains control characters")
+    check_text(workflow_id, what)
     return workflow_id
+
+
+def validate_task_queue(queue: object, what: str = "task_queue") -> str:
+    """A task queue name: a non-empty str (``None`` means "the default" to callers, never here)."""
+    if not isinstance(queue, str) or not queue.strip():
+        raise ValueError(
+            f"{what} must be a non-empty str, got {queue!r}; leave it unset for the default queue"
+        )
+    return check_text(queue, what)
+
+
+def check_text(value: str, what: str) -> str:
+    """``value`` if UTF-8 can encode it, else ``ValueError`` (a lone surrogate, e.g. from a bad decode)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} {value!r} contains a lone surrogate ({value[exc.start]!r} at index {exc.start}), "
+            "which UTF-8 cannot encode; decode the text it came from correctly"
+        ) from None
+    return value
 
 
 def new_workflow_id() -> WorkflowId:

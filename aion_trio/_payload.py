@@ -24,12 +24,18 @@ DEFAULT_WARN_BYTES = 256 * 1024
 DEFAULT_MAX_BYTES = 2 * 1024 * 1024
 
 _SEPARATORS = (",", ":")
+#: Python refuses to print (and to parse) ints of more than 4300 digits; stay under that.
+_MAX_INT_BITS = 14_000
 
 
 def _check_json(value: Any, path: str, what: str, depth: int = 0) -> Any:
     """Return ``value`` as plain JSON data, or raise naming the offending path."""
     if depth > 200:
         raise PayloadNotSerializable(what, path, "nested more than 200 levels deep")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
+        raise PayloadNotSerializable(
+            what, path, f"an int of {value.bit_length()} bits is too large for JSON here; pass it as a str"
+        )
     if value is None or isinstance(value, (bool, str, int)):
         return value
     if isinstance(value, float):

@@ -18,23 +18,43 @@ from typing import Any, Union, final
 import attrs
 import trio
 
+from ._ids import validate_task_queue
 
-def _seconds(value: timedelta | float | int, what: str, *, allow_zero: bool = True) -> float:
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be a duration (seconds or timedelta), got {value!r}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+#: The longest duration any option, timer or deadline may have (100 years): far
+#: enough for any business process, and ``now + duration`` stays a valid datetime.
+MAX_DURATION_SECONDS = 100 * 365.25 * 86400
+
+
+def duration_seconds(value: timedelta | float | int, what: str, *, allow_zero: bool = True) -> float:
+    """Seconds of a duration given as a number of seconds or a ``timedelta``.
+
+    Anything else (a str, a bool), a negative, infinite or NaN value, or one
+    longer than :data:`MAX_DURATION_SECONDS` raises ``TypeError``/``ValueError``
+    naming ``what``.  The one check every duration the engine accepts goes through.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+        raise TypeError(f"{what} must be a duration (seconds as int or float, or a timedelta), got {value!r}")
+    try:
+        seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
     if not math.isfinite(seconds) or seconds < 0 or (not allow_zero and seconds == 0):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{what} must be a finite duration {bound}, got {value!r}")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(
+            f"{what} is {value!r}, longer than the limit of 100 years; "
+            "for no limit at all leave it unset (None)"
+        )
     return seconds
 
 
 def _delay(value: timedelta | float | int) -> float:
-    return _seconds(value, "backoff delay")
+    return duration_seconds(value, "backoff delay")
 
 
 def _optional_seconds(value: timedelta | float | int | None, what: str) -> float | None:
-    return None if value is None else _seconds(value, what, allow_zero=False)
+    return None if value is None else duration_seconds(value, what, allow_zero=False)
 
 
 @final
@@ -303,10 +323,8 @@ def check_layer(layer: Mapping[str, Any], where: str) -> dict[str, Any]:
             out[key] = _optional_seconds(out[key], f"{where}: {key}")
     if out.get("retry") is not None and not isinstance(out["retry"], RetryPolicy):
         raise TypeError(f"{where}: retry must be a RetryPolicy or None, got {out['retry']!r}")
-    if out.get("task_queue") is not None and (
-        not isinstance(out["task_queue"], str) or not out["task_queue"]
-    ):
-        raise ValueError(f"{where}: task_queue must be a non-empty str, got {out['task_queue']!r}")
+    if out.get("task_queue") is not None:
+        validate_task_queue(out["task_queue"], f"{where}: task_queue")
     if out.get("fallback_queues") is not None:
         out["fallback_queues"] = _queues(out["fallback_queues"])
     if "advisory" in out and not isinstance(out["advisory"], bool):

@@ -187,16 +187,32 @@ class SearchPredicate:
         return False
 
 
-def _statuses(value: WorkflowStatus | Iterable[WorkflowStatus] | None) -> frozenset[WorkflowStatus] | None:
+def _statuses(
+    value: WorkflowStatus | str | Iterable[WorkflowStatus | str] | None,
+) -> frozenset[WorkflowStatus] | None:
     if value is None:
         return None
+    if isinstance(value, (WorkflowStatus, str)):
+        value = [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise InvalidQuery(
+            f"status must be a WorkflowStatus, its name, or several of them, got {value!r}"
+        ) from None
+    return frozenset(_status(s) for s in items)
+
+
+def _status(value: object) -> WorkflowStatus:
     if isinstance(value, WorkflowStatus):
-        return frozenset({value})
-    out = frozenset(value)
-    for s in out:
-        if not isinstance(s, WorkflowStatus):
-            raise InvalidQuery(f"status filter values must be WorkflowStatus, got {s!r}")
-    return out
+        return value
+    if isinstance(value, str):
+        try:
+            return WorkflowStatus(value.lower())
+        except ValueError:
+            pass
+    known = ", ".join(repr(s.value) for s in WorkflowStatus)
+    raise InvalidQuery(f"status filter values must be WorkflowStatus or one of {known}, got {value!r}")
 
 
 def _predicates(value: Iterable[SearchPredicate]) -> tuple[SearchPredicate, ...]:
@@ -211,7 +227,8 @@ def _predicates(value: Iterable[SearchPredicate]) -> tuple[SearchPredicate, ...]
 class VisibilityFilter:
     """Which rows ``list``/``count`` return.  All conditions must hold.
 
-    Time bounds are inclusive and must be timezone-aware.  A close-time bound
+    ``status`` takes a :class:`WorkflowStatus`, its value (``"running"``), or
+    several of either.  Time bounds are inclusive and must be timezone-aware.  A close-time bound
     excludes rows that have not closed.  Rows are ordered by
     ``(start_time, workflow_id)`` ascending, or descending with
     ``newest_first``; ``limit``/``offset`` apply after ordering.

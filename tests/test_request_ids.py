@@ -235,7 +235,9 @@ async def test_a_handle_says_whether_its_call_created_the_run(autojump_clock: tr
         inbox = engine.store
         assert isinstance(inbox, aion.CommandInbox)
         command_id = await inbox.enqueue_command(
-            aion.StartCommand(workflow_id="h", workflow_type="echo", id_reuse="use_existing")
+            aion.StartCommand(
+                workflow_id="h", workflow_type="echo", args=aion.Payload.of([2]), id_reuse="use_existing"
+            )
         )
         await engine.drain_inbox()
         outcome = await inbox.command_outcome(command_id)

@@ -51,7 +51,13 @@ def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
         raise InvalidStoreUrl(
             f"{url!r}: a sqlite:// URL names no host; write three slashes before the path (e.g. {_EXAMPLES})"
         )
-    path = urllib.parse.unquote(rest[1:], errors="strict")
+    try:
+        path = urllib.parse.unquote(rest[1:], errors="strict")
+    except UnicodeDecodeError as exc:
+        raise InvalidStoreUrl(
+            f"{url!r}: the path's percent-escapes are not UTF-8 ({exc.reason} at byte {exc.start}); "
+            "percent-encode the path's UTF-8 bytes"
+        ) from None
     if not path or path.endswith("/"):
         raise InvalidStoreUrl(f"{url!r} names no database file (expected e.g. {_EXAMPLES})")
     if "\x00" in path:
