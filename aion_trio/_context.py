@@ -62,6 +62,7 @@ from ._events import (
     TimerStarted,
     WorkflowCancelRequested,
     WorkflowStarted,
+    input_digest,
 )
 from ._ids import (
     PATCH_MARKER_PREFIX,
@@ -384,7 +385,7 @@ class WorkflowContext:
             )
         )
 
-    def _resolve_command(self, requested: CommandKey) -> Event | None:
+    def _resolve_command(self, requested: CommandKey, arguments: Payload | None = None) -> Event | None:
         """Resolve the code's next command against the run's recorded command sequence.
 
         Returns the recorded event (*Recorded*: replay, append nothing) or ``None``
@@ -399,7 +400,10 @@ class WorkflowContext:
             recorded, event = commands[position]
             if not recorded.matches(requested):
                 self._next_command = position
-                raise self._divergence(position, recorded, requested.describe())
+                wanted = requested.describe()
+                if attrs.evolve(recorded, digest=None) == attrs.evolve(requested, digest=None):
+                    wanted += f" with other arguments ({_argument_change(event, arguments)})"
+                raise self._divergence(position, recorded, wanted)
             return event
         self._caught_up = True
         return None
@@ -468,14 +472,16 @@ class WorkflowContext:
         if call_layer:
             call_layer = check_layer(call_layer, f"ctx.start({definition.name})")
         ordinal = self._next_activity
+        # Encoded live and on replay alike: its digest is compared with the recorded one.
+        payload = self._core.codec.encode(list(args), what=f"input of activity {definition.name!r}")
         self._state.sync()
-        recorded = self._resolve_command(CommandKey(COMMAND_ACTIVITY, definition.name))
+        key = CommandKey(COMMAND_ACTIVITY, definition.name, digest=input_digest(payload))
+        recorded = self._resolve_command(key, payload)
         if recorded is not None:
             self._next_activity += 1
             return ActivityHandle(self, ordinal, definition.name)
-        # ResumeLive: validate the input before anything is recorded.
+        # ResumeLive: validate the options before anything is recorded.
         try:
-            payload = self._core.codec.encode(list(args), what=f"input of activity {definition.name!r}")
             queue, recorded_options = self._core.resolved_activity_options(definition, call_layer)
         except BaseException:
             self._next_command -= 1  # nothing was issued
@@ -723,7 +729,9 @@ class WorkflowContext:
             )
         payload = self._core.codec.encode(list(args), what=f"input of child workflow {definition.name!r}")
         self._state.sync()
-        recorded = self._resolve_command(CommandKey(COMMAND_CHILD, definition.name, child_id))
+        recorded = self._resolve_command(
+            CommandKey(COMMAND_CHILD, definition.name, child_id, input_digest(payload)), payload
+        )
         if recorded is not None:
             self._next_child += 1
             self._unobserved_children.add(child_id)
@@ -1117,6 +1125,27 @@ class WorkflowContext:
 
 
 SCOPE_TIMEOUT_TYPE = "ScopeTimeout"
+
+
+def _argument_change(recorded: Event, arguments: Payload | None) -> str:
+    """Which argument differs between a recorded command's input and ``arguments``
+    (only on a mismatch: it decodes both)."""
+    before = getattr(recorded.body, "input", None)
+    if not isinstance(before, Payload) or arguments is None:
+        return "the arguments changed"
+    old, new = before.value(), arguments.value()
+    if not isinstance(old, list) or not isinstance(new, list):
+        return "the arguments changed"
+    if len(old) != len(new):
+        return f"{len(new)} argument(s) where {len(old)} were recorded"
+    changed = [str(i) for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
+    if not changed:
+        return "the arguments' encoding changed"
+    return (
+        f"argument {', '.join(changed)} changed"
+        if len(changed) == 1
+        else f"arguments {', '.join(changed)} changed"
+    )
 
 
 def _resolution_seq(found: Any) -> int:

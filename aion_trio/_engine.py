@@ -104,6 +104,7 @@ from ._events import (
     WorkflowStarted,
     WorkflowStatus,
     WorkflowTimedOut,
+    input_digest,
     validate_search_attributes,
 )
 from ._ids import (
@@ -372,6 +373,7 @@ def _schedule_bodies(p: _PendingActivity) -> tuple[ActivityScheduled, ActivitySt
             input=p.input,
             task_queue=p.task_queue,
             options=p.options,
+            input_digest=input_digest(p.input),
         ),
         ActivityStarted(activity_id=p.ordinal, attempt=1),
     )
@@ -840,6 +842,7 @@ class EngineCore:
                                 child_workflow_id=p.child_workflow_id,
                                 workflow_type=p.workflow_type,
                                 input=p.input,
+                                input_digest=input_digest(p.input),
                             )
                         )
                         bodies.append(

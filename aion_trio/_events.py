@@ -11,6 +11,7 @@ This module imports nothing from the engine: store authors may use it alone.
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
@@ -130,6 +131,22 @@ def _optional_payload(
 ) -> None:
     if value is not None:
         _payload(instance, attribute, value)
+
+
+def _optional_digest(instance: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None and (
+        not isinstance(value, str) or not value or len(value) > 128 or value.strip("0123456789abcdef")
+    ):
+        raise ValueError(f"{attribute.name} must be lower-case hex (1-128 digits) or None, got {value!r}")
+
+
+def input_digest(payload: Payload) -> str:
+    """The digest recorded with a command of the encoded arguments ``payload``.
+
+    Replay compares it with the digest of what the code passes now: changed
+    arguments are non-determinism, not a recorded result handed to another call.
+    """
+    return hashlib.blake2b(payload.json.encode("utf-8"), digest_size=16).hexdigest()
 
 
 def _workflow_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -383,6 +400,11 @@ class ActivityScheduled(EventBody):
     task_queue: str = attrs.field(default="default", validator=_non_empty_str)
     #: The resolved options (retry policy, timeouts, queues) as a JSON object.
     options: Payload = attrs.field(factory=lambda: Payload("{}"), validator=_payload)
+    #: :func:`input_digest` of ``input`` as the code passed it; absent in histories
+    #: recorded before it existed (replay then does not compare arguments).
+    input_digest: str | None = attrs.field(
+        default=None, validator=_optional_digest, metadata={OMIT_NONE: True}
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -464,6 +486,10 @@ class ChildWorkflowStarted(EventBody):
     child_workflow_id: str = attrs.field(validator=_workflow_id)
     workflow_type: str = attrs.field(validator=_non_empty_str)
     input: Payload = attrs.field(validator=_payload)
+    #: As for :class:`ActivityScheduled`: the child's input as the parent passed it.
+    input_digest: str | None = attrs.field(
+        default=None, validator=_optional_digest, metadata={OMIT_NONE: True}
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -435,7 +435,7 @@ COMMAND_SEARCH_ATTRIBUTES = "search attributes"
 
 
 def _activity_command(body: ActivityScheduled) -> CommandKey:
-    return CommandKey(COMMAND_ACTIVITY, body.activity_type)
+    return CommandKey(COMMAND_ACTIVITY, body.activity_type, digest=body.input_digest)
 
 
 def _timer_command(body: TimerStarted) -> CommandKey | None:
@@ -451,7 +451,7 @@ def _timer_cancel_command(body: TimerCancelled) -> CommandKey | None:
 
 
 def _child_command(body: ChildWorkflowStarted) -> CommandKey:
-    return CommandKey(COMMAND_CHILD, body.workflow_type, body.child_workflow_id)
+    return CommandKey(COMMAND_CHILD, body.workflow_type, body.child_workflow_id, body.input_digest)
 
 
 def _marker_command(body: MarkerRecorded) -> CommandKey | None:

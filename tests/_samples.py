@@ -102,6 +102,7 @@ FULL_BODIES: dict[str, EventBody] = {
             input=Payload.of([{"amount": 12.5, "currency": "EUR"}]),
             task_queue="payments",
             options=Payload.of({"retry": {"max_attempts": 5}, "timeout": 30.0}),
+            input_digest="5d0f0d3c9a4e7b1f2c6a8e0b4d2f6a19",
         ),
         ActivityStarted(activity_id=2, attempt=3),
         ActivityCompleted(activity_id=2, result=Payload.of("ok"), attempt=3),
@@ -118,7 +119,10 @@ FULL_BODIES: dict[str, EventBody] = {
             name="approve", payload=Payload.of({"by": "alice", "ok": True}), command_id=3, request_id="sig-1"
         ),
         ChildWorkflowStarted(
-            child_workflow_id="order-7/ship", workflow_type="ship", input=Payload.of({"id": 7})
+            child_workflow_id="order-7/ship",
+            workflow_type="ship",
+            input=Payload.of({"id": 7}),
+            input_digest="0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e",
         ),
         ChildWorkflowCompleted(child_workflow_id="order-7/ship", result=Payload.of({"tracking": "T1"})),
         ChildWorkflowFailed(child_workflow_id="order-7/ship", error=ERROR_INFO),
@@ -145,6 +149,8 @@ MINIMAL_BODIES: dict[str, EventBody] = {
         ChildWorkflowFailed(child_workflow_id="child", error=MINIMAL_ERROR_INFO),
         SignalReceived(name="approve", payload=Payload.of({"by": "alice", "ok": True})),
         WorkflowCancelRequested(reason="customer asked"),
+        # Recorded before commands carried their arguments' digest: it still decodes.
+        ChildWorkflowStarted(child_workflow_id="order-7/ship", workflow_type="ship", input=Payload.of({})),
     )
 }
 

@@ -10,12 +10,15 @@ stuck, nothing more is recorded and nothing is executed.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+import attrs
 import pytest
 import trio
+from _replay import assert_replays_cleanly
 
 import aion_trio as aion
 from aion_trio import events as ev
@@ -251,6 +254,115 @@ async def test_patched_takes_the_old_path_where_a_timer_was_recorded_and_the_new
     assert [e.body.name for e in new_history if isinstance(e.body, ev.MarkerRecorded)] == [
         "patch:charge-first"
     ]
+
+
+# -- arguments (a digest recorded with the command) -----------------------------------
+
+STEPS: list[int] = []
+
+
+@aion.activity
+async def step(n: int) -> int:
+    STEPS.append(n)
+    return n * 10
+
+
+@aion.workflow(name="stepper")
+async def stepper_v1(ctx: aion.WorkflowContext) -> int:
+    result = int(await ctx.run(step, 1))
+    await ctx.wait_signal("go")
+    return result
+
+
+@aion.workflow(name="stepper")
+async def stepper_v2(ctx: aion.WorkflowContext) -> int:
+    result = int(await ctx.run(step, 2))  # the argument changed
+    await ctx.wait_signal("go")
+    return result
+
+
+async def _park_stepper(url: str) -> list[aion.Event]:
+    STEPS.clear()
+    async with aion.open_engine(url, workflows=[stepper_v1], activities=[step]) as engine:
+        await engine.start(stepper_v1, workflow_id="st")
+        history = await _history_until(engine, "st", lambda h: "ActivityCompleted" in _types(h))
+    assert STEPS == [1]
+    return history
+
+
+async def test_a_changed_activity_argument_is_non_determinism_naming_the_argument(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    recorded = await _park_stepper(url)
+    scheduled = next(e.body for e in recorded if isinstance(e.body, ev.ActivityScheduled))
+    assert scheduled.input_digest is not None, "control: the digest is recorded with the schedule"
+    async with aion.open_engine(url, workflows=[stepper_v2], activities=[step]) as engine:
+        await engine.signal("st", "go")
+        reason = await _stuck_reason(engine, "st")
+        history = await engine.history("st")
+    assert "activity command #0 was recorded as activity 'step'" in reason, reason
+    assert "now requests activity 'step' with other arguments (argument 0 changed)" in reason, reason
+    assert STEPS == [1], "step(2) never ran"
+    assert not any(e.is_terminal for e in history), "the result of step(1) was not handed to step(2)"
+
+
+async def test_a_history_recorded_without_digests_still_replays(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Histories written before the digest existed carry none: replay does not compare arguments.
+
+    (The replays run on memory stores: a stuck one is reported after an hour of mock time.)"""
+    url = f"memory://nd-{uuid.uuid4().hex}"
+    recorded = await _park_stepper(url)
+    async with aion.open_engine(url, workflows=[stepper_v1], activities=[step]) as engine:
+        await engine.signal("st", "go")
+        with trio.fail_after(LIMIT):
+            assert await engine.result("st") == 10
+        finished = await engine.history("st")
+    assert len(finished) > len(recorded)
+    old_style = [
+        attrs.evolve(e, body=attrs.evolve(e.body, input_digest=None))
+        if isinstance(e.body, (ev.ActivityScheduled, ev.ChildWorkflowStarted))
+        else e
+        for e in finished
+    ]
+    assert old_style != finished, "control: the digests were taken out"
+    await assert_replays_cleanly(old_style, workflows=[stepper_v1], activities=[step])
+    # Without a recorded digest a changed argument is not noticed (nothing to compare).
+    await assert_replays_cleanly(old_style, workflows=[stepper_v2], activities=[step])
+    with pytest.raises(AssertionError, match="other arguments"):
+        await assert_replays_cleanly(finished, workflows=[stepper_v2], activities=[step])
+
+
+@aion.workflow(name="family")
+async def family_v1(ctx: aion.WorkflowContext) -> str:
+    ctx.start_child(kid, workflow_id="kid-1")
+    await ctx.wait_signal("go")
+    return "family"
+
+
+async def test_a_changed_child_input_is_non_determinism(store_url: Callable[[], str]) -> None:
+    url = store_url()
+
+    @aion.workflow(name="kid")
+    async def kid_with_input(ctx: aion.WorkflowContext, name: str = "") -> str:
+        await ctx.wait_signal("never")
+        return name
+
+    @aion.workflow(name="family")
+    async def family_v2(ctx: aion.WorkflowContext) -> str:
+        ctx.start_child(kid_with_input, "ann", workflow_id="kid-1")  # input added
+        await ctx.wait_signal("go")
+        return "family"
+
+    async with aion.open_engine(url, workflows=[family_v1, kid]) as engine:
+        await engine.start(family_v1, workflow_id="f")
+        await _history_until(engine, "f", lambda h: "ChildWorkflowStarted" in _types(h))
+    async with aion.open_engine(url, workflows=[family_v2, kid_with_input]) as engine:
+        reason = await _stuck_reason(engine, "f")
+    assert "child workflow command #0 was recorded as child 'kid' with id 'kid-1'" in reason, reason
+    assert "with other arguments (1 argument(s) where 0 were recorded)" in reason, reason
 
 
 # -- the one classification --------------------------------------------------------

@@ -123,6 +123,7 @@ def full_bodies() -> list[EventBody]:
             input=_PAYLOAD,
             task_queue="payments",
             options=Payload.of({"retry": {"max_attempts": 5}, "timeout": 30.0}),
+            input_digest="9f86d081884c7d659a2feaa0c55ad015",
         ),
         ActivityStarted(activity_id=0, attempt=1),
         ActivityCompleted(activity_id=0, result=Payload.of("receipt-1"), attempt=1),
@@ -139,7 +140,10 @@ def full_bodies() -> list[EventBody]:
             name="approve", payload=Payload.of({"by": "o'brien"}), command_id=7, request_id="sig-'7'"
         ),
         ChildWorkflowStarted(
-            child_workflow_id="child-1", workflow_type="ship", input=Payload.of({"to": "Brno"})
+            child_workflow_id="child-1",
+            workflow_type="ship",
+            input=Payload.of({"to": "Brno"}),
+            input_digest="3e23e8160039594a33894f6564e1b134",
         ),
         ChildWorkflowCompleted(child_workflow_id="child-1", result=Payload.of(None)),
         ChildWorkflowFailed(child_workflow_id="child-2", error=error),
