@@ -1,0 +1,111 @@
+"""bench/soak.py: its smoke run, and its checker proved able to fail.
+
+The smoke run is the SQLite soak itself (a real engine subprocess SIGKILLed at
+seeded random moments, signals queued in the inbox meanwhile) with a few kills;
+bench/README.md documents the full run.  The checker tests run the soak's
+workload in one process on the memory store under the mock clock, then break
+the recorded histories on purpose: each kind of damage must be reported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+import aion_trio as aion
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+
+
+@pytest.fixture
+def soak(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))  # the bench scripts import their _common as a sibling
+    return importlib.import_module("soak")
+
+
+@pytest.mark.slow
+def test_the_sqlite_soak_smoke_run_finds_every_history_whole(tmp_path: Path) -> None:
+    command = [sys.executable, str(BENCH / "soak.py"), "--kills", "10", "--seed", "20261201"]
+    done = subprocess.run(
+        [*command, "--dir", str(tmp_path), "--patience", "60"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    figures = [line for line in lines if line["kind"] == "figures"]
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-3000:]}"
+    assert len(figures) == 1, done.stdout
+    found = figures[0]
+    assert found["violations"] == 0
+    assert found["kills"] + found["generations_that_finished_before_their_kill"] == 10
+    assert found["kills"] >= 5, found  # most generations were killed, not finished
+    assert found["workflows"] == 40
+    assert found["signals_queued"] == 8  # one per signal workflow
+    assert found["histories"] == 48  # 40 workflows and 8 children
+    assert not list(tmp_path.iterdir()), "the scratch directory was removed"
+
+
+async def recorded(soak: ModuleType, workflows: int) -> dict[str, list[aion.Event]]:
+    """The soak's workload run to its end in this process; every history."""
+    async with aion.open_store("memory://") as store:
+        async with aion.open_engine(store, workflows=soak.WORKFLOWS, activities=[soak.step]) as engine:
+            handles = [await soak.start_one(engine, i) for i in range(workflows)]
+            for i in range(workflows):
+                if soak.kind_of(i) == "signal":
+                    await engine.signal(soak.workflow_id(i), soak.SIGNAL, soak.signal_payload(i))
+            assert [await h.result() for h in handles] == [soak.expected_result(i) for i in range(workflows)]
+        return {wid: await store.events.read_history(wid) for wid in await store.events.list_workflow_ids()}
+
+
+def appended(history: list[aion.Event], body: Any) -> list[aion.Event]:
+    """``history`` with ``body`` recorded once more just before its last event."""
+    last = history[-1]
+    extra = attrs.evolve(last, seq=last.seq, body=body)
+    return [*history[:-1], extra, attrs.evolve(last, seq=last.seq + 1)]
+
+
+async def test_the_soak_checker_passes_the_workload_and_names_each_kind_of_damage(
+    soak: ModuleType, autojump_clock: trio.testing.MockClock
+) -> None:
+    histories = await recorded(soak, 5)  # one workflow of each kind
+    sent = {soak.workflow_id(i): 1 for i in range(5) if soak.kind_of(i) == "signal"}
+    assert soak.check_histories(histories, 5, sent) == []
+
+    def damaged(wid: str, history: list[aion.Event]) -> list[str]:
+        return soak.check_histories({**histories, wid: history}, 5, sent)
+
+    seq = histories["soak-0"]
+    completion = next(e.body for e in seq if isinstance(e.body, aion.ActivityCompleted))
+    assert damaged("soak-0", appended(seq, completion)) == [
+        "soak-0 run 0: an activity completed twice ([0, 0, 1, 2])"
+    ]
+    assert damaged("soak-0", [*seq[:2], *seq[3:]]) == [f"soak-0: seqs are not 1..{len(seq) - 1}"]
+    assert damaged("soak-0", seq[:-1]) == [
+        "soak-0 run 0: 0 terminal events",
+        f"soak-0: did not complete (last events {', '.join(f'{e.seq}:{e.type}' for e in seq[-5:-1])})",
+    ]
+    wrong = attrs.evolve(seq[-1], body=aion.WorkflowCompleted(result=aion.Payload.of(-1)))
+    assert damaged("soak-0", [*seq[:-1], wrong]) == [f"soak-0: result -1, expected {soak.expected_result(0)}"]
+    signalled = histories["soak-2"]
+    again = next(e.body for e in signalled if isinstance(e.body, aion.SignalReceived))
+    assert damaged("soak-2", appended(signalled, again)) == [
+        "soak-2: 2 signals recorded, 1 sent",
+        "soak-2: signals [2, 2], expected [2]",
+    ]
+    child = next(wid for wid in histories if "/" in wid)
+    assert soak.check_histories({w: h for w, h in histories.items() if w != child}, 5, sent) == [
+        "0 child workflows for 1 parents"
+    ]
+    assert soak.check_histories(histories, 6, sent) == ["soak-5: missing"]
