@@ -343,7 +343,8 @@ async def soak_sqlite(args: argparse.Namespace, directory: str) -> list[str]:
             final = generation == args.kills
             engine = Engine(command(generation), Path(directory, f"engine.{generation}.log"))
             if final:
-                deadline = time.monotonic() + args.patience
+                last_began = time.monotonic()
+                deadline = last_began + args.patience
                 while engine.popen.poll() is None and time.monotonic() < deadline:
                     await queue_signals(store)
                     await trio.sleep(0.05)
@@ -351,6 +352,7 @@ async def soak_sqlite(args: argparse.Namespace, directory: str) -> list[str]:
                     emit({"kind": "note", "what": f"the last engine was unfinished after {args.patience} s"})
                 elif engine.popen.returncode != 0 or b"ALL DONE" not in engine.buffer:
                     return [f"the last engine exited {engine.popen.returncode}; see {engine.log}"]
+                figures["last_engine_seconds"] = round(time.monotonic() - last_began, 1)
                 break
             # A kill during start-up and recovery, or while it works (after READY).
             early = rng.random() < 0.15
