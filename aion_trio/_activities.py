@@ -57,6 +57,7 @@ from ._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from ._payload import Payload, PayloadCodec
 from ._projections import retry_trail, run_segment
 from ._retry import ActivityOptions, TransientBackoff
+from ._watchdog import register_step
 
 if TYPE_CHECKING:
     from ._recorder import Recorder
@@ -618,6 +619,20 @@ class InProcessDispatcher:
         if self._asyncio_loop is None:  # pragma: no cover - the engine opens one when needed
             raise RuntimeError("no asyncio loop is open for asyncio activities")
         return await trio_asyncio.aio_as_trio(definition.fn, loop=self._asyncio_loop)(*args)
+
+
+def _stepped_activity(frame_locals: dict[str, Any]) -> str | None:
+    request = frame_locals.get("request")
+    if not isinstance(request, ActivityRequest):
+        return None
+    return (
+        f"activity:{request.activity_id} {request.activity_type} (attempt {request.attempt}) "
+        f"of workflow {request.workflow_id!r} run {request.run_id}"
+    )
+
+
+# A blocked Trio loop names the activity on its stack (see _watchdog).
+register_step(InProcessDispatcher.execute, _stepped_activity)
 
 
 def _observed_outcome(outcome: ActivityOutcome) -> tuple[str, str | None]:

@@ -151,6 +151,7 @@ from ._store import (
     VisibilityRow,
     VisibilityStore,
 )
+from ._watchdog import LoopWatchdog, register_step
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
@@ -272,10 +273,19 @@ class EngineConfig:
     #: trace of the attempt, and replay schedules it again (activities run at least
     #: once in any case).  ``None`` or 0: record the schedule before dispatching.
     activity_schedule_window: float | None = 0.02
+    #: Seconds the Trio loop may stay blocked (an ``async def`` activity or workflow code
+    #: that does not yield, e.g. a ``time.sleep``) before a watchdog thread logs a
+    #: warning naming the activity or workflow and where it is blocked, and again how
+    #: long it lasted once the loop runs again.  ``None``: no watchdog.
+    loop_stall_warning: float | None = 1.0
 
     def __attrs_post_init__(self) -> None:
         _check_setting_types(self)
         validate_task_queue(self.default_task_queue, "EngineConfig.default_task_queue")
+        if self.loop_stall_warning is not None and not self.loop_stall_warning > 0:
+            raise ValueError(
+                f"loop_stall_warning must be > 0 seconds or None (no watchdog), got {self.loop_stall_warning!r}"
+            )
         if self.drain_timeout is not None and (self.drain_timeout < 0):
             raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout!r}")
         if self.max_activity_threads < 1:
@@ -1643,6 +1653,17 @@ class EngineCore:
         await self.upsert_visibility_quietly(workflow_id)
 
 
+def _stepped_run(frame_locals: dict[str, Any]) -> str | None:
+    lease = frame_locals.get("lease")
+    if not isinstance(lease, Lease):
+        return None
+    return f"workflow {lease.workflow_id!r} run {lease.run_id} ({lease.workflow_type}), its workflow code"
+
+
+# A blocked Trio loop names the run whose code is on its stack (see _watchdog).
+register_step(EngineCore._run_workflow, _stepped_run)
+
+
 def error_info(exc: BaseException) -> ErrorInfo:
     return ErrorInfo(
         type=type(exc).__qualname__,
@@ -2517,6 +2538,10 @@ async def open_engine(
     hub = build_hub(observers, default_plugin_manager())
     clock = config.clock
     async with contextlib.AsyncExitStack() as stack:
+        if config.loop_stall_warning is not None:
+            watchdog = LoopWatchdog(config.loop_stall_warning)
+            watchdog.start()
+            stack.callback(watchdog.stop)
         if isinstance(store, str):
             opened: Store = await stack.enter_async_context(open_store(store))
         else:
