@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shlex
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -31,17 +33,24 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+
 from ._activities import activity_info
 from ._context import WorkflowContext
 from ._definitions import activity, workflow
 from ._engine import Engine, IdReusePolicy, open_engine
 from ._errors import ActivityFailure, NotRunning, QueryError, TerminalError, WorkflowFailure
-from ._events import ActivityFailed, SignalReceived, WorkflowStatus
+from ._events import ActivityFailed, SignalReceived, WorkflowStarted, WorkflowStatus
 from ._projections import workflow_status
 from ._retry import Fixed, RetryPolicy
 
 #: Seconds; the demo's own timings (kept short so a run takes a few seconds).
 COOLING_OFF = 1.0
+DEFAULT_ORDERS = 100
+DEFAULT_DB = Path("aion-demo.db")
+#: The shell's exit status for a process ended by SIGINT.
+EXIT_INTERRUPTED = 130
 RETRY = RetryPolicy(max_attempts=4, backoff=Fixed(delay=0.3))
 
 
@@ -125,25 +134,57 @@ def _progress_table(counts: dict[str, int], retries: int, elapsed: float) -> Tab
     return table
 
 
-async def run_demo(db: Path, orders: int, console: Console) -> dict[str, Any]:
-    ids = [f"demo-order-{n}" for n in range(1, orders + 1)]
+class DemoMismatch(click.UsageError):
+    """``--orders`` differs from the number of orders the database was started with."""
+
+
+def _order_id(n: int) -> str:
+    return f"demo-order-{n}"
+
+
+async def _stored_plan(engine: Engine) -> int | None:
+    """How many orders the demo in this database was started with (``None``: a new database).
+
+    Every order's input carries the planned total (``of``), so a run killed before all
+    orders arrived still resumes the whole plan, not just the orders already started.
+    """
+    history = await engine.history(_order_id(1)) if await engine.count(workflow_type="demo_order") else []
+    if not history or not isinstance(history[0].body, WorkflowStarted):
+        return None
+    (order,) = history[0].body.input.value()
+    return int(order["of"])
+
+
+async def run_demo(db: Path, orders: int | None, console: Console) -> dict[str, Any]:
     started = time.monotonic()
     async with open_engine(
         f"sqlite:///{db}",
         workflows=[demo_order, demo_shipment],
         activities=[demo_reserve, demo_charge, demo_release, demo_ship],
     ) as engine:
+        planned = await _stored_plan(engine)
+        if planned is not None and orders is not None and orders != planned:
+            raise DemoMismatch(
+                f"{db} holds a demo of {planned} orders, not {orders}: run 'aion-trio demo' without "
+                f"--orders to resume it, or add --fresh to start over with {orders}"
+            )
+        orders = planned or orders or DEFAULT_ORDERS
+        ids = [_order_id(n) for n in range(1, orders + 1)]
         existing = await engine.count(workflow_type="demo_order")
         if existing:
             finished = existing - await engine.count(
                 workflow_type="demo_order", status=WorkflowStatus.RUNNING
             )
             console.print(
-                f"Resuming from {db}: {existing} orders found ({finished} finished); "
-                "nothing that completed runs again."
+                f"Resuming from {db}: {existing} of {orders} orders found ({finished} finished); "
+                "nothing that completed runs again.",
+                soft_wrap=True,
             )
         else:
-            console.print(f"Starting {orders} orders in {db} (interrupt any time, then run again to resume).")
+            console.print(
+                f"Starting {orders} orders in {db} (interrupt any time, then run again to resume).",
+                soft_wrap=True,
+            )
         # Orders arrive over a few seconds (all at once when resuming), so there is time
         # to watch them, and to interrupt the demo mid-way.
         to_start = list(enumerate(ids, 1))
@@ -154,17 +195,22 @@ async def run_demo(db: Path, orders: int, console: Console) -> dict[str, Any]:
         async def start_some() -> None:
             for _ in range(min(per_tick, len(to_start))):
                 n, wid = to_start.pop(0)
-                await engine.start(demo_order, {"n": n}, workflow_id=wid, id_reuse=IdReusePolicy.USE_EXISTING)
+                await engine.start(
+                    demo_order, {"n": n, "of": orders}, workflow_id=wid, id_reuse=IdReusePolicy.USE_EXISTING
+                )
                 live_ids.append(wid)
                 if any(isinstance(e.body, SignalReceived) for e in await engine.history(wid)):
                     signalled.add(wid)
 
         async def counts() -> tuple[dict[str, int], int]:
-            running = await engine.count(workflow_type="demo_order", status=WorkflowStatus.RUNNING)
-            completed = await engine.count(workflow_type="demo_order", status=WorkflowStatus.COMPLETED)
-            failed = len(live_ids) - running - completed
+            # The orders of this demo only, from the histories just read: the database may
+            # hold other workflows, and orders not started yet are in no column.
+            statuses = Counter(workflow_status(engine_history[w]) for w in live_ids if w in engine_history)
+            running = statuses[WorkflowStatus.RUNNING]
+            completed = statuses[WorkflowStatus.COMPLETED]
+            failed = sum(statuses.values()) - running - completed
             stages = await _stages(engine, [w for w in live_ids if w not in done])
-            waiting = sum(stages[s] for s in WAITING_STAGES)
+            waiting = min(running, sum(stages[s] for s in WAITING_STAGES))
             retries = 0
             for wid in ids:
                 retries += sum(
@@ -255,17 +301,29 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C, possibly inside the exception groups of the nurseries it crossed."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_interrupted(inner) for inner in exc.exceptions)
+    return isinstance(exc, KeyboardInterrupt)
+
+
 @click.command("demo")
 @click.option(
     "--db",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("aion-demo.db"),
+    default=DEFAULT_DB,
     show_default=True,
     help="The SQLite file the demo writes (run the same command again to resume).",
 )
-@click.option("--orders", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option(
+    "--orders",
+    type=click.IntRange(1, 10_000),
+    default=None,
+    help=f"How many orders (default {DEFAULT_ORDERS}); a resumed demo keeps the number it started with.",
+)
 @click.option("--fresh", is_flag=True, help="Delete the demo database first and start over.")
-def demo_command(db: Path, orders: int, fresh: bool) -> None:
+def demo_command(db: Path, orders: int | None, fresh: bool) -> None:
     """Process ~100 orders durably on SQLite, live; interrupt and rerun to see them resume."""
     if fresh:
         for suffix in ("", "-wal", "-shm"):
@@ -273,7 +331,27 @@ def demo_command(db: Path, orders: int, fresh: bool) -> None:
             if path.exists():
                 os.remove(path)
     console = Console(highlight=False)
+    again = "aion-trio demo" + ("" if db == DEFAULT_DB else f" --db {shlex.quote(str(db))}")
+    console.print(
+        f"aion-trio demo: pid {os.getpid()}; stop it with Ctrl-C (or kill -9 {os.getpid()}), "
+        f"then run '{again}' to resume.",
+        soft_wrap=True,
+    )
     # The live table counts retries; the per-attempt warnings would only scroll it away.
-    logging.getLogger("aion_trio").setLevel(logging.ERROR)
-    summary = trio.run(run_demo, db, orders, console)
+    package_log = logging.getLogger("aion_trio")
+    level = package_log.level
+    package_log.setLevel(logging.ERROR)
+    try:
+        summary = trio.run(run_demo, db, orders, console)
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        console.print(
+            f"Interrupted. Run '{again}' to resume: every order carries on from its last "
+            "recorded step, and nothing that completed runs again.",
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        package_log.setLevel(level)
     console.print(summary_table(summary))

@@ -14,6 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
+from click.testing import CliRunner
+
+import aion_trio as aion
+from aion_trio import _cli, _demo as _demo_module
 
 ORDERS = 40
 # Every 9th order's card is declined (compensated); every other order ships.
@@ -124,3 +129,65 @@ def test_the_demo_completes_then_resumes_after_sigkill_instead_of_starting_over(
             third.communicate()
     assert third.returncode == 0, err
     assert f"{ORDERS} finished" in out
+
+
+def _wait_for_progress(proc: subprocess.Popen[str]) -> None:
+    """Read the demo's plain output until some orders finished and others are in flight."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "the demo made no progress"
+        line = proc.stdout.readline()
+        assert line, f"the demo ended early: {proc.stderr.read() if proc.stderr else ''}"
+        if line.startswith("progress:"):
+            fields = dict(part.split("=") for part in line.split()[1:])
+            if int(fields["completed"]) >= 1 and int(fields["running"]) + int(fields["waiting"]) >= 3:
+                return
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_demo_with_status_130_and_says_how_to_resume(tmp_path: Path) -> None:
+    db = tmp_path / "interrupted.db"
+    demo = _demo(db)
+    try:
+        _wait_for_progress(demo)
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate()
+    assert demo.returncode == 130, err
+    assert err == "", err  # no "Error: aborted", no traceback
+    assert out.rstrip().splitlines()[-1] == (
+        f"Interrupted. Run 'aion-trio demo --db {db}' to resume: every order carries on from its last "
+        "recorded step, and nothing that completed runs again."
+    )
+    again = subprocess.run(
+        [_script(), "demo", "--db", str(db)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"of {ORDERS} orders found" in again.stdout
+    assert _summary(again.stdout).get("shipped") == str(ORDERS - DECLINED), again.stdout
+
+
+def test_a_stored_demo_refuses_another_order_count_and_writes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "planned.db"
+
+    async def plant() -> None:
+        # A demo of 5 orders, killed after the first one arrived.
+        async with aion.open_engine(
+            f"sqlite:///{db}", workflows=[_demo_module.demo_order, _demo_module.demo_shipment]
+        ) as engine:
+            await engine.start(_demo_module.demo_order, {"n": 1, "of": 5}, workflow_id="demo-order-1")
+
+    trio.run(plant)
+    before = _events(db, "SELECT count(*) FROM events")
+    result = CliRunner().invoke(_cli.cli, ["demo", "--db", str(db), "--orders", "3"], prog_name="aion-trio")
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert line.startswith(
+        f"Error: {db} holds a demo of 5 orders, not 3: run 'aion-trio demo' without --orders"
+    )
+    assert "--fresh" in line
+    assert _events(db, "SELECT count(*) FROM events") == before
