@@ -942,12 +942,15 @@ class ActivityDriver:
         state = _loop_state(segment, self.request, self.options)
         self._last_attempt = state.attempt
         pending_error: ActivityError | None = None
+        #: When the recorded dangling failure said the next attempt is due.
+        pending_retry_at: datetime | None = None
         if resume:
             trail = retry_trail(segment, self.request.activity_id)
             if trail and trail[-1].outcome == "failed" and not trail[-1].final:
                 # Crashed between a non-final failure and the next start.
                 state.attempt = trail[-1].attempt
                 pending_error = trail[-1].error
+                pending_retry_at = trail[-1].retry_at
             elif not trail:
                 rec = await self._required(
                     ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
@@ -1045,7 +1048,15 @@ class ActivityDriver:
                 )
                 await self._advisory(state.attempt, final_error.message)
                 return await self._final(state.attempt, self._settle_failure(state.attempt, final_error))
-            delay = policy.backoff.delay_after(state.same_provider_attempt)
+            if recorded_failure:
+                # Resumed mid-backoff: wait out what the record says is left (nothing if
+                # it predates the field), never a fresh backoff.
+                due = trio.current_time()
+                if pending_retry_at is not None:
+                    due = max(due, self.clock.trio_deadline(pending_retry_at))
+            else:
+                due = trio.current_time() + policy.backoff.delay_after(state.same_provider_attempt)
+            delay = due - trio.current_time()
             if self._past_deadline(extra=delay):
                 final_error = attrs.evolve(
                     error,
@@ -1056,7 +1067,8 @@ class ActivityDriver:
                 await self._advisory(state.attempt, final_error.message)
                 return await self._final(state.attempt, self._settle_failure(state.attempt, final_error))
             if not recorded_failure:
-                outcome_ = await self._required(self._trail_failure(state.attempt, error))
+                retry_at = self.clock.now() + timedelta(seconds=delay)
+                outcome_ = await self._required(self._trail_failure(state.attempt, error, retry_at))
                 if outcome_ is not RecordOutcome.RECORDED:
                     return outcome_
             logger.warning(
@@ -1068,8 +1080,7 @@ class ActivityDriver:
                 delay,
                 extra={**self.log, "attempt": state.attempt, "retry_in": delay},
             )
-            if not (resume and recorded_failure):
-                await trio.sleep(delay)
+            await trio.sleep_until(due)
             state.same_provider_attempt += 1
             state.attempt += 1
             self._last_attempt = state.attempt
@@ -1079,8 +1090,12 @@ class ActivityDriver:
             if outcome_ is not RecordOutcome.RECORDED:
                 return outcome_
 
-    def _trail_failure(self, attempt: int, error: ActivityError) -> ActivityFailed:
-        return ActivityFailed(activity_id=self.request.activity_id, error=error, attempt=attempt, final=False)
+    def _trail_failure(
+        self, attempt: int, error: ActivityError, retry_at: datetime | None = None
+    ) -> ActivityFailed:
+        return ActivityFailed(
+            activity_id=self.request.activity_id, error=error, attempt=attempt, final=False, retry_at=retry_at
+        )
 
     def _settle_failure(self, attempt: int, error: ActivityError) -> ActivityFailed:
         return ActivityFailed(activity_id=self.request.activity_id, error=error, attempt=attempt, final=True)

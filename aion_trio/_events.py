@@ -427,6 +427,17 @@ class ActivityFailed(EventBody):
     attempt: int = attrs.field(validator=_positive)
     #: False: a retry-trail record (another attempt follows).  True: settles the activity.
     final: bool = attrs.field(validator=_bool)
+    #: On a retry-trail record: when the next attempt is due (the backoff's end), so a
+    #: restart mid-backoff waits out the remainder (a final failure leaves it ``None``).
+    #: ``None``: at once, or written before the field existed; absent from the wire then.
+    retry_at: datetime | None = attrs.field(default=None, metadata={OMIT_NONE: True})
+
+    @retry_at.validator
+    def _check_retry_at(self, attribute: attrs.Attribute[datetime | None], value: datetime | None) -> None:
+        if value is None:
+            return
+        if not isinstance(value, datetime) or value.utcoffset() is None:
+            raise ValueError(f"retry_at must be a timezone-aware datetime or None, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)

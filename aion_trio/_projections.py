@@ -220,6 +220,8 @@ class AttemptRecord:
     outcome: str  # "running", "completed", "failed", "cancelled"
     error: ActivityError | None = None
     final: bool = False
+    #: A non-final failure: when its next attempt is due (``None``: at once).
+    retry_at: datetime | None = None
 
 
 def retry_trail(segment: Sequence[Event], activity_id: int) -> list[AttemptRecord]:
@@ -245,6 +247,7 @@ def retry_trail(segment: Sequence[Event], activity_id: int) -> list[AttemptRecor
                     outcome="failed",
                     error=body.error,
                     final=body.final,
+                    retry_at=body.retry_at,
                 )
             else:
                 rec = AttemptRecord(attempt=body.attempt, started_at=started, outcome="cancelled", final=True)

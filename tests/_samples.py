@@ -106,7 +106,7 @@ FULL_BODIES: dict[str, EventBody] = {
         ),
         ActivityStarted(activity_id=2, attempt=3),
         ActivityCompleted(activity_id=2, result=Payload.of("ok"), attempt=3),
-        ActivityFailed(activity_id=2, error=ACTIVITY_ERROR, attempt=2, final=True),
+        ActivityFailed(activity_id=2, error=ACTIVITY_ERROR, attempt=2, final=False, retry_at=FIRE_AT),
         ActivityCancelled(activity_id=2, attempt=4),
         ActivityFallbackRouted(
             activity_id=2, attempt=2, from_task_queue="payments", to_task_queue="payments-b", fallback_index=1
@@ -155,9 +155,16 @@ MINIMAL_BODIES: dict[str, EventBody] = {
 }
 
 
+#: Variants pinned after the first two sets (each appended, so earlier lines stay byte-exact).
+LATER_BODIES: tuple[EventBody, ...] = (
+    # A settling failure (the full sample is a retry-trail record with retry_at since that field came).
+    ActivityFailed(activity_id=2, error=ACTIVITY_ERROR, attempt=2, final=True),
+)
+
+
 def sample_bodies() -> list[EventBody]:
-    """Every full sample, then every minimal one."""
-    return [*FULL_BODIES.values(), *MINIMAL_BODIES.values()]
+    """Every full sample, then every minimal one, then the later variants."""
+    return [*FULL_BODIES.values(), *MINIMAL_BODIES.values(), *LATER_BODIES]
 
 
 def sample_events(workflow_id: str = WORKFLOW_ID, first_seq: int = 1) -> list[Event]:

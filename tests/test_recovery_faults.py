@@ -1,4 +1,5 @@
-"""Recovery under faults: transient read faults during the startup sweep (issue 14 item 10).
+"""Recovery under faults: transient read faults during the startup sweep (issue 14
+item 10) and a restart in the middle of a retry backoff (item 11).
 
 A transient fault (``BackendUnavailable``) while recovery lists the active
 workflows or loads one's history is retried with backoff: ``open_engine``
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -114,3 +117,50 @@ async def test_a_non_transient_fault_loading_a_history_marks_only_that_run_stuck
         await engine.signal(healthy, "go", "now")
         with trio.fail_after(10):
             assert await engine.result(healthy) == f"{healthy}: now"
+
+
+# --------------------------------------------------------------------------
+# A restart mid-backoff waits out the recorded remainder (issue 14 item 11)
+# --------------------------------------------------------------------------
+
+ATTEMPTS: list[tuple[int, float]] = []
+
+
+@aion.activity(retry=aion.RetryPolicy(max_attempts=3, backoff=aion.Fixed(100)))
+async def fails_once() -> str:
+    attempt = aion.activity_info().attempt
+    ATTEMPTS.append((attempt, trio.current_time()))
+    if attempt == 1:
+        raise ConnectionError("first attempt fails")
+    return f"attempt {attempt}"
+
+
+@aion.workflow
+async def retries_once(ctx: aion.WorkflowContext) -> str:
+    return str(await ctx.run(fails_once))
+
+
+async def test_a_restart_mid_backoff_waits_the_recorded_remainder_and_no_more(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
+) -> None:
+    """Attempt 1 fails at t1 (backoff 100 s, recorded as retry_at); 40 s later the engine
+    stops without a drain (the backoff is cut short, nothing more recorded); the next
+    engine runs attempt 2 at t1 + 100: not at once (t1 + 40), not a fresh backoff (t1 + 140)."""
+    ATTEMPTS.clear()
+    url = store_url()
+    options: dict[str, Any] = {"workflows": [retries_once], "activities": [fails_once]}
+    async with aion.open_engine(url, **options) as engine:
+        await engine.start(retries_once, workflow_id="r")
+        await trio.sleep(40)  # attempt 1 fails at once; its backoff is 40 s in when the engine stops
+    ((_, t1),) = ATTEMPTS
+    assert trio.current_time() == pytest.approx(t1 + 40, abs=0.5)
+    async with aion.open_engine(url, **options) as engine:
+        with trio.fail_after(300):
+            assert await engine.result("r") == "attempt 2"
+        history = await engine.history("r")
+    assert [a for a, _ in ATTEMPTS] == [1, 2]
+    assert ATTEMPTS[1][1] == pytest.approx(t1 + 100, abs=0.5)
+    (failure,) = [e for e in history if isinstance(e.body, aion.ActivityFailed)]
+    assert isinstance(failure.body, aion.ActivityFailed)
+    assert failure.body.retry_at is not None
+    assert (failure.body.retry_at - failure.recorded_at).total_seconds() == pytest.approx(100)

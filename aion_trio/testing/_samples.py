@@ -127,7 +127,9 @@ def full_bodies() -> list[EventBody]:
         ),
         ActivityStarted(activity_id=0, attempt=1),
         ActivityCompleted(activity_id=0, result=Payload.of("receipt-1"), attempt=1),
-        ActivityFailed(activity_id=1, error=activity_error, attempt=2, final=True),
+        ActivityFailed(
+            activity_id=1, error=activity_error, attempt=2, final=False, retry_at=at(60.25, tz=PLUS_0530)
+        ),
         ActivityCancelled(activity_id=3, attempt=4),
         ActivityFallbackRouted(
             activity_id=1, attempt=2, from_task_queue="payments", to_task_queue="payments-b", fallback_index=1
@@ -166,7 +168,7 @@ def minimal_bodies() -> list[EventBody]:
             activity_id=7,
             error=ActivityError(cause=FailureCause.RETRYABLE, type="E", message="m"),
             attempt=1,
-            final=False,
+            final=True,
         ),
         TimerCancelled(timer_id="named:x", cause=TimerCancelCause.WORKFLOW_INTENT),
         SignalReceived(name="s", payload=Payload.of(None)),

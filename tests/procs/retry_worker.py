@@ -2,14 +2,15 @@
 
 Usage: python -m tests.procs.retry_worker STORE_PATH SIDE_PATH
 
-One workflow runs one activity under a policy with a one-hour backoff.  The
-activity writes each attempt number it sees to a side file and fails its
-first attempt.  Prints ``RESULT <value>`` and exits once the workflow is done.
+One workflow runs one activity under a policy with a one-second backoff.  The
+activity writes each attempt number it sees, with the wall time, to a side
+file and fails its first attempt.  Prints ``RESULT <value>`` and exits once the workflow is done.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import trio
@@ -19,11 +20,11 @@ import aion_trio as aion
 SIDE = Path()
 
 
-@aion.activity(retry=aion.RetryPolicy(max_attempts=3, backoff=aion.Fixed(3600)))
+@aion.activity(retry=aion.RetryPolicy(max_attempts=3, backoff=aion.Fixed(1)))
 async def flaky() -> str:
     attempt = aion.activity_info().attempt
     async with await trio.open_file(SIDE, "a") as f:
-        await f.write(f"{attempt}\n")
+        await f.write(f"{attempt} {time.time()!r}\n")
     if attempt == 1:
         raise ConnectionError("first attempt always fails")
     return f"succeeded on attempt {attempt}"
