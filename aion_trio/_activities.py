@@ -52,6 +52,7 @@ from ._events import (
     Event,
     EventBody,
     FailureCause,
+    WorkflowReopened,
 )
 from ._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from ._payload import Payload, PayloadCodec
@@ -713,15 +714,23 @@ class _LoopState:
 
 
 def _loop_state(segment: Sequence[Event], request: ActivityRequest, options: ActivityOptions) -> _LoopState:
-    hops = [
-        e.body
-        for e in segment
-        if isinstance(e.body, ActivityFallbackRouted) and e.body.activity_id == request.activity_id
-    ]
+    hops: list[ActivityFallbackRouted] = []
+    # Attempts recorded before a reopen that re-dispatched this activity do not count
+    # against its budget (nor do their fallback hops): the reopen gave it a fresh one.
+    spent_before_reopen = last_started = 0
+    for e in segment:
+        body = e.body
+        if isinstance(body, ActivityFallbackRouted) and body.activity_id == request.activity_id:
+            hops.append(body)
+        elif isinstance(body, ActivityStarted) and body.activity_id == request.activity_id:
+            last_started = body.attempt
+        elif isinstance(body, WorkflowReopened) and request.activity_id in body.reopened_activity_ids:
+            spent_before_reopen = last_started
+            hops.clear()
     queue = hops[-1].to_task_queue if hops else options.task_queue
     return _LoopState(
         attempt=request.attempt,
-        same_provider_attempt=max(request.attempt - len(hops), 1),
+        same_provider_attempt=max(request.attempt - spent_before_reopen - len(hops), 1),
         current_queue=queue,
         consumed_fallback=(hops[-1].fallback_index + 1) if hops else 0,
         refused_queues=[options.task_queue, *(h.to_task_queue for h in hops)],
@@ -951,6 +960,15 @@ class ActivityDriver:
                 state.attempt = trail[-1].attempt
                 pending_error = trail[-1].error
                 pending_retry_at = trail[-1].retry_at
+            elif trail and trail[-1].outcome == "failed":
+                # Re-dispatched by a reopen after its final failure: the next attempt, recorded.
+                state.attempt = trail[-1].attempt + 1
+                self._last_attempt = state.attempt
+                rec = await self._required(
+                    ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                )
+                if rec is not RecordOutcome.RECORDED:
+                    return rec
             elif not trail:
                 rec = await self._required(
                     ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)

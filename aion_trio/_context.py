@@ -46,6 +46,7 @@ from ._errors import (
     WorkflowCommandError,
 )
 from ._events import (
+    SCOPE_TIMEOUT_TYPE,
     ActivityCancelled,
     ActivityCompleted,
     ActivityError,
@@ -1122,9 +1123,6 @@ class WorkflowContext:
             recorded, _ = self._state.commands[position]
             return (recorded.kind, position, recorded.describe())
         return None
-
-
-SCOPE_TIMEOUT_TYPE = "ScopeTimeout"
 
 
 def _argument_change(recorded: Event, arguments: Payload | None) -> str:

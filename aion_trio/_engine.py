@@ -46,7 +46,6 @@ from ._completion import (
 )
 from ._contain import is_structural
 from ._context import (
-    SCOPE_TIMEOUT_TYPE,
     ContinueAsNew,
     RunAborted,
     WorkflowContext,
@@ -78,6 +77,7 @@ from ._errors import (
     epoch_closed,
 )
 from ._events import (
+    SCOPE_TIMEOUT_TYPE,
     ActivityCancelled,
     ActivityError,
     ActivityFailed,
@@ -125,6 +125,7 @@ from ._projections import (
     RunState,
     current_lease_terminal,
     failure,
+    failures_ending_the_run,
     is_active,
     latest_run_id,
     next_delivery_attempt,
@@ -1264,9 +1265,14 @@ class EngineCore:
         """Recovery: drive every scheduled, unsettled activity of the run from its recorded trail."""
         segment = run_segment(recorder.history, run_id)
         scheduled = scheduled_activities(segment)
-        scheduled_at = {
-            e.body.activity_id: e.recorded_at for e in segment if isinstance(e.body, ActivityScheduled)
-        }
+        scheduled_at: dict[int, datetime] = {}
+        for e in segment:
+            if isinstance(e.body, ActivityScheduled):
+                scheduled_at[e.body.activity_id] = e.recorded_at
+            elif isinstance(e.body, WorkflowReopened):
+                # A reopened activity's schedule_to_close counts from the reopen (a fresh budget).
+                for activity_id in e.body.reopened_activity_ids:
+                    scheduled_at[activity_id] = e.recorded_at
         count = 0
         for activity_id in unsettled_activities(segment):
             trail = retry_trail(segment, activity_id)
@@ -2204,12 +2210,16 @@ class Engine:
                     )
             start = segment[0].body
             assert isinstance(start, WorkflowStarted)
+            # Activities the teardown cancelled are re-dispatched; so are those whose final
+            # failure ended a failed run (the fix is deployed: a fresh attempt, not the
+            # recorded failure replayed).
             reopened = sorted(
                 {
                     e.body.activity_id
                     for e in segment
                     if isinstance(e.body, ActivityCancelled) and e.seq > terminal.seq
                 }
+                | set(failures_ending_the_run(segment, terminal) if isinstance(body, WorkflowFailed) else ())
             )
             lease = await core.reopen_locked(recorder, run_id, start.workflow_type, reopened, request_id)
             core.spawn_run(lease)

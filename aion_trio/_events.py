@@ -78,6 +78,10 @@ def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> 
         raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
 
 
+SCOPE_TIMEOUT_TYPE = "ScopeTimeout"
+"""``ActivityError.type`` of the final failure a ``ctx.timeout`` scope records for an
+activity it stopped waiting for (the workflow's decision, not the activity's outcome)."""
+
 OMIT_NONE = "aion_trio_wire_omit_none"
 """attrs field metadata key: an optional field whose ``None`` is left off the wire
 (so records written before the field existed keep their exact form)."""

@@ -16,6 +16,7 @@ from typing import Any, TypeGuard, final
 import attrs
 
 from ._events import (
+    SCOPE_TIMEOUT_TYPE,
     ActivityCancelled,
     ActivityCompleted,
     ActivityError,
@@ -209,6 +210,37 @@ def unsettled_activities(segment: Sequence[Event]) -> list[int]:
         elif isinstance(body, WorkflowReopened):
             settled.difference_update(body.reopened_activity_ids)
     return sorted(scheduled - settled)
+
+
+def failures_ending_the_run(segment: Sequence[Event], terminal: Event) -> list[int]:
+    """The activities whose final failure the run ended on (what a reopen runs again).
+
+    Settled (still, in this lease) by a final ``ActivityFailed`` recorded after the
+    code's last command and before the terminal: the code issued nothing after
+    observing it.  A failure the code caught and went on from is older than its
+    next command and stays settled; a timeout scope's expiry is the workflow's
+    own decision, which replay makes again, not an outcome to retry.
+    """
+    settled: dict[int, Event] = {}
+    last_command = 0
+    for event in segment:
+        if event.seq >= terminal.seq:
+            break
+        body = event.body
+        if command_key(body) is not None:
+            last_command = event.seq
+        if _settles(body):
+            settled[body.activity_id] = event
+        elif isinstance(body, WorkflowReopened):
+            for activity_id in body.reopened_activity_ids:
+                settled.pop(activity_id, None)
+    return sorted(
+        activity_id
+        for activity_id, event in settled.items()
+        if isinstance(event.body, ActivityFailed)
+        and event.seq > last_command
+        and event.body.error.type != SCOPE_TIMEOUT_TYPE
+    )
 
 
 @attrs.frozen(kw_only=True)
