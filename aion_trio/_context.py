@@ -33,6 +33,7 @@ from ._children import (
     ParentClosePolicy,
     derive_child_workflow_id,
 )
+from ._contain import is_structural
 from ._definitions import ActivityDefinition, WorkflowDefinition
 from ._errors import (
     ActivityFailure,
@@ -1083,10 +1084,13 @@ class WorkflowContext:
             raise UnknownQuery(self.workflow_id, self.run_id, name, sorted(self._query_handlers))
         self._answering = name
         self._query_violation = None
-        error: Exception | None = None
+        error: BaseException | None = None
         try:
             value = handler(*args)
-        except Exception as exc:
+        except BaseException as exc:
+            # SystemExit or any BaseException of the handler's own is its failure (see _contain).
+            if is_structural(exc):
+                raise
             error = exc
         finally:
             self._answering = None

@@ -15,6 +15,7 @@ from typing import Any, final
 import attrs
 import trio
 
+from ._contain import is_structural
 from ._errors import AionInternalError, epoch_closed
 
 logger = logging.getLogger("aion_trio.epoch")
@@ -124,8 +125,12 @@ class EngineEpoch:
         self._tasks += 1
         try:
             await fn(*args)
-        except Exception:
-            # One task's failure must not take down the epoch (and every other run).
+        except BaseException as exc:
+            # One task's failure must not take down the epoch (and every other run):
+            # nor may a SystemExit or other BaseException from code it called; only
+            # cancellation and a real Ctrl-C are structural (see _contain).
+            if is_structural(exc):
+                raise
             logger.exception(
                 "background task %s failed", name, extra={"workflow_id": workflow_id, "run_id": run_id}
             )

@@ -204,6 +204,7 @@ async def test_a_real_ctrl_c_during_an_activity_still_interrupts_the_process() -
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # two engine subprocesses
 def test_after_a_crash_the_restarted_engine_contains_the_base_exception_and_progresses(
     tmp_path: Path,
 ) -> None:
@@ -238,3 +239,41 @@ async def _history(store: Path) -> list[aion.Event]:
     async with aion.open_store(f"sqlite:///{store}") as opened:
         events: list[Any] = await opened.events.read_history("raiser")
         return events
+
+
+def _exits() -> str:
+    raise SystemExit(4)
+
+
+@aion.workflow
+async def answers_badly(ctx: aion.WorkflowContext) -> str:
+    ctx.set_query_handler("state", _exits)
+    return str(await ctx.wait_signal("go"))
+
+
+async def test_a_query_handler_raising_a_base_exception_fails_the_query_only(
+    store_url: Callable[[], str],
+) -> None:
+    with trio.fail_after(20):
+        async with aion.open_engine(store_url(), workflows=[answers_badly]) as engine:
+            run = await engine.start(answers_badly, workflow_id="asked")
+            with pytest.raises(aion.QueryFailed, match="SystemExit") as failed:
+                await engine.query("asked", "state")
+            assert isinstance(failed.value.__cause__, SystemExit)
+            await engine.signal("asked", "go", "still running")
+            assert await run.result() == "still running"
+
+
+async def test_a_base_exception_escaping_a_background_task_is_logged_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def dies() -> None:
+        await trio.lowlevel.checkpoint()
+        raise SystemExit(5)
+
+    with trio.fail_after(20):
+        async with aion.open_engine("memory://", workflows=[healthy], activities=[plain]) as engine:
+            engine._core.epoch.spawn(dies, name="dies")
+            run = await engine.start(healthy, workflow_id="after")
+            assert await run.result() == "fine"
+    assert any("background task dies failed" in r.getMessage() for r in caplog.records)
