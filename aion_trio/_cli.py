@@ -114,7 +114,14 @@ from ._events import (
 from ._ids import new_workflow_id, validate_task_queue
 from ._ownership import claim_is_live, wall_now
 from ._payload import Payload, PayloadCodec
-from ._plugins import ENTRY_POINT_GROUP, StoreRegistry, build_registry, make_plugin_manager, open_store
+from ._plugins import (
+    ENTRY_POINT_GROUP,
+    StoreRegistry,
+    build_registry,
+    make_plugin_manager,
+    open_store,
+    redact_url,
+)
 from ._projections import current_lease_terminal, outstanding_timers, run_segment, workflow_status
 from ._store import (
     CommandInbox,
@@ -233,6 +240,7 @@ def _single(exc: BaseException) -> BaseException:
 
 def _user_error(exc: BaseException, store: str) -> click.ClickException | None:
     """The one-line message for a typed error a user can act on, or ``None`` (a bug)."""
+    store = redact_url(store)
     if isinstance(exc, (UnknownStoreScheme, InvalidStoreUrl)):
         return UsageProblem(f"bad store {store!r} (--store / {STORE_ENV}): {exc}")
     if isinstance(exc, PluginError):
@@ -758,7 +766,7 @@ def list_(
     if not rows:
         console.print(f"No workflows match ({total} in total match the filters; offset {offset}).")
         return
-    table = Table(title=f"Workflows in {url}", title_justify="left")
+    table = Table(title=f"Workflows in {redact_url(url)}", title_justify="left")
     # Narrow output (PIPED_WIDTH) wraps the times and folds the type; an id stays whole.
     table.add_column("Workflow ID", no_wrap=True, style="bold")
     table.add_column("Type", overflow="fold")
@@ -995,7 +1003,7 @@ async def _apply_or_queue(
                 owner = f"pid {exc.pid} on {exc.host}"
         if not isinstance(opened, CommandInbox):
             raise UserError(
-                f"the store {url!r} is owned by {owner} and has no command inbox; stop that process first"
+                f"the store {redact_url(url)!r} is owned by {owner} and has no command inbox; stop that process first"
             )
         command_id = await opened.enqueue_command(command)
         click.echo(f"queued for the running worker ({owner}) as command #{command_id}", err=True)

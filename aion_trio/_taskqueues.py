@@ -19,7 +19,7 @@ from ._activities import ActivityExecutor, InProcessDispatcher
 from ._definitions import ActivityDefinition, ActivityLoop, index_definitions
 from ._errors import NoTaskQueues
 from ._payload import PayloadCodec
-from ._plugins import open_store, url_scheme
+from ._plugins import open_store, redact_url
 from ._store import Store
 
 
@@ -84,7 +84,7 @@ async def run_activity_worker(
     async with contextlib.AsyncExitStack() as stack:
         if isinstance(store, str):
             opened: Store = await stack.enter_async_context(open_store(store))
-            location = f"{url_scheme(store)}://..." if "@" in store else store
+            location = redact_url(store)
         else:
             opened = store
             location = type(store).__name__

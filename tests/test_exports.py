@@ -78,7 +78,7 @@ PLUGIN_NAMES = [
     "WorkflowStatus", "body_data_json", "body_from_data_json", "build_registry", "claim_is_live",
     "command_data_json", "command_from_data_json", "decide_claim", "decide_renew", "event_from_json",
     "event_to_json", "format_datetime", "hold_mock_time", "hookimpl", "hookspec", "is_active_status", "make_plugin_manager",
-    "outcome_from_json", "outcome_to_json", "parse_datetime", "pid_alive", "signal_recorded_outcome",
+    "outcome_from_json", "outcome_to_json", "parse_datetime", "pid_alive", "redact_url", "signal_recorded_outcome",
     "status_after", "this_host",
     "validate_batch",
 ]

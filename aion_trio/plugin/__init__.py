@@ -68,6 +68,7 @@ from .._plugins import (
     hookimpl as hookimpl,
     hookspec as hookspec,
     make_plugin_manager as make_plugin_manager,
+    redact_url as redact_url,
 )
 from .._projections import (
     is_active_status as is_active_status,

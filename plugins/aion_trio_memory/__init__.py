@@ -43,6 +43,7 @@ from aion_trio.plugin import (
     decide_renew,
     hookimpl,
     is_active_status,
+    redact_url,
     status_after,
     validate_batch,
 )
@@ -295,11 +296,11 @@ class MemoryStore:
 def _parse(url: str) -> str | None:
     prefix = "memory://"
     if not url.lower().startswith(prefix):
-        raise InvalidStoreUrl(f"{url!r} is not a memory:// URL")
+        raise InvalidStoreUrl(f"{redact_url(url)!r} is not a memory:// URL")
     name = url[len(prefix) :]
     if "/" in name or "?" in name or "#" in name:
         raise InvalidStoreUrl(
-            f"{url!r}: a memory store URL is memory:// (private) or memory://NAME (shared in "
+            f"{redact_url(url)!r}: a memory store URL is memory:// (private) or memory://NAME (shared in "
             "this process); NAME may not contain '/', '?' or '#'"
         )
     return name or None

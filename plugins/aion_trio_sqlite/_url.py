@@ -8,7 +8,7 @@ from typing import Literal
 
 import attrs
 
-from aion_trio.plugin import InvalidStoreUrl
+from aion_trio.plugin import InvalidStoreUrl, redact_url
 
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -40,28 +40,28 @@ class SqliteUrl:
 def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
     """Parse ``url`` or raise :class:`~aion_trio.InvalidStoreUrl` saying what is wrong."""
     if not isinstance(url, str) or not url[: len(_PREFIX)].lower() == _PREFIX:
-        raise InvalidStoreUrl(f"{url!r} is not a sqlite:// URL (expected e.g. {_EXAMPLES})")
+        raise InvalidStoreUrl(f"{redact_url(url)!r} is not a sqlite:// URL (expected e.g. {_EXAMPLES})")
     rest = url[len(_PREFIX) :]
     if "#" in rest:
         raise InvalidStoreUrl(
-            f"{url!r}: a sqlite:// URL has no #fragment (percent-encode '#' in paths as %23)"
+            f"{redact_url(url)!r}: a sqlite:// URL has no #fragment (percent-encode '#' in paths as %23)"
         )
     rest, _, query = rest.partition("?")
     if not rest.startswith("/"):
         raise InvalidStoreUrl(
-            f"{url!r}: a sqlite:// URL names no host; write three slashes before the path (e.g. {_EXAMPLES})"
+            f"{redact_url(url)!r}: a sqlite:// URL names no host; write three slashes before the path (e.g. {_EXAMPLES})"
         )
     try:
         path = urllib.parse.unquote(rest[1:], errors="strict")
     except UnicodeDecodeError as exc:
         raise InvalidStoreUrl(
-            f"{url!r}: the path's percent-escapes are not UTF-8 ({exc.reason} at byte {exc.start}); "
+            f"{redact_url(url)!r}: the path's percent-escapes are not UTF-8 ({exc.reason} at byte {exc.start}); "
             "percent-encode the path's UTF-8 bytes"
         ) from None
     if not path or path.endswith("/"):
-        raise InvalidStoreUrl(f"{url!r} names no database file (expected e.g. {_EXAMPLES})")
+        raise InvalidStoreUrl(f"{redact_url(url)!r} names no database file (expected e.g. {_EXAMPLES})")
     if "\x00" in path:
-        raise InvalidStoreUrl(f"{url!r}: the path contains a NUL character")
+        raise InvalidStoreUrl(f"{redact_url(url)!r}: the path contains a NUL character")
     synchronous: Synchronous = "FULL"
     read_only = False
     inline_commits = True
@@ -69,34 +69,42 @@ def parse_sqlite_url(url: str, *, cwd: str | None = None) -> SqliteUrl:
         try:
             pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=True)
         except ValueError as exc:
-            raise InvalidStoreUrl(f"{url!r}: malformed query string ({exc}); accepted: {_ACCEPTED}") from None
+            raise InvalidStoreUrl(
+                f"{redact_url(url)!r}: malformed query string ({exc}); accepted: {_ACCEPTED}"
+            ) from None
         seen: set[str] = set()
         for name, value in pairs:
             if name in seen:
-                raise InvalidStoreUrl(f"{url!r}: option {name!r} is given twice")
+                raise InvalidStoreUrl(f"{redact_url(url)!r}: option {name!r} is given twice")
             seen.add(name)
             if name == "mode":
                 if value.lower() not in ("ro", "rw"):
-                    raise InvalidStoreUrl(f"{url!r}: mode={value!r} is not accepted; use mode=ro or mode=rw")
+                    raise InvalidStoreUrl(
+                        f"{redact_url(url)!r}: mode={value!r} is not accepted; use mode=ro or mode=rw"
+                    )
                 read_only = value.lower() == "ro"
                 continue
             if name == "inline_commits":
                 if value.lower() not in ("on", "off"):
                     raise InvalidStoreUrl(
-                        f"{url!r}: inline_commits={value!r} is not accepted; use inline_commits=on or "
+                        f"{redact_url(url)!r}: inline_commits={value!r} is not accepted; use inline_commits=on or "
                         "inline_commits=off"
                     )
                 inline_commits = value.lower() == "on"
                 continue
             if name != "synchronous":
-                raise InvalidStoreUrl(f"{url!r}: unknown option {name!r}; accepted options: {_ACCEPTED}")
+                raise InvalidStoreUrl(
+                    f"{redact_url(url)!r}: unknown option {name!r}; accepted options: {_ACCEPTED}"
+                )
             level = value.upper()
             if level == "FULL":
                 synchronous = "FULL"
             elif level == "NORMAL":
                 synchronous = "NORMAL"
             else:
-                raise InvalidStoreUrl(f"{url!r}: synchronous={value!r} is not accepted; use {_SYNC_ACCEPTED}")
+                raise InvalidStoreUrl(
+                    f"{redact_url(url)!r}: synchronous={value!r} is not accepted; use {_SYNC_ACCEPTED}"
+                )
     base = cwd if cwd is not None else os.getcwd()
     return SqliteUrl(
         url=url,

@@ -12,7 +12,7 @@ import attrs
 import psycopg
 import psycopg.conninfo
 
-from aion_trio.plugin import InvalidStoreUrl
+from aion_trio.plugin import InvalidStoreUrl, redact_url
 
 SCHEMES = ("postgresql", "postgres")
 
@@ -105,12 +105,14 @@ class PostgresUrl:
 def parse_postgres_url(url: str) -> PostgresUrl:
     """Parse ``url`` or raise :class:`~aion_trio.InvalidStoreUrl` saying what is wrong."""
     if not isinstance(url, str):
-        raise InvalidStoreUrl(f"{url!r} is not a postgresql:// URL (expected e.g. {_EXAMPLE})")
+        raise InvalidStoreUrl(f"{redact_url(url)!r} is not a postgresql:// URL (expected e.g. {_EXAMPLE})")
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
-        raise InvalidStoreUrl(f"{url!r} is not a postgresql:// URL (expected e.g. {_EXAMPLE})")
+        raise InvalidStoreUrl(f"{redact_url(url)!r} is not a postgresql:// URL (expected e.g. {_EXAMPLE})")
     if "#" in rest:
-        raise InvalidStoreUrl(f"{url!r}: a postgresql:// URL has no #fragment (percent-encode '#' as %23)")
+        raise InvalidStoreUrl(
+            f"{redact_url(url)!r}: a postgresql:// URL has no #fragment (percent-encode '#' as %23)"
+        )
     base, _, query = rest.partition("?")
     values: dict[str, Any] = {}
     passed: list[tuple[str, str]] = []
@@ -118,11 +120,13 @@ def parse_postgres_url(url: str) -> PostgresUrl:
         try:
             pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=True)
         except ValueError as exc:
-            raise InvalidStoreUrl(f"{url!r}: malformed query string ({exc}); accepted: {_ACCEPTED}") from None
+            raise InvalidStoreUrl(
+                f"{redact_url(url)!r}: malformed query string ({exc}); accepted: {_ACCEPTED}"
+            ) from None
         seen: set[str] = set()
         for name, value in pairs:
             if name in seen:
-                raise InvalidStoreUrl(f"{url!r}: option {name!r} is given twice")
+                raise InvalidStoreUrl(f"{redact_url(url)!r}: option {name!r} is given twice")
             seen.add(name)
             if name not in _OPTIONS:
                 passed.append((name, value))
@@ -131,7 +135,7 @@ def parse_postgres_url(url: str) -> PostgresUrl:
             try:
                 values[field] = parse(value)
             except ValueError as exc:
-                raise InvalidStoreUrl(f"{url!r}: {exc}") from None
+                raise InvalidStoreUrl(f"{redact_url(url)!r}: {exc}") from None
     if not any(name == "connect_timeout" for name, _ in passed):
         passed.append(("connect_timeout", str(DEFAULT_CONNECT_TIMEOUT)))
     conninfo = f"postgresql://{base}?{urllib.parse.urlencode(passed)}"
@@ -139,23 +143,13 @@ def parse_postgres_url(url: str) -> PostgresUrl:
         params = psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.Error as exc:
         raise InvalidStoreUrl(
-            f"{_redact(url)}: libpq refuses it ({str(exc).strip()}); accepted options: {_ACCEPTED}"
+            f"{redact_url(url)}: libpq refuses it ({str(exc).strip()}); accepted options: {_ACCEPTED}"
         ) from None
     if not params.get("dbname"):
-        raise InvalidStoreUrl(f"{_redact(url)} names no database (expected e.g. {_EXAMPLE})")
+        raise InvalidStoreUrl(f"{redact_url(url)} names no database (expected e.g. {_EXAMPLE})")
     host = params.get("host") or "localhost"
     port = params.get("port") or "5432"
     user = f"{params['user']}@" if params.get("user") else ""
     schema = values.get("schema", DEFAULT_SCHEMA)
     location = f"postgresql://{user}{host}:{port}/{params['dbname']} (schema {schema})"
     return PostgresUrl(url=url, conninfo=conninfo, location=location, **values)
-
-
-def _redact(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages)."""
-    scheme, _, rest = url.partition("://")
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, hostport = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":***"
-    return f"{scheme}://{userinfo}{at}{hostport}{slash}{tail}"

@@ -163,6 +163,66 @@ def test_bad_urls_are_refused_with_a_reason(url: str, says: str) -> None:
     assert "pw" not in str(info.value)
 
 
+SECRET = "hunter2"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://bob:{SECRET}@h/db?schema=Bad-Name",
+        f"postgresql://bob:{SECRET}@h/db?pool_size=0",
+        f"postgresql://bob:{SECRET}@h/db?schema=a&schema=b",
+        f"postgresql://bob:{SECRET}@h/db?bogus=1",
+        f"postgresql://bob:{SECRET}@h/db#frag",
+        f"postgresql://bob:{SECRET}@h/",
+        f"postgresql://bob@h/db?password={SECRET}&pool_size=0",
+        f"postgresql://bob@h/db?sslpassword={SECRET}&lease_ttl=0",
+        f"postgresql://bob@h/db?password={SECRET}#frag",
+    ],
+)
+def test_a_refused_url_never_repeats_its_credentials(url: str) -> None:
+    # Through the public opener, as a user meets it, and the CLI's error line.
+    assert SECRET not in _refusal(url, InvalidStoreUrl)
+    result = _cli_list(url)
+    assert result.exit_code == 2
+    assert "bad store" in result.output
+    assert SECRET not in result.output
+
+
+def test_a_store_that_cannot_be_reached_never_repeats_its_password(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"postgresql://bob:{SECRET}@127.0.0.1:1/db?connect_timeout=1&pool_timeout=1"
+    assert SECRET not in _refusal(url, aion_trio.StoreError)
+    result = _cli_list(url)
+    assert result.exit_code == 1
+    assert "127.0.0.1" in result.output
+    assert SECRET not in result.output
+    assert SECRET not in caplog.text
+
+
+def _refusal(url: str, error: type[Exception]) -> str:
+    """The message ``open_store(url)`` refuses ``url`` with (and its causes')."""
+
+    async def go() -> None:
+        async with aion_trio.open_store(url):
+            pass  # pragma: no cover - refused before
+
+    with pytest.raises(error) as info:
+        trio.run(go)
+    messages, exc = [], info.value
+    while exc is not None:
+        messages.append(str(exc))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return " | ".join(messages)
+
+
+def _cli_list(url: str) -> Any:
+    from click.testing import CliRunner
+
+    from aion_trio import _cli
+
+    return CliRunner().invoke(_cli.cli, ["list", "--store", url], prog_name="aion-trio")
+
+
 async def test_found_through_the_entry_point_under_both_schemes(pg_url: str) -> None:
     schema = new_schema_name()
     try:
