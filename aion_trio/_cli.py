@@ -961,6 +961,15 @@ def _queue_timeout_option(fn: F) -> F:
     )(fn)
 
 
+def _request_id_option(fn: F) -> F:
+    return click.option(
+        "--request-id",
+        metavar="KEY",
+        help="Idempotency key: the same command again with the same KEY records nothing more, so a "
+        "retry after a crash or a time-out is safe (docs/concepts.md, Request ids).",
+    )(fn)
+
+
 @attrs.define
 class _Delivered:
     """How a write command reached the store: applied here, or queued for its owner."""
@@ -1088,6 +1097,7 @@ async def _poll_result(url: str, workflow_id: str, run_id: str) -> Any:
     show_default=True,
     help="Wait for the result (printed as JSON) or return once the start is durable.",
 )
+@_request_id_option
 @_queue_timeout_option
 def start(
     store: str | None,
@@ -1098,6 +1108,7 @@ def start(
     task_queue: str | None,
     id_reuse: str,
     wait: bool,
+    request_id: str | None,
     queue_timeout: float,
 ) -> None:
     """Start a workflow of TYPE with JSON arguments, e.g. start checkout '{"id": 7}' --id order-7.
@@ -1113,6 +1124,8 @@ def start(
     args = [_json_argument(text, f"argument {i}") for i, text in enumerate(args_json, 1)]
     app = load_app(module)
     _check_type(app, workflow_type, args)
+    if request_id is not None and workflow_id is None:
+        raise UsageProblem("--request-id needs --id: a retry must name the same workflow")
     wid = workflow_id if workflow_id is not None else new_workflow_id()
     try:
         if task_queue is not None:
@@ -1123,6 +1136,7 @@ def start(
             args=Payload.of(args),
             id_reuse=id_reuse.lower(),
             task_queue=task_queue,
+            request_id=request_id,
         )
     except (TypeError, ValueError) as exc:
         raise UsageProblem(str(exc)) from None
@@ -1134,6 +1148,7 @@ def start(
             workflow_id=wid,
             task_queue=task_queue,
             id_reuse=IdReusePolicy(id_reuse.lower()),
+            request_id=request_id,
         )
         verb = "started" if handle.created else "attached to existing"
         click.echo(f"{verb} workflow {handle.workflow_id!r} run {handle.run_id} ({_DIRECT})", err=True)
@@ -1187,6 +1202,7 @@ def _write_command(
 @click.argument("name")
 @click.argument("payload_json", required=False, metavar="[PAYLOAD_JSON]")
 @_wait_option
+@_request_id_option
 @_queue_timeout_option
 def signal(
     store: str | None,
@@ -1195,6 +1211,7 @@ def signal(
     name: str,
     payload_json: str | None,
     wait: bool,
+    request_id: str | None,
     queue_timeout: float,
 ) -> None:
     """Send signal NAME with a JSON payload (default null) to a running workflow.
@@ -1205,10 +1222,14 @@ def signal(
     url = _resolve_store(store)
     payload = _json_argument(payload_json, "PAYLOAD_JSON") if payload_json is not None else None
     app = load_app(module)
-    command = _command(lambda: SignalCommand(workflow_id=workflow_id, name=name, payload=Payload.of(payload)))
+    command = _command(
+        lambda: SignalCommand(
+            workflow_id=workflow_id, name=name, payload=Payload.of(payload), request_id=request_id
+        )
+    )
 
     async def direct(engine: Engine) -> str:
-        await engine.signal(workflow_id, name, payload)
+        await engine.signal(workflow_id, name, payload, request_id=request_id)
         return f"signal {name!r} recorded for workflow {workflow_id!r}"
 
     _write_command(url, app, command, direct, wait, queue_timeout)
@@ -1271,18 +1292,25 @@ _REASON = click.option("--reason", default="", metavar="TEXT", help="Why (record
 @click.argument("workflow_id")
 @_REASON
 @_wait_option
+@_request_id_option
 @_queue_timeout_option
 def cancel(
-    store: str | None, module: str, workflow_id: str, reason: str, wait: bool, queue_timeout: float
+    store: str | None,
+    module: str,
+    workflow_id: str,
+    reason: str,
+    wait: bool,
+    request_id: str | None,
+    queue_timeout: float,
 ) -> None:
     """Ask a running workflow to cancel: it sees WorkflowCancelled at its next await, may
     compensate, and ends Cancelled. Queued for the store's worker if one owns it."""
     url = _resolve_store(store)
     app = load_app(module)
-    command = _command(lambda: CancelCommand(workflow_id=workflow_id, reason=reason))
+    command = _command(lambda: CancelCommand(workflow_id=workflow_id, reason=reason, request_id=request_id))
 
     async def direct(engine: Engine) -> str:
-        await engine.cancel(workflow_id, reason)
+        await engine.cancel(workflow_id, reason, request_id=request_id)
         return f"cancellation requested for workflow {workflow_id!r}"
 
     _write_command(url, app, command, direct, wait, queue_timeout)
@@ -1294,18 +1322,27 @@ def cancel(
 @click.argument("workflow_id")
 @_REASON
 @_wait_option
+@_request_id_option
 @_queue_timeout_option
 def terminate(
-    store: str | None, module: str, workflow_id: str, reason: str, wait: bool, queue_timeout: float
+    store: str | None,
+    module: str,
+    workflow_id: str,
+    reason: str,
+    wait: bool,
+    request_id: str | None,
+    queue_timeout: float,
 ) -> None:
     """End a running workflow at once, without running its code (its activities are cancelled).
     Queued for the store's worker if one owns it."""
     url = _resolve_store(store)
     app = load_app(module)
-    command = _command(lambda: TerminateCommand(workflow_id=workflow_id, reason=reason))
+    command = _command(
+        lambda: TerminateCommand(workflow_id=workflow_id, reason=reason, request_id=request_id)
+    )
 
     async def direct(engine: Engine) -> str:
-        await engine.terminate(workflow_id, reason)
+        await engine.terminate(workflow_id, reason, request_id=request_id)
         return f"workflow {workflow_id!r} terminated"
 
     _write_command(url, app, command, direct, wait, queue_timeout)
@@ -1316,16 +1353,19 @@ def terminate(
 @_module_option
 @click.argument("workflow_id")
 @_wait_option
+@_request_id_option
 @_queue_timeout_option
-def reopen(store: str | None, module: str, workflow_id: str, wait: bool, queue_timeout: float) -> None:
+def reopen(
+    store: str | None, module: str, workflow_id: str, wait: bool, request_id: str | None, queue_timeout: float
+) -> None:
     """Reopen a failed or cancelled workflow run: it replays (with fixed code) and carries on.
     Queued for the store's worker if one owns it."""
     url = _resolve_store(store)
     app = load_app(module)
-    command = _command(lambda: ReopenCommand(workflow_id=workflow_id))
+    command = _command(lambda: ReopenCommand(workflow_id=workflow_id, request_id=request_id))
 
     async def direct(engine: Engine) -> str:
-        handle = await engine.reopen(workflow_id)
+        handle = await engine.reopen(workflow_id, request_id=request_id)
         return f"reopened workflow {handle.workflow_id!r} run {handle.run_id}"
 
     _write_command(url, app, command, direct, wait, queue_timeout)

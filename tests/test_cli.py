@@ -1086,6 +1086,48 @@ def test_a_command_still_queued_at_the_timeout_is_applied_by_the_next_engine(
     assert json.loads(applied.stdout) == {"order": 3, "decision": True}
 
 
+def test_a_command_retried_with_its_request_id_records_once_direct_or_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_root(monkeypatch)
+    db = tmp_path / "keys.db"
+    monkeypatch.setenv("AION_TRIO_STORE", str(db))
+    monkeypatch.setenv("AION_TRIO_MODULE", APP)
+    started = [
+        run_cli("start", "approval", "4", "--id", "k", "--no-wait", "--request-id", "s-1") for _ in "ab"
+    ]
+    assert [r.exit_code for r in started] == [0, 0], everything(started[1])
+    assert json.loads(started[0].stdout) == json.loads(started[1].stdout), "the same run, twice"
+    for _ in "ab":
+        sent = run_cli("signal", "k", "approve", '"yes"', "--request-id", "sig-1")
+        assert sent.exit_code == 0, everything(sent)
+    history = [json.loads(line) for line in run_cli("history", "k", "--json").stdout.splitlines()]
+    assert [e["type"] for e in history].count("WorkflowStarted") == 1
+    assert [e["type"] for e in history].count("SignalReceived") == 1
+    unnamed = run_cli("start", "approval", "4", "--request-id", "s-2")
+    assert unnamed.exit_code == 2
+    assert error_lines(unnamed) == ["Error: --request-id needs --id: a retry must name the same workflow"]
+
+    # Queued for a worker: the second enqueue under the key is the first command.
+    assert run_cli("start", "approval", "5", "--id", "q", "--no-wait").exit_code == 0
+
+    async def plant_owner() -> Any:
+        async with aion_trio.open_store(f"sqlite:///{db}") as store:
+            return await store.claim_owner(  # type: ignore[attr-defined]
+                aion_trio.OwnerIdentity.current(),
+                now=datetime.now(timezone.utc),
+                stale_after=timedelta(hours=1),
+            )
+
+    trio.run(plant_owner)
+    for _ in "ab":
+        queued = run_cli("cancel", "q", "--no-wait", "--request-id", "c-1")
+        assert queued.exit_code == 0, everything(queued)
+        assert "as command #1" in queued.stderr
+    other = run_cli("cancel", "q", "--no-wait", "--request-id", "c-2")
+    assert "as command #2" in other.stderr
+
+
 def test_cancel_terminate_reopen_without_a_worker_apply_directly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,10 +44,7 @@ _SQL_PUT_OWNER = (
 )
 _SQL_RENEW_OWNER = "UPDATE owner SET renewed_at = ? WHERE id = 1 AND token = ?"
 _SQL_RELEASE_OWNER = "DELETE FROM owner WHERE id = 1 AND token = ?"
-_SQL_ENQUEUE = (
-    "INSERT INTO inbox (type, data, request_id) VALUES (?, ?, ?)"
-    " ON CONFLICT (request_id) WHERE request_id IS NOT NULL DO NOTHING"
-)
+_SQL_ENQUEUE = "INSERT INTO inbox (type, data, request_id) VALUES (?, ?, ?)"
 _SQL_COMMAND_OF_REQUEST = "SELECT command_id FROM inbox WHERE request_id = ?"
 _SQL_ACK = "UPDATE inbox SET acked = 1, outcome = ? WHERE command_id = ? AND acked = 0"
 _SQL_COMMAND_EXISTS = "SELECT 1 FROM inbox WHERE command_id = ?"
@@ -173,12 +170,15 @@ class EnqueueOp(WriteOp):
         self.result: int | None = None
 
     def apply(self, conn: apsw.Connection) -> None:
+        # Inside the writer's BEGIN IMMEDIATE: no other process queues between the two.
         self.error = None
+        if self.request_id is not None:
+            found = conn.execute(_SQL_COMMAND_OF_REQUEST, (self.request_id,)).fetchall()
+            if found:
+                self.result = found[0][0]
+                return
         conn.execute(_SQL_ENQUEUE, (self.kind, self.data, self.request_id))
-        if conn.changes() == 1:
-            self.result = conn.last_insert_rowid()
-        else:
-            self.result = conn.execute(_SQL_COMMAND_OF_REQUEST, (self.request_id,)).fetchall()[0][0]
+        self.result = conn.last_insert_rowid()
 
 
 class AckOp(WriteOp):
