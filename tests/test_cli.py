@@ -1024,8 +1024,9 @@ def test_writes_go_through_the_inbox_to_a_running_worker(
         worker.kill()
     history = [json.loads(line) for line in run_cli("history", "ap", "--json").stdout.splitlines()]
     [received] = [e for e in history if e["type"] == "SignalReceived"]
-    # The signal carries the inbox command that caused it (#3): a redelivered command is not applied twice.
-    assert received["data"] == {"name": "approve", "payload": {"by": "ops"}, "command_id": 3}
+    # The signal carries the request id of the inbox command that caused it (#3, queued without one of
+    # its own): a redelivered command finds it and is not applied twice.
+    assert received["data"] == {"name": "approve", "payload": {"by": "ops"}, "request_id": "inbox:3"}
     assert history[-1]["type"] == "WorkflowCompleted"
     assert not any("Traceback" in line for line in worker.lines())
 
