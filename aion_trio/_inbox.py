@@ -40,7 +40,11 @@ logger = logging.getLogger("aion_trio.engine")
 
 
 async def wall_sleep(seconds: float, limiter: trio.CapacityLimiter) -> None:
-    """Sleep ``seconds`` of wall-clock time (cancellable; the helper thread exits at once)."""
+    """Sleep ``seconds`` of wall-clock time (cancellable; the helper thread exits at once).
+
+    Not under ``hold_mock_time``: the thread waits, it does no work, and holding
+    a MockClock's autojump for a wall-clock poll interval would stall mock time.
+    """
     wake = threading.Event()
     try:
         await trio.to_thread.run_sync(wake.wait, seconds, abandon_on_cancel=True, limiter=limiter)

@@ -784,6 +784,7 @@ class PostgresClusterStore(PostgresStore):
         the previous call returned) or after ``timeout`` seconds of wall time."""
         await self.events._enter()
         since = self._seen
+        # Not under hold_mock_time: this thread waits for a notification, it does no work.
         self._seen = await trio.to_thread.run_sync(
             self._wakeups.wait, since, timeout, abandon_on_cancel=True, limiter=self._waits
         )
