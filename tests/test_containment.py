@@ -277,3 +277,28 @@ async def test_a_base_exception_escaping_a_background_task_is_logged_not_fatal(
             run = await engine.start(healthy, workflow_id="after")
             assert await run.result() == "fine"
     assert any("background task dies failed" in r.getMessage() for r in caplog.records)
+
+
+@aion.activity(timeout=0.1)
+async def cleanup_raises() -> str:
+    try:
+        await trio.sleep(30)
+    except trio.Cancelled:
+        raise SystemExit("the cleanup gave up") from None
+    return "not reached"
+
+
+@aion.workflow
+async def overruns(ctx: aion.WorkflowContext) -> str:
+    try:
+        return str(await ctx.run(cleanup_raises))
+    except aion.ActivityFailure as exc:
+        return f"{exc.type}: {exc.message}"
+
+
+async def test_a_base_exception_raised_while_the_engine_cancels_the_attempt_is_that_cancellation() -> None:
+    """An attempt that times out and raises ``SystemExit`` from its cleanup timed out."""
+    with trio.fail_after(20):
+        async with aion.open_engine("memory://", workflows=[overruns], activities=[cleanup_raises]) as engine:
+            run = await engine.start(overruns, workflow_id="overruns")
+            assert await run.result() == "ActivityTimeout: attempt 1 timed out after 0.1s"
