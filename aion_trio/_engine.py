@@ -431,6 +431,8 @@ class EngineCore:
         self._timers_changed = trio.Event()
         self._loading: dict[str, trio.Event] = {}
         self._default_options: dict[str, tuple[str, Payload]] = {}
+        #: Owned stores: told when the store's fence refused a write (the claim was taken over).
+        self.on_store_fenced: Callable[[NotOwner], None] | None = None
         # Background visibility refreshes in flight, by workflow id.
         self._visibility_owed: dict[str, _Refresh] = {}
         #: Cluster mode: the store's node capability (``None``: a single-owner store).
@@ -513,7 +515,14 @@ class EngineCore:
 
     @property
     def _on_fenced(self) -> Callable[[Recorder, NotOwner], None] | None:
-        return self.relinquish if self.cluster is not None else None
+        if self.cluster is not None:
+            return self.relinquish
+        return self._store_fenced if self.on_store_fenced is not None else None
+
+    def _store_fenced(self, recorder: Recorder, error: NotOwner) -> None:
+        # An owned store refused a write: the engine lost the store, not one workflow.
+        assert self.on_store_fenced is not None
+        self.on_store_fenced(error)
 
     def relinquish(self, recorder: Recorder, error: NotOwner) -> None:
         """Cluster mode's one choke point for a fenced workflow: stop it on this node.
@@ -2571,9 +2580,7 @@ async def open_engine(
                     "took the store over from a dead owner: %s (its pid is gone or its heartbeat stopped)",
                     claim.replaced.describe(),
                 )
-            ownership = Ownership(
-                store=opened, claim=claim, heartbeat=config.owner_heartbeat, limiter=service_threads
-            )
+            ownership = Ownership(store=opened, claim=claim, heartbeat=config.owner_heartbeat)
             stack.push_async_callback(ownership.release)
         asyncio_loop = None
         if any(a.loop is ActivityLoop.ASYNCIO for a in activity_map.values()):
@@ -2610,6 +2617,8 @@ async def open_engine(
                 engine = Engine(core)
                 engine._ownership = ownership
                 engine._threads = in_process
+                if ownership is not None:
+                    core.on_store_fenced = ownership.fenced
                 services: ClusterServices | None = None
                 if cluster is not None:
                     services = ClusterServices(

@@ -1,6 +1,6 @@
 """The owning engine's side of DESIGN §4.5: keeping its claim alive and draining the inbox.
 
-Heartbeats and polls wait on the wall clock (in a thread), not on Trio's
+Heartbeats (from a thread of their own) and polls wait on the wall clock, not on Trio's
 clock: liveness is judged by other processes in real time, and a mocked
 clock that jumps days ahead must neither flood the store with heartbeats nor
 starve them.
@@ -8,6 +8,7 @@ starve them.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -30,7 +31,7 @@ from ._commands import (
 from ._errors import AionError, AionInternalError, BackendUnavailable, EngineEpochClosed, NotOwner, StoreError
 from ._ids import inbox_request_id
 from ._ownership import OwnerClaim, wall_now
-from ._store import CommandInbox, OwnedStore
+from ._store import CommandInbox, OwnedStore, ThreadRenewal
 
 if TYPE_CHECKING:
     from ._engine import Engine, EngineConfig
@@ -60,28 +61,70 @@ class Ownership:
     store: OwnedStore
     claim: OwnerClaim
     heartbeat: float
-    limiter: trio.CapacityLimiter
     renewals: int = 0
+    _lost: NotOwner | None = None
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _epoch: EngineEpoch | None = None
 
     async def keep_alive(self, epoch: EngineEpoch) -> None:
         """Renew the claim every ``heartbeat`` seconds until cancelled.
 
-        A transient failure is logged and retried at the next beat.  If the
-        claim was taken over (this engine was taken for dead), the epoch is
-        closed at once, so no later write lands, and :class:`NotOwner` is
-        raised out of ``open_engine``.
+        The beats run in a thread of their own, on the wall clock: with a
+        :class:`~aion_trio.plugin.ThreadRenewal` store they go on while the Trio
+        loop is blocked (an activity that never yields), so the claim never looks
+        abandoned to another host.  A transient failure is logged and retried at
+        the next beat.  If the claim was taken over (this engine was taken for
+        dead), or a write was refused by the store's fence (:meth:`fenced`), the
+        epoch is closed at once, so no later write lands, and :class:`NotOwner`
+        is raised out of ``open_engine``.
         """
-        while True:
-            await wall_sleep(self.heartbeat, self.limiter)
+        self._epoch = epoch
+        stop = threading.Event()
+        with self._scope:
             try:
-                self.claim = await self.store.renew_owner(self.claim, now=wall_now())
+                lost = await trio.to_thread.run_sync(
+                    self._beat_until_lost, stop, abandon_on_cancel=True, limiter=trio.CapacityLimiter(1)
+                )
+            finally:
+                stop.set()  # the thread ends at once (or after the renewal it is making)
+            if lost is None:  # pragma: no cover - the Trio run ended under the thread
+                return
+            self._lose(lost)
+        assert self._lost is not None
+        logger.error("lost ownership of the store; stopping: %s", self._lost)
+        raise self._lost
+
+    def fenced(self, error: NotOwner) -> None:
+        """A write was refused because the claim is no longer ours: stop the engine (not a checkpoint)."""
+        self._lose(error)
+
+    def _lose(self, error: NotOwner) -> None:
+        if self._lost is None:
+            self._lost = error
+        if self._epoch is not None:
+            self._epoch.begin_close()
+        self._scope.cancel()
+
+    def _renew(self) -> OwnerClaim:
+        store: object = self.store
+        if isinstance(store, ThreadRenewal):
+            return store.renew_owner_blocking(self.claim, now=wall_now())
+        # A store that renews only through Trio: the beat waits for the loop.
+        return trio.from_thread.run(functools.partial(self.store.renew_owner, self.claim, now=wall_now()))
+
+    def _beat_until_lost(self, stop: threading.Event) -> NotOwner | None:
+        # The heartbeat thread.  Returns the NotOwner that ended the claim, or None once stopped.
+        while not stop.wait(self.heartbeat):
+            try:
+                self.claim = self._renew()
                 self.renewals += 1
             except NotOwner as exc:
-                epoch.begin_close()
-                logger.error("lost ownership of the store; stopping: %s", exc)
-                raise
+                return exc
             except StoreError as exc:
                 logger.warning("could not renew the store's owner claim (will retry): %s", exc)
+            except (trio.RunFinishedError, trio.Cancelled, trio.ClosedResourceError):
+                return None
+        return None
 
     async def release(self) -> None:
         """Drop the claim (shielded): the next engine need not wait.

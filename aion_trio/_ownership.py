@@ -2,18 +2,25 @@
 
 Pure data and decisions shared by every store that offers the
 :class:`~aion_trio.plugin.OwnedStore` capability; nothing here does I/O except
-:func:`pid_alive`, which asks the operating system whether a process exists.
+:func:`pid_alive` and :func:`process_mark`, which ask the operating system
+about a process.
 
 The rule
 --------
 A store holds at most one claim.  A claim names its owner (pid, host, the
-time the owner started, a random token) and carries ``renewed_at``, the last
-heartbeat, and ``stale_after``, how long the owner promised heartbeats keep
-coming.  At time ``now`` (the claimant's wall clock) a claim is **live** when
+time the owner started, the pid's process start mark, a random token) and
+carries ``renewed_at``, the last heartbeat, and ``stale_after``, how long the
+owner promised heartbeats keep coming.  At time ``now`` (the claimant's wall
+clock) a claim is **live** when
 
-* its heartbeat is fresh: ``now - renewed_at < stale_after``, and
-* it is not provably dead: when the owner is on this host, its pid exists
-  (and is not a zombie).
+* the owner is on this host (another process): its process exists, is not a
+  zombie, and is the same process (its start mark, read from
+  ``/proc/<pid>/stat`` where there is one, matches: a reused pid is not the
+  owner).  The heartbeat does not matter: a live owner whose loop is blocked,
+  or that is stopped (``SIGSTOP``), keeps its store;
+* the owner is on another host, or is this very process (an engine of this
+  process never released it): its heartbeat is fresh,
+  ``now - renewed_at < stale_after``.
 
 ``claim_owner`` succeeds when there is no claim, when the claim is the
 claimant's own (same token: a re-claim refreshes it), or when the claim is not
@@ -24,9 +31,13 @@ memory), so of two processes taking over one dead claim at once exactly one
 wins and the other is refused naming the winner.
 
 A same-host owner killed with SIGKILL is taken over at once (its pid is gone);
-an owner on another host, or a hung one whose pid lives on, only after
-``stale_after`` without heartbeats.  An owner whose claim was taken over finds
-out at its next renewal (:class:`~aion_trio.NotOwner`) and stops.
+an owner on another host only after ``stale_after`` without heartbeats.  The
+owner's heartbeats come from a thread, so a Trio loop blocked by an activity
+does not stop them.  An owner whose claim was taken
+over finds out at its next renewal, or at its next write: a store that fences
+(SQLite) checks in every write transaction that the stored claim is still the
+writer's (its token, fresh on every claim), and refuses the write with
+:class:`~aion_trio.NotOwner`, writing nothing.
 """
 
 from __future__ import annotations
@@ -75,6 +86,30 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def process_mark(pid: int) -> str | None:
+    """What tells process ``pid`` apart from a later process given the same pid, or ``None``
+    where the system does not say: the boot id and the start time in ``/proc/<pid>/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            started = stat.read().rsplit(")", 1)[1].split()[19]
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
+            booted = boot.read().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{booted}:{started}"
+
+
+def owner_alive(identity: OwnerIdentity) -> bool:
+    """Whether the process ``identity`` names still runs (on this host): its pid exists and,
+    where both marks are known, it is the same process, not a later one given that pid."""
+    if not pid_alive(identity.pid):
+        return False
+    if identity.process is None:
+        return True
+    mark = process_mark(identity.pid)
+    return mark is None or mark == identity.process
+
+
 def _aware(instance: object, attribute: attrs.Attribute[datetime], value: datetime) -> None:
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{attribute.name} must be a timezone-aware datetime, got {value!r}")
@@ -93,6 +128,8 @@ class OwnerIdentity:
     host: str
     started_at: datetime = attrs.field(converter=_utc, validator=_aware)
     token: str
+    #: :func:`process_mark` of ``pid`` when claimed (``None``: unknown, the pid alone decides).
+    process: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.pid, bool) or not isinstance(self.pid, int) or self.pid <= 0:
@@ -110,6 +147,7 @@ class OwnerIdentity:
             host=this_host(),
             started_at=started_at or wall_now(),
             token=secrets.token_hex(16),
+            process=process_mark(os.getpid()),
         )
 
     def describe(self) -> str:
@@ -144,11 +182,16 @@ class OwnerClaim:
 
 
 def claim_is_live(claim: OwnerClaim, now: datetime, *, host: str | None = None) -> bool:
-    """The liveness rule (module docstring): fresh heartbeat and, on this host, a living pid."""
-    if now - claim.renewed_at >= claim.stale_after:
-        return False
+    """The liveness rule (module docstring): on this host, a living owner process (this
+    process: a fresh heartbeat); elsewhere, a fresh heartbeat."""
     here = this_host() if host is None else host
-    return not (claim.identity.host == here and not pid_alive(claim.identity.pid))
+    owner = claim.identity
+    if owner.host == here:
+        if not owner_alive(owner):
+            return False
+        if owner.pid != os.getpid():
+            return True
+    return now - claim.renewed_at < claim.stale_after
 
 
 def decide_claim(
@@ -187,3 +230,14 @@ def decide_renew(current: OwnerClaim | None, claim: OwnerClaim, *, now: datetime
             "so it was taken for dead)",
         )
     return attrs.evolve(current, renewed_at=max(now, current.renewed_at), replaced=None)
+
+
+def fenced_write(location: str, holder: str | None, doing: str) -> NotOwner:
+    """The error of a write refused by a store's fence: the handle's claim is no longer the stored
+    one (``holder`` describes the claim's new owner, ``None``: no claim)."""
+    who = holder or "nobody"
+    return NotOwner(
+        OWNER_SHARD,
+        f"{location}: {doing} refused, nothing written: this engine's claim on the store was taken over "
+        f"(it is now held by {who})",
+    )

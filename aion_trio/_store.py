@@ -343,7 +343,10 @@ class OwnedStore(Protocol):
 
     The claim survives closing and reopening the store (a crashed owner
     leaves it behind).  Every method is a checkpoint; same close rules as
-    :class:`EventStore`.
+    :class:`EventStore`.  A store shared between processes should also
+    fence (refuse with ``NotOwner``, writing nothing, every write made through
+    a handle whose claim is no longer the stored one) and offer
+    :class:`ThreadRenewal`.
     """
 
     async def claim_owner(
@@ -355,6 +358,20 @@ class OwnedStore(Protocol):
     async def release_owner(self, claim: OwnerClaim) -> None: ...
 
     async def current_owner(self) -> OwnerClaim | None: ...
+
+
+@runtime_checkable
+class ThreadRenewal(Protocol):
+    """Optional, with :class:`OwnedStore`: the heartbeat without Trio.
+
+    ``renew_owner_blocking(claim, now=)`` does what ``renew_owner`` does, but
+    blocks: the engine calls it from its heartbeat thread, so heartbeats go on
+    while the Trio loop is blocked (an activity that never yields).  It must
+    be safe to call from any thread while the store is in use, and after it
+    closed (then it may raise ``BackendUnavailable``).
+    """
+
+    def renew_owner_blocking(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim: ...
 
 
 @runtime_checkable

@@ -49,13 +49,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import apsw
 import trio
 
 import aion_trio
-from aion_trio import ActivityCompleted, ActivityScheduled, ActivityStarted, Event, Payload
+import aion_trio.plugin
+from aion_trio import ActivityCompleted, ActivityScheduled, ActivityStarted, Event, OwnerIdentity, Payload
 from aion_trio_sqlite import DEFAULT_BUSY_TIMEOUT, DEFAULT_WAL_AUTOCHECKPOINT, open_sqlite_store
 
 WRITERS = (1, 16, 256)
@@ -113,6 +114,13 @@ def _bodies(i: int) -> tuple[ActivityScheduled, ActivityStarted, ActivityComplet
     )
 
 
+async def _claim(store: aion_trio.plugin.OwnedStore) -> None:
+    # As an engine does: an owned store checks its claim in every write transaction.
+    await store.claim_owner(
+        OwnerIdentity.current(), now=datetime.now(timezone.utc), stale_after=timedelta(seconds=30)
+    )
+
+
 async def store_run(
     path: str, synchronous: str, writers: int, seconds: float, between: Callable[[], Awaitable[float]]
 ) -> tuple[dict[str, float], list[float]]:
@@ -145,6 +153,7 @@ async def store_run(
     elapsed = cpu = 0.0
     commits = events = 0
     async with open_sqlite_store(url) as store:
+        await _claim(store)
         raw.append(await between())
         for _ in range(ROUNDS):
             before = store.events.statistics()
@@ -174,6 +183,7 @@ async def floor_run(path: str, synchronous: str, seconds: float) -> float:
     """Empty-write round trips per second through the store's writer thread."""
     url = "sqlite:///" + path + ("?synchronous=NORMAL" if synchronous == "NORMAL" else "")
     async with open_sqlite_store(url) as store:
+        await _claim(store)
         n = 0
         start = trio.current_time()
         deadline = start + seconds

@@ -1046,6 +1046,71 @@ def test_writes_go_through_the_inbox_to_a_running_worker(
     assert "nope" in error_lines(unknown)[-1]
 
 
+_STOPPABLE_OWNER = """
+import sys, trio, aion_trio
+from tests.procs.cli_app import app, approval
+async def main():
+    config = aion_trio.EngineConfig(owner_heartbeat=0.1, owner_stale_after=0.2, inbox_poll_interval=0.05)
+    async with aion_trio.open_engine(
+        sys.argv[1], workflows=app.workflows, activities=app.activities, config=config
+    ) as engine:
+        await engine.start(approval, 5, workflow_id="ap")
+        print("READY", flush=True)
+        await trio.sleep_forever()
+trio.run(main)
+"""
+
+
+def _stored_heartbeat(db: Path) -> tuple[int, int]:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        [(renewed, stale)] = conn.execute("SELECT renewed_at, stale_after_us FROM owner").fetchall()
+    return renewed, stale
+
+
+@pytest.mark.slow
+def test_a_stopped_owner_past_its_stale_window_is_not_taken_over_the_cli_queues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker SIGSTOPped for longer than its heartbeat promise is alive (its pid is, on this host):
+    the CLI queues for it instead of opening an engine of its own, and the worker applies the
+    command once resumed."""
+    _in_root(monkeypatch)
+    db = tmp_path / "stopped.db"
+    monkeypatch.setenv("AION_TRIO_STORE", str(db))
+    monkeypatch.setenv("AION_TRIO_MODULE", APP)
+    with subprocess.Popen(
+        [sys.executable, "-c", _STOPPABLE_OWNER, f"sqlite:///{db}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as owner:
+        try:
+            assert owner.stdout is not None
+            assert owner.stdout.readline().strip() == "READY"
+            # Stopped just after a heartbeat committed, so it holds no write lock while stopped.
+            last, _ = _stored_heartbeat(db)
+            _wait_until(lambda: _stored_heartbeat(db)[0] != last, "a heartbeat", owner)
+            owner.send_signal(signal.SIGSTOP)
+            renewed, stale = _stored_heartbeat(db)
+            _wait_until(
+                lambda: datetime.now(timezone.utc).timestamp() * 1e6 - renewed > 2 * stale, "the stale window"
+            )
+            result = run_cli("signal", "ap", "approve", "true", "--queue-timeout", "0.2")
+            assert result.exit_code == 1, everything(result)
+            assert (
+                f"queued for the running worker (pid {owner.pid} on {_host()}) as command #1" in result.stderr
+            )
+            owner.send_signal(signal.SIGCONT)
+            _wait_until(lambda: "WorkflowCompleted" in _history_types(db, "ap"), "the resumed owner", owner)
+        finally:
+            owner.send_signal(signal.SIGCONT)
+            owner.kill()
+            owner.wait()
+    history = [json.loads(line) for line in run_cli("history", "ap", "--json").stdout.splitlines()]
+    [received] = [e for e in history if e["type"] == "SignalReceived"]
+    assert received["data"] == {"name": "approve", "payload": True, "command_id": 1}
+
+
 def test_a_command_still_queued_at_the_timeout_is_applied_by_the_next_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import apsw
+import attrs
 import pytest
 import trio
 
@@ -37,7 +39,7 @@ from aion_trio import (
     StoreOwned,
     TerminateCommand,
 )
-from aion_trio.plugin import this_host
+from aion_trio.plugin import OwnerClaim, process_mark, this_host
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -305,3 +307,184 @@ def test_wall_clock_heartbeats_renew_the_claim(tmp_path: Path) -> None:
     first, stored = trio.run(run)
     assert stored.renewed_at > first.renewed_at  # type: ignore[attr-defined]
     assert stored.since == first.since  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------
+# A live owner that stalls is not taken over; a resumed zombie writes nothing (issue 14, item 8)
+# --------------------------------------------------------------------------
+
+
+def _stored_owner(path: str) -> tuple[str, int]:
+    """``(token, renewed_at in µs)`` of the owner row, read with a connection of its own (no Trio)."""
+    conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        [(token, renewed)] = conn.execute("SELECT token, renewed_at FROM owner WHERE id = 1").fetchall()
+    finally:
+        conn.close()
+    return token, renewed
+
+
+def test_heartbeats_go_on_while_the_trio_loop_is_blocked(tmp_path: Path) -> None:
+    path = str(tmp_path / "blocked.db")
+    fast = EngineConfig(inbox_poll_interval=None, owner_heartbeat=0.01, owner_stale_after=10)
+
+    @aion.activity
+    async def hog() -> int:
+        # Blocks the Trio thread (never yields) and watches the claim from outside the loop.
+        _, first = _stored_owner(path)
+        seen = {first}
+        deadline = time.monotonic() + 30
+        while len(seen) < 4 and time.monotonic() < deadline:
+            time.sleep(0.005)  # noqa: ASYNC251 - blocking the loop is the point
+            seen.add(_stored_owner(path)[1])
+        return len(seen) - 1
+
+    @aion.workflow
+    async def hogging(ctx: aion.WorkflowContext) -> int:
+        return await ctx.run(hog)
+
+    async def run() -> int:
+        async with aion.open_engine(
+            f"sqlite:///{path}", workflows=[hogging], activities=[hog], config=fast
+        ) as e:
+            handle = await e.start(hogging, workflow_id="hog")
+            with trio.fail_after(60):
+                return await handle.result()  # type: ignore[no-any-return]
+
+    assert trio.run(run) == 3  # three renewals landed while the loop was blocked
+
+
+async def test_a_write_through_a_handle_whose_claim_was_taken_over_is_refused_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    url = _sqlite(tmp_path)
+    async with aion.open_store(url) as zombie, aion.open_store(url) as usurper:
+        mine = await zombie.claim_owner(  # type: ignore[attr-defined]
+            OwnerIdentity.current(), now=aion_now(), stale_after=timedelta(seconds=30)
+        )
+        first = aion.Event(
+            workflow_id="w",
+            seq=1,
+            recorded_at=aion_now(),
+            body=aion.MarkerRecorded(name="m", value=Payload.of(None)),
+        )
+        await zombie.events.append("w", [first], 0)
+        # Judged dead by a clock far ahead (this process's own claim goes by its heartbeat).
+        taker = OwnerIdentity(pid=1, host="elsewhere.invalid", started_at=aion_now(), token="taker")
+        await usurper.claim_owner(  # type: ignore[attr-defined]
+            taker, now=aion_now() + timedelta(hours=1), stale_after=timedelta(hours=1)
+        )
+        second = attrs.evolve(first, seq=2)
+        with pytest.raises(NotOwner, match="appending events refused, nothing written") as refused:
+            await zombie.events.append("w", [second], 1)
+        assert "now held by pid 1 on host 'elsewhere.invalid'" in str(refused.value)
+        with pytest.raises(NotOwner):
+            await zombie.events.schedule_timer("w", "t", aion_now())
+        with pytest.raises(NotOwner):
+            await zombie.renew_owner(mine, now=aion_now())  # type: ignore[attr-defined]
+        assert [e.seq for e in await usurper.events.read_history("w")] == [1]
+        assert await usurper.events.expired_timers(aion_now() + timedelta(days=1)) == []
+        # The new owner writes; a command from anyone is still queued (the inbox is for non-owners).
+        await usurper.events.append("w", [second], 1)
+        assert await zombie.enqueue_command(CancelCommand(workflow_id="w")) >= 1  # type: ignore[attr-defined]
+
+
+def test_a_same_host_owner_whose_process_lives_is_live_however_old_its_heartbeat() -> None:
+    from aion_trio.plugin import claim_is_live
+
+    parent = os.getppid()  # a live process on this host that is not this one
+    mark = process_mark(parent)
+    owner = OwnerIdentity(pid=parent, host=this_host(), started_at=aion_now(), token="t", process=mark)
+    ancient = OwnerClaim(
+        identity=owner,
+        since=aion_now(),
+        renewed_at=aion_now() - timedelta(days=1),
+        stale_after=timedelta(seconds=1),
+    )
+    assert claim_is_live(ancient, aion_now())
+    if mark is not None:
+        # The same pid, but another process (its start mark differs): the pid was reused.
+        reused = attrs.evolve(ancient, identity=attrs.evolve(owner, process=mark + "-earlier"))
+        assert not claim_is_live(reused, aion_now())
+    # This very process's own claim (an engine here never released it) goes by its heartbeat.
+    mine = attrs.evolve(ancient, identity=OwnerIdentity.current())
+    assert not claim_is_live(mine, aion_now())
+    assert claim_is_live(attrs.evolve(mine, renewed_at=aion_now()), aion_now())
+
+
+_ZOMBIE = textwrap.dedent(
+    """
+    import socket, sys, trio, aion_trio
+    socket.gethostname = lambda: "zombie-host.invalid"  # an owner on another host
+    from tests.procs.cli_app import gate, gated
+    async def main():
+        config = aion_trio.EngineConfig(inbox_poll_interval=None, owner_heartbeat=5, owner_stale_after=10)
+        try:
+            async with aion_trio.open_engine(
+                sys.argv[1], workflows=[gated], activities=[gate], config=config
+            ) as engine:
+                await engine.start(gated, sys.argv[2], workflow_id="z")
+                print("READY", flush=True)
+                await trio.sleep_forever()
+        except aion_trio.NotOwner as exc:
+            print(f"NOTOWNER {exc}", flush=True)
+            sys.exit(4)
+    trio.run(main)
+    """
+)
+
+
+def test_a_resumed_zombie_is_fenced_and_writes_nothing(tmp_path: Path) -> None:
+    """SIGSTOP an owner on "another host", take its store over, SIGCONT it: its in-flight
+    activity finishes, and the append of its outcome is refused (NotOwner) and ends the engine
+    at once, long before its next heartbeat would have noticed."""
+    url, gate = _sqlite(tmp_path), tmp_path / "gate"
+    with subprocess.Popen(
+        [sys.executable, "-c", _ZOMBIE, url, str(gate)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "READY"
+            deadline = time.monotonic() + 60
+            while not Path(f"{gate}.started").exists():  # the attempt is in flight
+                assert time.monotonic() < deadline, "the attempt never started"
+                assert child.poll() is None, "the child exited early"
+                time.sleep(0.01)
+            child.send_signal(signal.SIGSTOP)
+
+            async def take_over() -> tuple[object, list[str]]:
+                async with aion.open_store(url) as store:
+                    claim = await store.claim_owner(  # type: ignore[attr-defined]
+                        OwnerIdentity.current(),
+                        now=aion_now() + timedelta(hours=1),
+                        stale_after=timedelta(hours=1),
+                    )
+                    return claim, [type(e.body).__name__ for e in await store.events.read_history("z")]
+
+            claim, before = trio.run(take_over)
+            assert claim.replaced.host == "zombie-host.invalid"  # type: ignore[attr-defined]
+            gate.touch()  # the zombie's attempt may now finish
+            child.send_signal(signal.SIGCONT)
+            out, err = child.communicate(timeout=4)  # its heartbeat (5 s) would come later
+        finally:
+            if child.poll() is None:
+                child.send_signal(signal.SIGCONT)
+                child.kill()
+                child.wait()
+    assert child.returncode == 4, err
+    assert out.startswith("NOTOWNER "), out
+    assert "refused, nothing written" in out
+
+    async def after() -> tuple[list[str], object]:
+        async with aion.open_store(url) as store:
+            history = [type(e.body).__name__ for e in await store.events.read_history("z")]
+            return history, await store.current_owner()  # type: ignore[attr-defined]
+
+    history, owner = trio.run(after)
+    assert history == before  # the zombie wrote nothing
+    assert "ActivityCompleted" not in history
+    assert owner.identity.token == claim.identity.token  # type: ignore[attr-defined]

@@ -54,7 +54,9 @@ from .._ownership import (
     claim_is_live as claim_is_live,
     decide_claim as decide_claim,
     decide_renew as decide_renew,
+    fenced_write as fenced_write,
     pid_alive as pid_alive,
+    process_mark as process_mark,
     this_host as this_host,
 )
 from .._plugins import (
@@ -82,6 +84,7 @@ from .._store import (
     SearchOp as SearchOp,
     SearchPredicate as SearchPredicate,
     Store as Store,
+    ThreadRenewal as ThreadRenewal,
     TimerEntry as TimerEntry,
     VisibilityFilter as VisibilityFilter,
     VisibilityRow as VisibilityRow,

@@ -218,6 +218,10 @@ class MemoryStore:
 
     async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
         await self._enter()
+        return self.renew_owner_blocking(claim, now=now)
+
+    def renew_owner_blocking(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
+        """:meth:`renew_owner` from any thread (:class:`~aion_trio.plugin.ThreadRenewal`)."""
         data = self._data
         with data.lock:
             renewed = decide_renew(data.owner, claim, now=now)

@@ -2,7 +2,9 @@
 :class:`~aion_trio.OwnedStore` and :class:`~aion_trio.CommandInbox` methods.
 
 The writes are :class:`WriteOp` subclasses the writer thread applies inside
-its ``BEGIN IMMEDIATE`` transaction, like any other write.  A claim reads the
+its ``BEGIN IMMEDIATE`` transaction, like any other write, but not fenced
+(:func:`~._writes.fence`): a claim, a renewal and a release check the claim
+themselves, and queueing a command is what processes that are not the owner do.  A claim reads the
 owner row, decides with :func:`aion_trio.plugin.decide_claim` and writes, all
 inside that one transaction: the write lock is held from the read to the
 commit, so two processes taking over one dead claim serialise and the second
@@ -37,11 +39,14 @@ from . import _codec
 from ._threads import ReadOp
 from ._writes import WriteOp
 
-_SQL_OWNER = "SELECT pid, host, started_at, token, since, renewed_at, stale_after_us FROM owner WHERE id = 1"
-_SQL_PUT_OWNER = (
-    "INSERT OR REPLACE INTO owner (id, pid, host, started_at, token, since, renewed_at, stale_after_us)"
-    " VALUES (1, ?, ?, ?, ?, ?, ?, ?)"
+_SQL_OWNER = (
+    "SELECT pid, host, started_at, token, since, renewed_at, stale_after_us, process FROM owner WHERE id = 1"
 )
+_SQL_PUT_OWNER = (
+    "INSERT OR REPLACE INTO owner (id, pid, host, started_at, token, since, renewed_at, stale_after_us, process)"
+    " VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_OWNER_TOKEN = "SELECT token FROM owner WHERE id = 1"
 _SQL_RENEW_OWNER = "UPDATE owner SET renewed_at = ? WHERE id = 1 AND token = ?"
 _SQL_RELEASE_OWNER = "DELETE FROM owner WHERE id = 1 AND token = ?"
 _SQL_ENQUEUE = "INSERT INTO inbox (type, data, request_id) VALUES (?, ?, ?)"
@@ -53,10 +58,12 @@ _SQL_OUTCOME = "SELECT acked, outcome FROM inbox WHERE command_id = ?"
 
 
 def _decode_owner(row: Any, location: str) -> OwnerClaim:
-    pid, host, started_at, token, since, renewed_at, stale_after_us = row
+    pid, host, started_at, token, since, renewed_at, stale_after_us, process = row
     try:
         return OwnerClaim(
-            identity=OwnerIdentity(pid=pid, host=host, started_at=_codec.from_us(started_at), token=token),
+            identity=OwnerIdentity(
+                pid=pid, host=host, started_at=_codec.from_us(started_at), token=token, process=process
+            ),
             since=_codec.from_us(since),
             renewed_at=_codec.from_us(renewed_at),
             stale_after=timedelta(microseconds=stale_after_us),
@@ -83,6 +90,7 @@ def _owner_params(claim: OwnerClaim) -> tuple[Any, ...]:
         _codec.to_us(claim.since),
         _codec.to_us(claim.renewed_at),
         stale_us,
+        ident.process,
     )
 
 
@@ -91,6 +99,7 @@ class ClaimOp(WriteOp):
 
     __slots__ = ("identity", "location", "now", "result", "stale_after")
     doing = "claiming the store"
+    fenced = False
 
     def __init__(self, identity: OwnerIdentity, now: datetime, stale_after: timedelta, location: str) -> None:
         super().__init__()
@@ -123,6 +132,7 @@ class RenewOp(WriteOp):
 
     __slots__ = ("claim", "location", "now", "result")
     doing = "renewing the store's owner claim"
+    fenced = False
 
     def __init__(self, claim: OwnerClaim, now: datetime, location: str) -> None:
         super().__init__()
@@ -146,6 +156,7 @@ class RenewOp(WriteOp):
 class ReleaseOp(WriteOp):
     __slots__ = ("token",)
     doing = "releasing the store's owner claim"
+    fenced = False
 
     def __init__(self, token: str) -> None:
         super().__init__()
@@ -161,6 +172,7 @@ class EnqueueOp(WriteOp):
 
     __slots__ = ("data", "kind", "request_id", "result")
     doing = "queueing a command"
+    fenced = False
 
     def __init__(self, kind: str, data: str, request_id: str | None) -> None:
         super().__init__()
@@ -234,3 +246,20 @@ def outcome_read(command_id: int, location: str) -> ReadOp[CommandOutcome | None
             ) from exc
 
     return ReadOp(run)
+
+
+def renew_blocking(conn: apsw.Connection, claim: OwnerClaim, now: datetime, location: str) -> OwnerClaim:
+    """:class:`RenewOp` in a transaction of its own on ``conn`` (the heartbeat thread's)."""
+    op = RenewOp(claim, now, location)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        op.apply(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    if op.error is not None:
+        raise op.error
+    assert op.result is not None
+    return op.result

@@ -80,6 +80,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE inbox ADD COLUMN request_id TEXT",
         "CREATE UNIQUE INDEX inbox_by_request ON inbox (request_id) WHERE request_id IS NOT NULL",
     ),
+    # 4: the owner's process start mark (aion_trio's ``process_mark``), so a
+    # same-host owner is judged by its process, not its pid alone (pids are reused).
+    ("ALTER TABLE owner ADD COLUMN process TEXT",),
 )
 
 DEFAULT_WAL_AUTOCHECKPOINT = 4000
@@ -264,6 +267,20 @@ def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Conne
     except BaseException:
         conn.close()
         raise
+    return conn
+
+
+def open_heartbeat(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Connection:
+    """Open a connection for one owner heartbeat (after :func:`open_writer` succeeded)."""
+    try:
+        conn = apsw.Connection(path, flags=_OPEN_READ)
+    except apsw.Error as exc:
+        raise open_error(exc, path) from exc
+    try:
+        _configure(conn, synchronous, busy_timeout_ms)
+    except apsw.Error as exc:
+        conn.close()
+        raise open_error(exc, path) from exc
     return conn
 
 

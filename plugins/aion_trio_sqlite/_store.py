@@ -30,7 +30,8 @@ from aion_trio.plugin import (
 )
 
 from . import _codec, _control
-from ._schema import DEFAULT_WAL_AUTOCHECKPOINT, open_read_only, open_reader, open_writer
+from ._mapping import runtime_error
+from ._schema import DEFAULT_WAL_AUTOCHECKPOINT, open_heartbeat, open_read_only, open_reader, open_writer
 from ._threads import Readers, ReadOp, Writer, WriterStatistics
 from ._url import SqliteUrl, parse_sqlite_url
 from ._walroom import WalRoom
@@ -114,6 +115,7 @@ class _Backend:
     location: str
     writer: Writer
     readers: Readers
+    busy_ms: int
 
     async def stop(self) -> None:
         await self.writer.stop()
@@ -276,8 +278,11 @@ class SqliteStore:
         if not isinstance(cast(object, identity), OwnerIdentity):
             await _refuse(TypeError(f"claim_owner needs an OwnerIdentity, got {identity!r}"))
         op = _control.ClaimOp(identity, now, stale_after, self.path)
-        await self._backend.writer.submit(op)
+        writer = self._backend.writer
+        await writer.submit(op)
         assert op.result is not None
+        # From now on every write through this handle checks the claim is still ours.
+        writer.fence = op.result.identity.token
         return op.result
 
     async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
@@ -287,9 +292,27 @@ class SqliteStore:
         assert op.result is not None
         return op.result
 
+    def renew_owner_blocking(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
+        """:meth:`renew_owner` for a heartbeat thread (:class:`~aion_trio.plugin.ThreadRenewal`):
+        blocks, on a connection of its own, so it needs neither the Trio loop nor the writer thread."""
+        doing = "renewing the store's owner claim"
+        try:
+            conn = open_heartbeat(self.path, self.url.synchronous, self._backend.busy_ms)
+        except apsw.Error as exc:  # pragma: no cover - open_heartbeat maps its own errors
+            raise runtime_error(exc, self.path, doing) from exc
+        try:
+            return _control.renew_blocking(conn, claim, now, self.path)
+        except apsw.Error as exc:
+            raise runtime_error(exc, self.path, doing) from exc
+        finally:
+            conn.close()
+
     async def release_owner(self, claim: OwnerClaim) -> None:
         await self._enter()
-        await self._backend.writer.submit(_control.ReleaseOp(claim.identity.token))
+        writer = self._backend.writer
+        await writer.submit(_control.ReleaseOp(claim.identity.token))
+        if writer.fence == claim.identity.token:
+            writer.fence = None  # released, not taken over: later writes are nobody's zombie writes
 
     async def current_owner(self) -> OwnerClaim | None:
         await self._enter()
@@ -403,6 +426,7 @@ async def open_sqlite_store(
             inline=parsed.inline_commits,
         ),
         readers=Readers(reader_conns, parsed.path, token),
+        busy_ms=busy_ms,
     )
     store = SqliteStore(
         events=SqliteEventStore(backend=backend),

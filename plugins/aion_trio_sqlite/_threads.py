@@ -64,7 +64,7 @@ from aion_trio.plugin import hold_mock_time
 
 from ._mapping import TRANSACTION_ERRORS, cause, runtime_error
 from ._walroom import WalRoom
-from ._writes import AppendOp, WriteOp, apply_group
+from ._writes import AppendOp, WriteOp, apply_group, fence
 
 T = TypeVar("T")
 
@@ -224,6 +224,9 @@ class Writer(_Service):
     ) -> None:
         super().__init__(token)
         self._busy_ms = busy_timeout_ms
+        #: The token of the owner claim this handle holds (set by ``claim_owner``): every
+        #: transaction first checks it is still the stored claim (:func:`~._writes.fence`).
+        self.fence: str | None = None
         # WAL upkeep (writer thread, between transactions): the hook records the
         # WAL's frames after every commit, on whichever thread committed.
         self._checkpoint_pages = checkpoint_pages
@@ -540,6 +543,9 @@ class Writer(_Service):
         try:
             if not begun:
                 conn.execute("BEGIN IMMEDIATE")
+            token = self.fence
+            if token is not None:
+                ops = fence(conn, ops, token, self._location)
             if fast:
                 apply_group(conn, ops)
             else:

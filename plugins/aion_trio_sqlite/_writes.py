@@ -27,12 +27,14 @@ from typing import Any
 import apsw
 
 from aion_trio import AionInternalError
-from aion_trio.plugin import SequenceConflict, SerializationError
+from aion_trio.plugin import SequenceConflict, SerializationError, fenced_write
 
 from ._codec import EventRow
 from ._mapping import cause, runtime_error
 
 SQL_HEAD = "SELECT max(seq) FROM events WHERE workflow_id = ?"
+SQL_OWNER_TOKEN = "SELECT token FROM owner WHERE id = 1"
+SQL_OWNER_WHO = "SELECT pid, host FROM owner WHERE id = 1"
 # The rows of seq ``expected`` and ``expected + 1``: the head is ``expected``
 # exactly when this counts 1 (0 when ``expected`` is 0), because a workflow's
 # seqs run 1..head without gaps.  It reads at most two adjacent keys; the
@@ -66,6 +68,9 @@ class WriteOp:
     is_append = False
     #: A write with no need of a commit of its own (see :class:`RiderOp`).
     rider = False
+    #: Refused once this handle's claim on the store was taken over (see :func:`fence`);
+    #: the claim's own writes and inbox commands are not.
+    fenced = True
 
     def __init__(self) -> None:
         self.task: Any = None
@@ -157,6 +162,25 @@ class RiderOp(StatementOp):
 
     __slots__ = ()
     rider = True
+
+
+def fence(conn: apsw.Connection, ops: Sequence[WriteOp], token: str, location: str) -> Sequence[WriteOp]:
+    """The writes of ``ops`` to apply in the open transaction: all of them while the stored claim
+    is still ``token``'s (one primary-key read); otherwise the fenced ones are refused with
+    ``NotOwner`` and write nothing (an engine taken for dead and taken over, then resumed)."""
+    for (stored,) in conn.execute(SQL_OWNER_TOKEN):
+        if stored == token:
+            return ops
+    holder = None
+    for pid, host in conn.execute(SQL_OWNER_WHO):
+        holder = f"pid {pid} on host {host!r}"
+    kept = []
+    for op in ops:
+        if op.fenced:
+            op.error = fenced_write(location, holder, op.doing)
+        else:
+            kept.append(op)
+    return kept
 
 
 def _json(value: object) -> str:
