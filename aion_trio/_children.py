@@ -384,17 +384,24 @@ async def start_child_run(
 async def _close_child(core: EngineCore, parent_workflow_id: str, child: OpenChild) -> None:
     from ._engine import Engine
 
-    recorder = await core.recorder_for(child.workflow_id)
-    running, _ = chain_position(recorder.history, child.first_run_id)
+    if core.cluster is not None and not core.drives(child.workflow_id):
+        # Cluster mode, a child another node may drive: its history as the store holds it
+        # (no local copy loaded for a workflow this node does not own).
+        history: Sequence[Event] = await core.events.read_history(child.workflow_id)
+    else:
+        history = (await core.recorder_for(child.workflow_id)).history
+    running, _ = chain_position(history, child.first_run_id)
     if running is None:
         return
     policy = child.options.parent_close_policy
     reason = f"parent workflow {parent_workflow_id!r} closed (parent_close_policy={policy.value})"
+    # Through the client API, as any command: in cluster mode it reaches the node owning the child.
+    client = Engine(core)
     try:
         if policy is ParentClosePolicy.TERMINATE:
-            await Engine(core).terminate(child.workflow_id, reason)
+            await client.terminate(child.workflow_id, reason)
         else:
-            await Engine(core).cancel(child.workflow_id, reason)
+            await client.cancel(child.workflow_id, reason)
     except (NotRunning, WorkflowNotFound):
         pass  # it ended meanwhile
 

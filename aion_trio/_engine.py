@@ -431,6 +431,8 @@ class EngineCore:
         self._timers_changed = trio.Event()
         self._loading: dict[str, trio.Event] = {}
         self._default_options: dict[str, tuple[str, Payload]] = {}
+        #: Cluster mode: the waker, sweeper and remote commands (set by ``open_engine``).
+        self.cluster_services: ClusterServices | None = None
         #: Owned stores: told when the store's fence refused a write (the claim was taken over).
         self.on_store_fenced: Callable[[NotOwner], None] | None = None
         # Background visibility refreshes in flight, by workflow id.
@@ -1724,8 +1726,9 @@ class Engine:
         self._ownership: Ownership | None = None
         self._threads: InProcessDispatcher | None = None
         self._inbox: InboxDrainer | None = None
-        #: Cluster mode's services (``None``: a single-owner store).
-        self._cluster: ClusterServices | None = None
+        #: Cluster mode's services (``None``: a single-owner store): every client built
+        #: on this core routes commands for workflows other nodes own the same way.
+        self._cluster: ClusterServices | None = core.cluster_services
 
     @property
     def epoch(self) -> EngineEpoch:
@@ -2614,17 +2617,17 @@ async def open_engine(
                     cluster=cluster,
                     service_threads=service_threads,
                 )
-                engine = Engine(core)
-                engine._ownership = ownership
-                engine._threads = in_process
-                if ownership is not None:
-                    core.on_store_fenced = ownership.fenced
                 services: ClusterServices | None = None
                 if cluster is not None:
                     services = ClusterServices(
                         core, cluster, opened if isinstance(opened, CommandInbox) else None
                     )
-                    engine._cluster = services
+                    core.cluster_services = services
+                engine = Engine(core)
+                engine._ownership = ownership
+                engine._threads = in_process
+                if ownership is not None:
+                    core.on_store_fenced = ownership.fenced
                 try:
                     if ownership is not None:
                         # Not epoch.spawn: losing the claim must end the engine, not be logged.

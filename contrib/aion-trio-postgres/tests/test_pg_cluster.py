@@ -456,3 +456,52 @@ async def _deadline_retired(url: str, schema: str, run_id: str) -> bool:
         url, schema, "SELECT count(*) FROM events WHERE workflow_id = 'w' AND type = 'TimerFired'"
     )
     return rows[0][0] == 1
+
+
+@aion.workflow
+async def parent_of_kid(ctx: aion.WorkflowContext) -> str:
+    ctx.start_child(approval, 99, workflow_id="kid", parent_close_policy=aion.ParentClosePolicy.TERMINATE)
+    return str(await ctx.wait_signal("go"))
+
+
+async def test_the_parent_close_policy_reaches_a_child_another_node_owns(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    WORKFLOWS.append(parent_of_kid)
+    try:
+        # b's store is open (its lease live) before its engine: the child can be moved to b
+        # without a's sweeper taking it back, and b's engine then recovers it at open.
+        async with open_postgres_store(url, node="b", lease_ttl=1.0) as store_b, node(url, "a") as (_, a):
+            await a.start(parent_of_kid, workflow_id="p")
+            await eventually(lambda: _owned_by(pg_url, schema, "kid", "a"))
+            # The child moves to node b (as a sweep claims a workflow whose owner lapsed);
+            # a still holds its copy and does not know.
+            await sql_async(
+                pg_url,
+                schema,
+                "UPDATE workflows SET owner_node = 'b', owner_epoch = owner_epoch + 1 WHERE workflow_id = 'kid'",
+            )
+            async with aion.open_engine(store_b, workflows=WORKFLOWS, activities=[note], config=FAST) as b:
+                assert b._core.drives("kid")
+                assert a._core.drives("p")
+                await a.signal("p", "go", "done")  # the parent ends on a: its children are closed
+                with trio.fail_after(10):
+                    assert await a.result("p") == "done"
+                await eventually(lambda: finished(pg_url, schema, "kid"))
+    finally:
+        WORKFLOWS.remove(parent_of_kid)
+    status = await sql_async(
+        pg_url, schema, "SELECT status, owner_node FROM workflows WHERE workflow_id = 'kid'"
+    )
+    assert status == [("cancelled", "b")]
+    history = await _history(url, "kid")
+    terminal = history[-1].body
+    assert type(terminal).__name__ == "WorkflowCancelled"
+    assert terminal.terminated
+    assert "parent workflow 'p' closed (parent_close_policy=terminate)" in terminal.reason
+    # Written by b, the owner: with its epoch (a's was 1), and a appended nothing after the move.
+    epochs = sql(pg_url, schema, "SELECT seq, owner_epoch FROM events WHERE workflow_id = 'kid' ORDER BY seq")
+    assert [e for _, e in epochs] == [1, 3]
+    assert_unforked(pg_url, schema)
