@@ -1108,7 +1108,7 @@ def test_a_stopped_owner_past_its_stale_window_is_not_taken_over_the_cli_queues(
             owner.wait()
     history = [json.loads(line) for line in run_cli("history", "ap", "--json").stdout.splitlines()]
     [received] = [e for e in history if e["type"] == "SignalReceived"]
-    assert received["data"] == {"name": "approve", "payload": True, "command_id": 1}
+    assert received["data"] == {"name": "approve", "payload": True, "request_id": "inbox:1"}
 
 
 def test_a_command_still_queued_at_the_timeout_is_applied_by_the_next_engine(

@@ -412,6 +412,33 @@ def test_a_same_host_owner_whose_process_lives_is_live_however_old_its_heartbeat
     assert claim_is_live(attrs.evolve(mine, renewed_at=aion_now()), aion_now())
 
 
+def _types(url: str, workflow_id: str) -> list[str]:
+    conn = apsw.Connection(url.removeprefix("sqlite:///"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = conn.execute("SELECT type FROM events WHERE workflow_id = ? ORDER BY seq", (workflow_id,))
+        return [t for (t,) in rows]
+    finally:
+        conn.close()
+
+
+def _stop_between_writes(child: subprocess.Popen[str], url: str) -> None:
+    """SIGSTOP ``child`` at a moment it holds no write lock on the store (else resume, retry)."""
+    conn = apsw.Connection(url.removeprefix("sqlite:///"))
+    try:
+        for _ in range(500):
+            child.send_signal(signal.SIGSTOP)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+                return
+            except apsw.BusyError:
+                child.send_signal(signal.SIGCONT)
+                time.sleep(0.005)
+    finally:
+        conn.close()
+    pytest.fail("the child never paused between two writes")
+
+
 _ZOMBIE = textwrap.dedent(
     """
     import socket, sys, trio, aion_trio
@@ -450,11 +477,11 @@ def test_a_resumed_zombie_is_fenced_and_writes_nothing(tmp_path: Path) -> None:
             assert child.stdout is not None
             assert child.stdout.readline().strip() == "READY"
             deadline = time.monotonic() + 60
-            while not Path(f"{gate}.started").exists():  # the attempt is in flight
+            while "ActivityStarted" not in _types(url, "z"):  # the attempt is in flight, and recorded
                 assert time.monotonic() < deadline, "the attempt never started"
                 assert child.poll() is None, "the child exited early"
                 time.sleep(0.01)
-            child.send_signal(signal.SIGSTOP)
+            _stop_between_writes(child, url)
 
             async def take_over() -> tuple[object, list[str]]:
                 async with aion.open_store(url) as store:
