@@ -378,6 +378,7 @@ def _worker(store: Path, ledger: Path, *extra: str) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.slow  # two worker subprocesses
 def test_a_queued_start_whose_worker_is_sigkilled_before_the_ack_runs_once_and_charges_once(
     tmp_path: Path,
 ) -> None:
