@@ -228,6 +228,27 @@ def open_read_only(path: str, busy_timeout_ms: int) -> apsw.Connection:
     return conn
 
 
+FILE_MODE = 0o600
+"""A new database file's permissions (histories hold business data); its -wal and -shm follow."""
+
+
+def _create_private(path: str) -> None:
+    """Create a missing database file ``0600``, whatever the umask, before SQLite opens it.
+
+    SQLite creates the ``-wal`` and ``-shm`` files with the database file's
+    permission bits (and sets them, past the umask), so all three are private.
+    An existing file keeps the permissions its owner gave it.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    except OSError:
+        return  # it exists (or cannot be created: SQLite's own open says why)
+    try:
+        os.fchmod(fd, FILE_MODE)  # the umask may have taken bits from FILE_MODE
+    finally:
+        os.close(fd)
+
+
 def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Connection:
     """Open (creating if needed), check and migrate the database; return the writer connection.
 
@@ -237,6 +258,7 @@ def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Conne
         raise StorePathError(path, problem)
     if os.path.isdir(path):
         raise StorePathError(path, problem or "this is a directory, not a database file")
+    _create_private(path)
     try:
         conn = apsw.Connection(path, flags=_OPEN_WRITE)
     except apsw.Error as exc:
