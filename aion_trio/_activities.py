@@ -16,7 +16,6 @@ import contextvars
 import enum
 import functools
 import json
-import logging
 import math
 import threading
 import time
@@ -54,6 +53,7 @@ from ._events import (
     FailureCause,
     WorkflowReopened,
 )
+from ._logs import ContextLogger
 from ._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from ._payload import Payload, PayloadCodec
 from ._projections import retry_trail, run_segment
@@ -63,7 +63,7 @@ from ._watchdog import register_step
 if TYPE_CHECKING:
     from ._recorder import Recorder
 
-logger = logging.getLogger("aion_trio.activity")
+logger = ContextLogger("aion_trio.activity")
 
 
 @final
@@ -378,11 +378,7 @@ class _ThreadBook:
             self._running.pop(id(thread), None)
         if thread.abandoned_at is not None:
             logger.info(
-                "the abandoned thread of activity:%d %s attempt %d returned %.3fs after it was told "
-                "to stop; its thread slot is free",
-                thread.info.activity_id,
-                thread.info.activity_type,
-                thread.info.attempt,
+                "its abandoned thread returned %.3fs after it was told to stop; its thread slot is free",
                 time.monotonic() - thread.abandoned_at,
                 extra=_thread_fields(thread),
             )
@@ -393,12 +389,9 @@ class _ThreadBook:
                 return
             thread.abandoned_at = time.monotonic()
         logger.warning(
-            "activity:%d %s attempt %d was stopped while running in a thread; the thread runs on "
-            "(told through aion_trio.heartbeat() / activity_cancelled()) and holds one of "
-            "max_activity_threads until it returns",
-            thread.info.activity_id,
-            thread.info.activity_type,
-            thread.info.attempt,
+            "the attempt was stopped while running in a thread; the thread runs on (told through "
+            "aion_trio.heartbeat() / activity_cancelled()) and holds one of max_activity_threads "
+            "until it returns",
             extra=_thread_fields(thread),
         )
 
@@ -773,7 +766,7 @@ class ActivityDriver:
     async def _required(self, body: EventBody) -> RecordOutcome:
         """A trail record the loop cannot continue without: retried on transient store
         failures like the settling record; any other store failure raises RecordFailed."""
-        what = f"record {type(body).__name__} of activity:{self.request.activity_id} {self.request.activity_type}"
+        what = f"record {type(body).__name__}"  # the line's prefix names the activity
         try:
             return await _record_retrying(
                 self.recorder, self.request, body, self.record_backoff, self.log, what
@@ -993,9 +986,8 @@ class ActivityDriver:
                     if await self._settled_elsewhere():
                         return RecordOutcome.SETTLED_ELSEWHERE
                     logger.warning(
-                        "the worker was lost before reporting; re-dispatching the same attempt %d (no budget consumed)",
-                        state.attempt,
-                        extra=self.log,
+                        "the worker was lost before reporting; re-dispatching the same attempt (no budget consumed)",
+                        extra={**self.log, "attempt": state.attempt},
                     )
                     await trio.lowlevel.checkpoint()
                     continue
@@ -1090,13 +1082,16 @@ class ActivityDriver:
                 if outcome_ is not RecordOutcome.RECORDED:
                     return outcome_
             logger.warning(
-                "activity attempt %d of %d failed (%s: %s); retrying in %.3fs",
-                state.attempt,
-                policy.max_attempts,
+                "failed (%s: %s); retrying in %.3fs",
                 error.type,
                 error.message,
                 delay,
-                extra={**self.log, "attempt": state.attempt, "retry_in": delay},
+                extra={
+                    **self.log,
+                    "attempt": state.attempt,
+                    "max_attempts": policy.max_attempts,
+                    "retry_in": delay,
+                },
             )
             await trio.sleep_until(due)
             state.same_provider_attempt += 1
@@ -1156,18 +1151,15 @@ async def _record_outcome(
     record_backoff: tuple[float, float],
     log_extra: dict[str, Any],
 ) -> RecordOutcome:
-    what = f"record the outcome of activity:{request.activity_id} {request.activity_type} (attempt {request.attempt})"
+    what = f"record the outcome of attempt {request.attempt}"  # the line's prefix names the activity
     result = await _record_retrying(recorder, request, body, record_backoff, log_extra, what)
     if result is RecordOutcome.EPOCH_CLOSED:
         logger.info(
-            "activity:%d outcome not recorded: the engine is shutting down; recovery re-dispatches it",
-            request.activity_id,
-            extra=log_extra,
+            "outcome not recorded: the engine is shutting down; recovery re-dispatches it",
+            extra={**log_extra, "attempt": request.attempt},
         )
     elif result is RecordOutcome.SETTLED_ELSEWHERE:
         logger.debug(
-            "activity:%d was settled elsewhere; this outcome is dropped",
-            request.activity_id,
-            extra=log_extra,
+            "settled elsewhere; this outcome is dropped", extra={**log_extra, "attempt": request.attempt}
         )
     return result

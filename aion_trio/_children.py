@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
@@ -60,6 +59,7 @@ from ._events import (
     WorkflowTimedOut,
 )
 from ._ids import MAX_WORKFLOW_ID_LENGTH, deadline_timer_id
+from ._logs import ContextLogger
 from ._payload import Payload
 from ._projections import (
     current_lease_terminal,
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from ._engine import EngineCore
     from ._recorder import Recorder
 
-logger = logging.getLogger("aion_trio.children")
+logger = ContextLogger("aion_trio.children")
 
 CHILD_MARKER_PREFIX = "child:"
 _RUN_ID_NAMESPACE = uuid.UUID("5b0c7d2e-6f1a-4c83-9a4e-2d1f0b7c9e61")

@@ -112,6 +112,8 @@ from ._events import (
     WorkflowStatus,
 )
 from ._ids import new_workflow_id, validate_task_queue
+from ._logs import ContextLogger
+from ._observe import ObserverEvent, WorkflowRunEnded, WorkflowRunStarted
 from ._ownership import claim_is_live, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import (
@@ -154,7 +156,7 @@ PIPED_WIDTH = 100
 
 T = TypeVar("T")
 
-worker_log = logging.getLogger("aion_trio.worker")
+worker_log = ContextLogger("aion_trio.worker")
 
 
 class PluginsUnavailable(click.ClickException):
@@ -1419,11 +1421,29 @@ async def _until_signalled() -> AsyncIterator[tuple[_Lifecycle, trio.Event, trio
             nursery.cancel_scope.cancel()
 
 
+def _log_runs(event: ObserverEvent) -> None:
+    """The worker's observer: one info line when a workflow run starts, one when it ends."""
+    if isinstance(event, (WorkflowRunStarted, WorkflowRunEnded)):
+        fields = {
+            "workflow_id": event.workflow_id,
+            "run_id": event.run_id,
+            "workflow_type": event.workflow_type,
+        }
+        if isinstance(event, WorkflowRunStarted):
+            worker_log.info("%s started", event.workflow_type, extra=fields)
+        else:
+            worker_log.info("%s ended %s", event.workflow_type, event.status.value, extra=fields)
+
+
 async def _serve(url: str, app: App, drain_timeout: float) -> _Lifecycle:
     async with _until_signalled() as (state, stop, nursery):
         worker_log.info("opening store %s for %s (%s)", url, app.spec, app.describe())
         async with open_engine(
-            url, workflows=app.workflows, activities=app.activities, drain_timeout=drain_timeout
+            url,
+            workflows=app.workflows,
+            activities=app.activities,
+            drain_timeout=drain_timeout,
+            observers=[_log_runs],
         ) as engine:
             running = await engine.count(status=WorkflowStatus.RUNNING)
             worker_log.info(

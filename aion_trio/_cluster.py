@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import logging
 import time
 from typing import TYPE_CHECKING, Any, final
 
@@ -28,12 +27,13 @@ from ._activities import ActivityDispatcher, ActivityOutcome, ActivityRequest
 from ._commands import Command, CommandOutcome
 from ._errors import AionError, CommandNotAnswered, EngineEpochClosed, StoreError
 from ._inbox import wall_sleep
+from ._logs import ContextLogger
 from ._store import ClusterStore, CommandInbox
 
 if TYPE_CHECKING:
     from ._engine import EngineConfig, EngineCore
 
-logger = logging.getLogger("aion_trio.cluster")
+logger = ContextLogger("aion_trio.cluster")
 
 #: How often a held-back activity attempt re-checks the lease (wall-clock seconds).
 LEASE_RECHECK = 0.05

@@ -10,7 +10,6 @@ a retry in the engine epoch and returns at once.
 from __future__ import annotations
 
 import enum
-import logging
 import math
 from collections.abc import Sequence
 from datetime import datetime
@@ -35,6 +34,7 @@ from ._events import (
     WorkflowTimedOut,
 )
 from ._ids import deadline_timer_id
+from ._logs import ContextLogger
 from ._payload import Payload
 from ._projections import (
     outstanding_timers,
@@ -47,7 +47,7 @@ from ._registry import Lease, Residency
 if TYPE_CHECKING:
     from ._engine import EngineCore
 
-logger = logging.getLogger("aion_trio.completion")
+logger = ContextLogger("aion_trio.completion")
 
 
 @final

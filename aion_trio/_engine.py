@@ -6,7 +6,6 @@ import collections
 import contextlib
 import enum
 import heapq
-import logging
 import math
 import sys
 import traceback
@@ -116,6 +115,7 @@ from ._ids import (
     validate_workflow_id,
 )
 from ._inbox import InboxDrainer, Ownership
+from ._logs import ContextLogger
 from ._observe import ObserverHub, RecoveryFinished, WorkflowRelinquished, build_hub
 from ._ownership import OwnerClaim, OwnerIdentity, wall_now
 from ._payload import Payload, PayloadCodec
@@ -157,7 +157,7 @@ from ._watchdog import LoopWatchdog, register_step
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
 
-logger = logging.getLogger("aion_trio.engine")
+logger = ContextLogger("aion_trio.engine")
 
 
 class IdReusePolicy(enum.Enum):
@@ -1148,8 +1148,7 @@ class EngineCore:
             await self.events.schedule_timer(workflow_id, timer_id, fire_at)
         except StoreError as exc:
             logger.warning(
-                "timer %s not written to the index (it fires anyway): %s",
-                timer_id,
+                "not written to the timer index (it fires anyway): %s",
                 exc,
                 extra={"workflow_id": workflow_id, "run_id": run_id, "timer": timer_id},
             )
@@ -1233,9 +1232,13 @@ class EngineCore:
             )
         except EngineEpochClosed:
             logger.info(
-                "activity:%d not dispatched: the engine is shutting down; recovery re-dispatches it",
-                request.activity_id,
-                extra={"workflow_id": request.workflow_id, "run_id": request.run_id},
+                "not dispatched: the engine is shutting down; recovery re-dispatches it",
+                extra={
+                    "workflow_id": request.workflow_id,
+                    "run_id": request.run_id,
+                    "activity": request.activity_id,
+                    "activity_type": request.activity_type,
+                },
             )
 
     async def _drive_activity(self, recorder: Recorder, request: ActivityRequest, resume: bool) -> None:
@@ -1313,8 +1316,7 @@ class EngineCore:
             await self.events.remove_timer(workflow_id, timer_id)
         except StoreError as exc:
             logger.warning(
-                "could not remove timer %s from the index (harmless): %s",
-                timer_id,
+                "could not remove it from the timer index (harmless): %s",
                 exc,
                 extra={"workflow_id": workflow_id, "timer": timer_id},
             )
@@ -2091,8 +2093,7 @@ class Engine:
             state.sync()
             if state.cancel_request is not None:
                 logger.info(
-                    "cancel of %r already requested; nothing recorded",
-                    workflow_id,
+                    "cancel already requested; nothing recorded",
                     extra={"workflow_id": workflow_id, "run_id": run_id},
                 )
                 return

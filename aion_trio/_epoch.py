@@ -8,7 +8,6 @@ raises :class:`EngineEpochClosed`, constructed only by ``epoch_closed``.
 from __future__ import annotations
 
 import enum
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, final
 
@@ -17,8 +16,9 @@ import trio
 
 from ._contain import is_structural
 from ._errors import AionInternalError, epoch_closed
+from ._logs import ContextLogger
 
-logger = logging.getLogger("aion_trio.epoch")
+logger = ContextLogger("aion_trio.epoch")
 
 
 class ArmOutcome(enum.Enum):

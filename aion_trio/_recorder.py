@@ -15,7 +15,6 @@ terminal and takes the resume path instead of writing a second one.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, final
@@ -26,13 +25,14 @@ from ._clock import EngineClock
 from ._epoch import EngineEpoch
 from ._errors import AionInternalError, NotOwner, SequenceConflict
 from ._events import Event, EventBody, WorkflowReopened, WorkflowStarted, make_batch
+from ._logs import ContextLogger
 from ._projections import RunState
 from ._store import EventStore
 
 if TYPE_CHECKING:
     from ._observe import ObservedLock, ObserverHub
 
-logger = logging.getLogger("aion_trio.recorder")
+logger = ContextLogger("aion_trio.recorder")
 
 
 @final

@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from ._ids import validate_task_queue
+from ._logs import ContextLogger
 
 #: The longest duration any option, timer or deadline may have (100 years): far
 #: enough for any business process, and ``now + duration`` stays a valid datetime.
@@ -270,7 +271,9 @@ class TransientBackoff:
     failure and whenever the count reaches the next power of two, then sleeps.
     """
 
-    def __init__(self, initial: float, ceiling: float, log: logging.Logger, extra: Mapping[str, Any]) -> None:
+    def __init__(
+        self, initial: float, ceiling: float, log: logging.Logger | ContextLogger, extra: Mapping[str, Any]
+    ) -> None:
         self.delay = initial
         self.ceiling = ceiling
         self.attempts = 0

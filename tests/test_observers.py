@@ -390,7 +390,7 @@ async def test_key_log_lines_carry_structured_fields(
         await engine.terminate("logged", "operator says stop")
     run_id = handle.run_id
 
-    retry = next(r for r in caplog.records if r.getMessage().startswith("activity attempt 1 of 3 failed"))
+    retry = next(r for r in caplog.records if "attempt 1 of 3: failed" in r.getMessage())
     assert retry.name == "aion_trio.activity"
     assert _fields(retry, "workflow_id", "run_id", "activity", "activity_type", "attempt") == {
         "workflow_id": "logged",
@@ -402,5 +402,7 @@ async def test_key_log_lines_carry_structured_fields(
     code = next(r for r in caplog.records if r.getMessage() == "hello from the workflow")
     assert code.name == "aion_trio.workflow.logs_from_code"
     assert _fields(code, "workflow_id", "run_id") == {"workflow_id": "logged", "run_id": run_id}
-    terminated = next(r for r in caplog.records if r.getMessage().startswith("workflow run terminated"))
+    terminated = next(
+        r for r in caplog.records if r.getMessage().endswith(": workflow run terminated: operator says stop")
+    )
     assert _fields(terminated, "workflow_id", "run_id") == {"workflow_id": "logged", "run_id": run_id}

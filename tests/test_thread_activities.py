@@ -246,7 +246,7 @@ async def test_an_abandoned_thread_is_counted_and_named_when_the_engine_closes(
 
         class _Watch(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
-                if "abandoned thread of activity:0 blocker attempt 1 returned" in record.getMessage():
+                if "activity:0 blocker attempt 1: its abandoned thread returned" in record.getMessage():
                     returned.set()
 
         watch = _Watch()
