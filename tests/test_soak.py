@@ -22,6 +22,7 @@ import pytest
 import trio
 
 import aion_trio as aion
+from aion_trio.testing import FlakyStoreBundle
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -109,3 +110,69 @@ async def test_the_soak_checker_passes_the_workload_and_names_each_kind_of_damag
         "0 child workflows for 1 parents"
     ]
     assert soak.check_histories(histories, 6, sent) == ["soak-5: missing"]
+
+
+# --------------------------------------------------------------------------
+# Defects the flaky soak found (bench/soak.py --store flaky): a write whose
+# commit landed but whose acknowledgement was lost leaves a run recorded as
+# Running that this engine never runs (the next engine's recovery would).
+# Strict xfails: each passes, and so fails the suite, once the defect is fixed.
+# --------------------------------------------------------------------------
+
+
+@aion.activity
+async def one(n: int) -> int:
+    return n
+
+
+@aion.workflow
+async def chained(ctx: aion.WorkflowContext, n: int, total: int) -> int:
+    total += await ctx.run(one, n)
+    if n < 1:
+        raise ctx.continue_as_new(n + 1, total)
+    return total
+
+
+@pytest.mark.xfail(
+    reason="defect: engine.start whose WorkflowStarted commit landed unacknowledged raises "
+    "BackendUnavailable and the run is never executed here; a retry with USE_EXISTING waits forever",
+    strict=True,
+)
+async def test_a_start_retried_after_a_lost_acknowledgement_runs_to_its_result(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with aion.open_store("memory://") as store:
+        flaky = FlakyStoreBundle(store)
+        async with aion.open_engine(flaky, workflows=[chained], activities=[one]) as engine:
+            flaky.events.commit_then_fail_next_appends(1)  # the start's WorkflowStarted lands, "fails"
+            with pytest.raises(aion.BackendUnavailable):
+                await engine.start(chained, 1, 0, workflow_id="w")
+            run = await engine.start(chained, 1, 0, workflow_id="w", id_reuse=aion.IdReusePolicy.USE_EXISTING)
+            result = None
+            with trio.move_on_after(3600):  # mock time
+                result = await run.result()
+    assert result == 1, "no result within an hour"
+
+
+@pytest.mark.xfail(
+    reason="defect: a continue-as-new batch whose commit landed unacknowledged leaves the "
+    "successor's WorkflowStarted recorded and the successor never run by this engine",
+    strict=True,
+)
+async def test_a_continue_as_new_whose_acknowledgement_was_lost_runs_the_successor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with aion.open_store("memory://") as store:
+        flaky = FlakyStoreBundle(store)
+        async with aion.open_engine(flaky, workflows=[chained], activities=[one]) as engine:
+            # Appends: the start, the activity's two records, its completion... the fourth is the
+            # WorkflowContinuedAsNew + successor WorkflowStarted batch.
+            flaky.events.commit_then_fail_appends_after(3, 1)
+            run = await engine.start(chained, 0, 0, workflow_id="c")
+            result = None
+            with trio.move_on_after(3600):  # mock time
+                result = await run.result()
+        kinds = [e.type for e in await store.events.read_history("c")]
+    assert kinds[4:6] == ["WorkflowContinuedAsNew", "WorkflowStarted"]
+    assert flaky.events.faults["append"] == 1
+    assert result == 1, "no result within an hour"
