@@ -15,6 +15,7 @@ so.  ``--fresh`` starts over with a new database.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -42,8 +43,10 @@ from ._definitions import activity, workflow
 from ._engine import Engine, IdReusePolicy, open_engine
 from ._errors import ActivityFailure, NotRunning, QueryError, TerminalError, WorkflowFailure
 from ._events import ActivityFailed, SignalReceived, WorkflowStarted, WorkflowStatus
+from ._plugins import open_store
 from ._projections import workflow_status
 from ._retry import Fixed, RetryPolicy
+from ._store import Store
 
 #: Seconds; the demo's own timings (kept short so a run takes a few seconds).
 COOLING_OFF = 1.0
@@ -142,13 +145,15 @@ def _order_id(n: int) -> str:
     return f"demo-order-{n}"
 
 
-async def _stored_plan(engine: Engine) -> int | None:
+async def _stored_plan(store: Store) -> int | None:
     """How many orders the demo in this database was started with (``None``: a new database).
 
     Every order's input carries the planned total (``of``), so a run killed before all
     orders arrived still resumes the whole plan, not just the orders already started.
+    Read from the store before an engine opens it: an engine recovers the stored runs at
+    once, and a refused count must leave the database as it found it.
     """
-    history = await engine.history(_order_id(1)) if await engine.count(workflow_type="demo_order") else []
+    history = await store.events.read_history(_order_id(1))
     if not history or not isinstance(history[0].body, WorkflowStarted):
         return None
     (order,) = history[0].body.input.value()
@@ -157,17 +162,21 @@ async def _stored_plan(engine: Engine) -> int | None:
 
 async def run_demo(db: Path, orders: int | None, console: Console) -> dict[str, Any]:
     started = time.monotonic()
-    async with open_engine(
-        f"sqlite:///{db}",
-        workflows=[demo_order, demo_shipment],
-        activities=[demo_reserve, demo_charge, demo_release, demo_ship],
-    ) as engine:
-        planned = await _stored_plan(engine)
+    async with contextlib.AsyncExitStack() as stack:
+        store = await stack.enter_async_context(open_store(f"sqlite:///{db}"))
+        planned = await _stored_plan(store)
         if planned is not None and orders is not None and orders != planned:
             raise DemoMismatch(
                 f"{db} holds a demo of {planned} orders, not {orders}: run 'aion-trio demo' without "
                 f"--orders to resume it, or add --fresh to start over with {orders}"
             )
+        engine = await stack.enter_async_context(
+            open_engine(
+                store,
+                workflows=[demo_order, demo_shipment],
+                activities=[demo_reserve, demo_charge, demo_release, demo_ship],
+            )
+        )
         orders = planned or orders or DEFAULT_ORDERS
         ids = [_order_id(n) for n in range(1, orders + 1)]
         existing = await engine.count(workflow_type="demo_order")
