@@ -27,6 +27,7 @@ import types
 from collections.abc import Callable
 from typing import Any, final
 
+import attrs
 import trio
 
 logger = logging.getLogger("aion_trio.watchdog")
@@ -42,8 +43,10 @@ def register_step(function: Callable[..., Any], describe: Callable[[dict[str, An
     _STEPS[code] = describe
 
 
-def describe_stack(frame: types.FrameType | None) -> tuple[str, str]:
-    """(what is being stepped, where it is blocked) for a stack whose innermost frame is ``frame``."""
+def describe_stack(frame: types.FrameType | None) -> tuple[types.FrameType | None, str, str]:
+    """(the frame that holds the loop, what is being stepped, where it is) for a stack whose
+    innermost frame is ``frame``.  The holder is the engine frame stepping an activity or a
+    workflow when there is one on the stack, else the innermost frame."""
     where = "an unknown place"
     if frame is not None:
         summary = traceback.extract_stack(frame, limit=1)
@@ -59,9 +62,17 @@ def describe_stack(frame: types.FrameType | None) -> tuple[str, str]:
             except Exception:  # pragma: no cover - a describe bug must not kill the watchdog
                 step = None
             if step is not None:
-                return step, where
+                return current, step, where
         current = current.f_back
-    return "no activity or workflow step (the engine itself, or code it calls)", where
+    return frame, "no activity or workflow step (the engine itself, or code it calls)", where
+
+
+@final
+@attrs.frozen
+class _Sample:
+    holder: types.FrameType | None
+    step: str
+    where: str
 
 
 @final
@@ -92,39 +103,75 @@ class LoopWatchdog:
         self._answered_at = time.monotonic()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:
             sent = time.monotonic()
             try:
                 self._token.run_sync_soon(self._answer)
             except trio.RunFinishedError:
                 return
-            reported: str | None = None
-            while self._answered_at < sent:
+            # While the answer is overdue, the Trio thread's stack is sampled every interval.
+            samples: list[_Sample] = []
+            reported = False
+            while True:
                 if self._stop.wait(self._interval):
                     return
-                blocked = time.monotonic() - sent
-                if reported is None and blocked >= self._threshold:
-                    reported = self._report(blocked)
-            if reported is not None:
-                logger.warning(
-                    "the Trio loop was blocked for %.2fs in all by %s; every run of the engine waited",
-                    self._answered_at - sent,
-                    reported,
-                    extra={"blocked_seconds": self._answered_at - sent},
-                )
-            if self._stop.wait(self._interval):
-                return
+                if self._answered_at >= sent:
+                    break
+                samples.append(self._sample())
+                waited = time.monotonic() - sent
+                if not reported and waited >= self._threshold:
+                    self._report(waited, samples)
+                    reported = True
+            if reported:
+                self._report_end(self._answered_at - sent, samples)
 
-    def _report(self, blocked: float) -> str:
+    def _sample(self) -> _Sample:
+        return _Sample(*describe_stack(sys._current_frames().get(self._trio_thread)))
+
+    @staticmethod
+    def _culprit(samples: list[_Sample]) -> _Sample | None:
+        """The one step that held the loop in every sample, if there is one: a block.  Different
+        holders mean a busy loop (a long turn of many short steps), which no single step caused."""
+        first = samples[0]
+        if first.holder is None or len(samples) < 2 or any(s.holder is not first.holder for s in samples):
+            return None
+        return first
+
+    def _report(self, waited: float, samples: list[_Sample]) -> None:
         self.stalls += 1
-        frame = sys._current_frames().get(self._trio_thread)
-        step, where = describe_stack(frame)
+        culprit = self._culprit(samples)
+        if culprit is not None:
+            logger.warning(
+                "the Trio loop has been blocked for %.2fs by %s, in %s: code in the Trio thread must not "
+                "block (make the activity a plain def, which runs in a thread, or await the async form of "
+                "the call)",
+                waited,
+                culprit.step,
+                culprit.where,
+                extra={"blocked_seconds": waited, "step": culprit.step},
+            )
+            return
+        steps = list(dict.fromkeys(s.step for s in samples))
         logger.warning(
-            "the Trio loop has been blocked for %.2fs by %s, in %s: code in the Trio thread must not block "
-            "(make the activity a plain def, which runs in a thread, or await the async form of the call)",
-            blocked,
-            step,
-            where,
-            extra={"blocked_seconds": blocked, "step": step},
+            "the Trio loop has been busy for %.2fs without a pause, no single step held it throughout "
+            "(seen: %s); every timer and I/O wait of the engine is late meanwhile",
+            waited,
+            "; ".join(steps[:5]) + ("; ..." if len(steps) > 5 else ""),
+            extra={"blocked_seconds": waited},
         )
-        return step
+
+    def _report_end(self, lasted: float, samples: list[_Sample]) -> None:
+        culprit = self._culprit(samples)
+        if culprit is not None:
+            logger.warning(
+                "the Trio loop was blocked for %.2fs in all by %s; every run of the engine waited",
+                lasted,
+                culprit.step,
+                extra={"blocked_seconds": lasted, "step": culprit.step},
+            )
+        else:
+            logger.warning(
+                "the Trio loop was busy for %.2fs in all without a pause; every run of the engine waited",
+                lasted,
+                extra={"blocked_seconds": lasted},
+            )

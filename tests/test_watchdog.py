@@ -19,6 +19,7 @@ import pytest
 import trio
 
 import aion_trio as aion
+from aion_trio._watchdog import LoopWatchdog
 
 
 @aion.activity
@@ -108,6 +109,28 @@ async def test_workflow_code_blocking_the_loop_is_named(store_url: Callable[[], 
                 assert await run.result() == "done"
                 messages = await trio.to_thread.run_sync(watch.wait)
     assert any("has been blocked for" in m and "workflow 'stubborn' run" in m for m in messages), messages
+
+
+async def _short_step() -> None:
+    time.sleep(0.02)  # noqa: ASYNC251 - each step is short; fifty in one turn are not
+
+
+async def test_a_long_turn_of_many_short_steps_is_reported_busy_without_blaming_one() -> None:
+    watchdog = LoopWatchdog(0.2)
+    with _logged("was busy for") as watch:
+        watchdog.start()
+        try:
+            with trio.fail_after(20):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(50):  # all runnable at once: one turn of the loop, about 1 s
+                        nursery.start_soon(_short_step)
+                messages = await trio.to_thread.run_sync(watch.wait)
+        finally:
+            watchdog.stop()
+    assert any("has been busy for" in m and "no single step held it throughout" in m for m in messages), (
+        messages
+    )
+    assert not any("blocked" in m for m in messages), "no step is blamed"
 
 
 async def test_without_a_threshold_there_is_no_watchdog(store_url: Callable[[], str]) -> None:
