@@ -111,7 +111,7 @@ from ._events import (
     WorkflowStarted,
     WorkflowStatus,
 )
-from ._ids import new_workflow_id, validate_task_queue
+from ._ids import new_workflow_id, validate_caller_request_id, validate_task_queue
 from ._logs import ContextLogger
 from ._observe import ObserverEvent, WorkflowRunEnded, WorkflowRunStarted
 from ._ownership import claim_is_live, wall_now
@@ -963,10 +963,20 @@ def _queue_timeout_option(fn: F) -> F:
     )(fn)
 
 
+def _vetted_request_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return validate_caller_request_id(value, "--request-id")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _request_id_option(fn: F) -> F:
     return click.option(
         "--request-id",
         metavar="KEY",
+        callback=_vetted_request_id,
         help="Idempotency key: the same command again with the same KEY records nothing more, so a "
         "retry after a crash or a time-out is safe (docs/concepts.md, Request ids).",
     )(fn)

@@ -110,6 +110,7 @@ from ._ids import (
     deadline_timer_id,
     new_run_id,
     new_workflow_id,
+    validate_caller_request_id,
     validate_request_id,
     validate_task_queue,
     validate_workflow_id,
@@ -1794,6 +1795,31 @@ class Engine:
         Bad input (unknown workflow, unserialisable or oversized arguments,
         bad search attributes) raises before anything is recorded.
         """
+        if request_id is not None:
+            validate_caller_request_id(request_id)
+        return await self._start(
+            workflow,
+            *args,
+            workflow_id=workflow_id,
+            id_reuse=id_reuse,
+            search_attributes=search_attributes,
+            task_queue=task_queue,
+            timeout=timeout,
+            request_id=request_id,
+        )
+
+    async def _start(
+        self,
+        workflow: WorkflowDefinition[Any] | str,
+        *args: Any,
+        workflow_id: str | None = None,
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+        search_attributes: Mapping[str, Any] | None = None,
+        task_queue: str | None = None,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+        request_id: str | None = None,
+    ) -> RunHandle:
+        """``start`` for a key already vetted: the caller's, or the inbox's ``inbox:N``."""
         core = self._core
         definition = core.workflow_definition(workflow)
         definition.check_arguments(args)
@@ -1996,7 +2022,7 @@ class Engine:
         if not isinstance(name, str) or not name:
             raise ValueError(f"signal name must be a non-empty str, got {name!r}")
         if request_id is not None:
-            validate_request_id(request_id)
+            validate_caller_request_id(request_id)
         encoded = core.codec.encode(payload, what=f"payload of signal {name!r}")
         if not core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "record a signal")
@@ -2071,7 +2097,7 @@ class Engine:
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {reason!r}")
         if request_id is not None:
-            validate_request_id(request_id)
+            validate_caller_request_id(request_id)
         if not self._core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "cancel a workflow")
         await self._here_or_owner(
@@ -2112,7 +2138,7 @@ class Engine:
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {reason!r}")
         if request_id is not None:
-            validate_request_id(request_id)
+            validate_caller_request_id(request_id)
         if not self._core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "terminate a workflow")
         await self._here_or_owner(
@@ -2167,7 +2193,7 @@ class Engine:
         nothing and returns the first reopen's handle.
         """
         if request_id is not None:
-            validate_request_id(request_id)
+            validate_caller_request_id(request_id)
         if not self._core.epoch.admitting:
             raise epoch_closed(workflow_id, None, "reopen a workflow")
         found = await self._here_or_owner(

@@ -166,6 +166,17 @@ def validate_request_id(request_id: object, what: str = "request_id") -> Request
     return request_id
 
 
+def validate_caller_request_id(request_id: object, what: str = "request_id") -> RequestId:
+    """``validate_request_id`` for a key a caller chose: ``inbox:N`` is the inbox's own, so refused."""
+    key = validate_request_id(request_id, what)
+    if key.startswith(INBOX_REQUEST_PREFIX):
+        raise ValueError(
+            f"{what} {key!r} starts with {INBOX_REQUEST_PREFIX!r}, which names inbox commands queued "
+            "without a key of their own; choose another key"
+        )
+    return key
+
+
 def new_request_id() -> RequestId:
     return str(uuid.uuid4())
 

@@ -167,7 +167,7 @@ async def apply_command(
         if isinstance(command, StartCommand):
             args = codec_decode(command.args)
             policy = IdReusePolicy(command.id_reuse)
-            handle = await engine.start(
+            handle = await engine._start(
                 command.workflow_type,
                 *args,
                 workflow_id=command.workflow_id,

@@ -1222,3 +1222,12 @@ def test_cancel_terminate_reopen_without_a_worker_apply_directly(
     assert "reopened workflow 't' run " in again.stderr
     assert direct in again.stderr
     assert _history_types(tmp_path / "d.db", "t")[-1] == "WorkflowReopened"
+
+
+def test_a_request_id_on_the_inbox_prefix_is_a_usage_error_and_opens_nothing(tmp_path: Path) -> None:
+    store = tmp_path / "s.db"
+    for command in (["signal", "wf", "go"], ["cancel", "wf"], ["terminate", "wf"], ["reopen", "wf"]):
+        result = run_cli("--store", str(store), *command, "--request-id", "inbox:4", "-m", "flows:app")
+        assert result.exit_code == 2, everything(result)
+        assert "starts with 'inbox:'" in everything(result)
+    assert not store.exists()

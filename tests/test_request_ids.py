@@ -215,7 +215,13 @@ async def test_keys_are_per_workflow_id_across_its_runs_and_one_key_names_one_ca
         before = len(await engine.history("sig"))
         with pytest.raises(ValueError, match="needs an explicit workflow_id"):
             await engine.start(echo, 1, request_id="no-id")
-        for bad, error in (("", ValueError), (5, TypeError), ("x" * 201, ValueError), ("a\nb", ValueError)):
+        for bad, error in (
+            ("", ValueError),
+            (5, TypeError),
+            ("x" * 201, ValueError),
+            ("a\nb", ValueError),
+            ("inbox:3", ValueError),
+        ):
             with pytest.raises(error, match="request_id"):
                 await engine.signal("sig", "go", request_id=bad)  # type: ignore[arg-type]
         assert len(await engine.history("sig")) == before
