@@ -596,7 +596,8 @@ class InProcessDispatcher:
         except BaseException:
             # Stopped while the thread runs (cancel, terminate, a timeout, shutdown): tell it.
             tracker.stopped = True
-            book.abandoned(thread)
+            if slot.taken:  # else the thread never started
+                book.abandoned(thread)
             raise
         finally:
             if not slot.taken:  # the thread never started: the slot is still ours
