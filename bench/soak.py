@@ -310,6 +310,10 @@ class Engine:
         self.popen.stdout.close()
         self.out.close()
 
+    def tail(self) -> str:
+        """The end of its stderr (the scratch directory is removed at the end)."""
+        return self.log.read_text(errors="replace")[-3000:]
+
 
 async def soak_sqlite(args: argparse.Namespace, directory: str) -> list[str]:
     rng = random.Random(args.seed)
@@ -351,7 +355,7 @@ async def soak_sqlite(args: argparse.Namespace, directory: str) -> list[str]:
                 if engine.kill():  # the checks below name what is unfinished
                     emit({"kind": "note", "what": f"the last engine was unfinished after {args.patience} s"})
                 elif engine.popen.returncode != 0 or b"ALL DONE" not in engine.buffer:
-                    return [f"the last engine exited {engine.popen.returncode}; see {engine.log}"]
+                    return [f"the last engine exited {engine.popen.returncode}: {engine.tail()}"]
                 figures["last_engine_seconds"] = round(time.monotonic() - last_began, 1)
                 break
             # A kill during start-up and recovery, or while it works (after READY).
@@ -362,7 +366,7 @@ async def soak_sqlite(args: argparse.Namespace, directory: str) -> list[str]:
                 while not engine.seen(b"READY") and engine.popen.poll() is None:
                     if time.monotonic() > ready_by:
                         engine.kill()
-                        return [f"engine generation {generation} never got ready; see {engine.log}"]
+                        return [f"engine generation {generation} never got ready: {engine.tail()}"]
                     await trio.sleep(0.005)
             kill_at = time.monotonic() + delay
             while time.monotonic() < kill_at:
@@ -376,7 +380,7 @@ async def soak_sqlite(args: argparse.Namespace, directory: str) -> list[str]:
                 finished_early += 1
                 if engine.popen.returncode != 0:
                     return [
-                        f"engine generation {generation} exited {engine.popen.returncode}; see {engine.log}"
+                        f"engine generation {generation} exited {engine.popen.returncode}: {engine.tail()}"
                     ]
         outcomes = [await store.command_outcome(c) for c in commands]  # type: ignore[attr-defined]
     problems = [
@@ -571,7 +575,10 @@ async def soak_postgres(args: argparse.Namespace, directory: str) -> list[str]:
             started_by = time.monotonic() + 120
             while not all(proc.seen(b"STARTED") for proc in procs.values()):
                 if time.monotonic() > started_by or any(p.popen.poll() is not None for p in procs.values()):
-                    return [f"the nodes did not start their workflows; see {directory}"]
+                    return [
+                        "the nodes did not start their workflows: "
+                        + " | ".join(p.tail() for p in procs.values())
+                    ]
                 await trio.sleep(0.05)
             signalled: set[int] = set()
             commands: list[int] = []
