@@ -75,6 +75,7 @@ from ._errors import (
     InvalidBatch as InvalidBatch,
     InvalidQuery as InvalidQuery,
     InvalidStoreUrl as InvalidStoreUrl,
+    NodeInUse as NodeInUse,
     NonDeterminismError as NonDeterminismError,
     NotAnAionDatabase as NotAnAionDatabase,
     NoTaskQueues as NoTaskQueues,

@@ -132,6 +132,23 @@ class ClusterServices:
         """Park until the waker fires next (a notification, or ``sweep_interval`` passed)."""
         await self._wake.wait()
 
+    async def until_fenced_out(self) -> None:
+        """Watch for this node being fenced out of everything (a newer incarnation of its node
+        id took over): then close the epoch and raise the store's ``NotOwner`` out of
+        ``open_engine``, so the engine stops visibly instead of idling.  Checked on every
+        wake-up (no I/O)."""
+        while True:
+            error = self.cluster.fenced_out()
+            if error is not None:
+                self.core.epoch.begin_close()
+                logger.error(
+                    "this node was fenced out of every workflow; the engine stops: %s",
+                    error,
+                    extra={"node": self.cluster.node_id},
+                )
+                raise error
+            await self.woken()
+
     # -- the sweeper ------------------------------------------------------------
 
     async def sweep_once(self) -> list[str]:

@@ -2664,6 +2664,8 @@ async def open_engine(
                         epoch.spawn(core.deferral_service, name="deferral-service")
                     if services is not None:
                         epoch.spawn(services.waker, name="cluster-waker")
+                        # Not epoch.spawn: a node fenced out of everything must end the engine.
+                        nursery.start_soon(services.until_fenced_out, name="cluster-fence-watch")
                     await core.recover()
                     if isinstance(opened, CommandInbox):
                         drainer = InboxDrainer(

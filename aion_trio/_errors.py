@@ -91,6 +91,42 @@ class StoreOwned(StoreError):
         )
 
 
+class NodeInUse(StoreOwned):
+    """Cluster mode: another live engine holds this node id's lease, so this one did not start.
+
+    ``node_id``, and ``pid``, ``host`` and ``since`` of the engine holding it;
+    ``lease_expires_at`` is when its lease runs out unless renewed (database
+    clock).  Nothing was written: starting a second process with the same
+    ``?node=`` would fence the first out of every workflow it owns.  Give each
+    process its own node id, or stop the other one first (a node whose process
+    is gone on this host, or whose lease ran out, is replaced at once).
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        pid: int,
+        host: str,
+        since: datetime,
+        lease_expires_at: datetime,
+        location: str | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.pid = pid
+        self.host = host
+        self.since = since
+        self.lease_expires_at = lease_expires_at
+        self.location = location
+        where = f" of {location}" if location else ""
+        StoreError.__init__(
+            self,
+            f"node id {node_id!r}{where} is held by a live engine: pid {pid} on host {host!r} since "
+            f"{since.isoformat(timespec='seconds')} (its lease runs until "
+            f"{lease_expires_at.isoformat(timespec='seconds')}); give this process another node id "
+            "(?node=), or stop that one first",
+        )
+
+
 class NoTaskQueues(StoreError):
     """The store cannot hold activity tasks, so remote activity workers cannot serve it.
 

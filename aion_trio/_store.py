@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from ._commands import Command, CommandOutcome, PendingCommand
-from ._errors import InvalidBatch, InvalidQuery
+from ._errors import InvalidBatch, InvalidQuery, NotOwner
 from ._events import Event, SearchValue, WorkflowStatus, validate_search_attributes, validate_search_key
 from ._ownership import OwnerClaim, OwnerIdentity
 
@@ -435,6 +435,10 @@ class ClusterStore(Protocol):
       that owns it (``""``: an active workflow whose owner is gone, which the
       next claim will own).  Commands for such a workflow go through the
       store's :class:`CommandInbox`.
+    * ``fenced_out()``: ``None`` while this node may still own workflows; the
+      :class:`~aion_trio.NotOwner` that ended it once it never can again (a
+      newer incarnation of its node id took everything over).  No I/O.  The
+      engine then stops, raising it out of ``open_engine``, instead of idling.
     """
 
     @property
@@ -449,6 +453,8 @@ class ClusterStore(Protocol):
     async def wait_for_work(self, timeout: float) -> None: ...
 
     async def command_target(self, workflow_id: str) -> str | None: ...
+
+    def fenced_out(self) -> NotOwner | None: ...
 
 
 def validate_batch(workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:

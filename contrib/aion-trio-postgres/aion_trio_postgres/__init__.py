@@ -45,7 +45,11 @@ A store opened with ``?node=NAME`` registers a row in ``nodes`` with a lease
 (``lease_expires_at``, judged by the database's ``clock_timestamp()``, never a
 client clock), renewed in the background every ``lease_ttl / 3`` seconds and
 released on close.  Each open of a node id is a new *incarnation* that fences
-every older one.  Each workflow row has ``owner_node`` and ``owner_epoch``.
+every older one; so an open is refused with :class:`~aion_trio.NodeInUse`
+(naming its host and pid) while another live process holds the id's lease,
+unless that process is gone on this host (a node restarted after a crash
+takes over at once).  An engine whose node was fenced out anyway stops,
+raising :class:`~aion_trio.NotOwner` out of ``open_engine``.  Each workflow row has ``owner_node`` and ``owner_epoch``.
 The first append of a workflow by a node (or :meth:`PostgresEventStore.claim`)
 claims it: allowed when it is unowned, owned by this node id, or owned by a
 node whose lease has expired; every claim bumps ``owner_epoch``.  Every

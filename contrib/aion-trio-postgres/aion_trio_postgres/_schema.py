@@ -226,6 +226,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         'ALTER TABLE inbox ADD COLUMN request_id text COLLATE "C"',
         "CREATE UNIQUE INDEX inbox_by_request ON inbox (request_id) WHERE request_id IS NOT NULL",
     ),
+    # 5: who holds a node id's lease (host, pid and aion_trio's process mark), so
+    # a second live process opened with the same id is refused naming it.
+    ("ALTER TABLE nodes ADD COLUMN host text, ADD COLUMN pid integer, ADD COLUMN process text",),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -23,8 +23,10 @@ from aion_trio.plugin import (
     Command,
     CommandOutcome,
     Event,
+    NodeInUse,
     NotFound,
     NotOwner,
+    OwnerIdentity,
     PendingCommand,
     SequenceConflict,
     SerializationError,
@@ -37,7 +39,9 @@ from aion_trio.plugin import (
     hold_mock_time,
     outcome_from_json,
     outcome_to_json,
+    owner_alive,
     status_after,
+    this_host,
     validate_batch,
 )
 
@@ -98,12 +102,19 @@ _SQL_INSERT_SEARCH = (
 _SQL_GET_VISIBILITY = f"SELECT {_codec.VISIBILITY_COLUMNS} FROM visibility WHERE workflow_id = %s"
 # One reading of the database clock per statement, so renewed_at + ttl == lease_expires_at.
 _SQL_REGISTER_NODE = (
-    "INSERT INTO nodes (node_id, incarnation, lease_expires_at, started_at, renewed_at)"
-    " SELECT %s, 1, c.t + make_interval(secs => %s), c.t, c.t FROM (SELECT clock_timestamp() AS t) AS c"
+    "INSERT INTO nodes (node_id, incarnation, lease_expires_at, started_at, renewed_at, host, pid, process)"
+    " SELECT %s, 1, c.t + make_interval(secs => %s), c.t, c.t, %s, %s, %s"
+    " FROM (SELECT clock_timestamp() AS t) AS c"
     " ON CONFLICT (node_id) DO UPDATE SET incarnation = nodes.incarnation + 1,"
     " lease_expires_at = excluded.lease_expires_at, started_at = excluded.started_at,"
-    " renewed_at = excluded.renewed_at"
+    " renewed_at = excluded.renewed_at, host = excluded.host, pid = excluded.pid, process = excluded.process"
     " RETURNING incarnation, lease_expires_at"
+)
+# The node id's current holder, locked until the registration commits: two opens
+# of one id serialise here, and the second sees the first's live lease.
+_SQL_NODE_HOLDER = (
+    "SELECT host, pid, process, started_at, lease_expires_at, lease_expires_at > clock_timestamp()"
+    " FROM nodes WHERE node_id = %s FOR UPDATE"
 )
 _SQL_RENEW_LEASE = (
     "UPDATE nodes SET lease_expires_at = c.t + make_interval(secs => %s), renewed_at = c.t"
@@ -743,10 +754,23 @@ class PostgresClusterStore(PostgresStore):
         node = self._node()
         found = conn.execute(_SQL_CHECK_INCARNATION, (node.node_id,)).fetchone()
         if found is None or int(found[0]) != node.incarnation:
+            node.superseded = True
             raise NotOwner(
                 node.node_id,
                 f"incarnation {node.incarnation} has been superseded by a newer open of this node id",
             )
+
+    def fenced_out(self) -> NotOwner | None:
+        """The ``NotOwner`` that ended this node once a newer incarnation of its id superseded it
+        (it can never own a workflow again), else ``None``; no I/O."""
+        node = self._node()
+        if not node.superseded:
+            return None
+        return NotOwner(
+            node.node_id,
+            f"incarnation {node.incarnation} has been superseded by a newer open of this node id "
+            "(another process was started with the same node id): this node owns nothing any more",
+        )
 
     async def owned_active(self) -> list[str]:
         """This node id's active workflows, each re-claimed (its epoch bumped), sorted."""
@@ -889,6 +913,26 @@ def _close_backend(backend: _Backend) -> None:
         backend.pool.close()
 
 
+def _refuse_live_holder(conn: Conn, node_id: str, location: str) -> None:
+    """Raise :class:`NodeInUse` if another live process holds ``node_id``'s lease.
+
+    Live: its lease has not run out (database clock), unless it is on this host
+    and its process is gone (a node killed and restarted under its id takes over
+    at once, as an embedded store's owner does)."""
+    row = conn.execute(_SQL_NODE_HOLDER, (node_id,)).fetchone()
+    if row is None:
+        return
+    host, pid, process, since, expires, live = row
+    if not live or pid is None or host is None:
+        return  # expired or released (or registered before holders were recorded)
+    holder = OwnerIdentity(
+        pid=int(pid), host=str(host), started_at=_codec.utc(since), token="node", process=process
+    )
+    if holder.host == this_host() and not owner_alive(holder):
+        return
+    raise NodeInUse(node_id, holder.pid, holder.host, _codec.utc(since), _codec.utc(expires), location)
+
+
 def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Backend:
     """Connect, migrate, register the node and start the pool (blocks: run in a thread)."""
     doing = "opening the store"
@@ -908,7 +952,12 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
         migrate(conn, url)
         if node_id is not None:
             sent = time.monotonic()
-            found = conn.execute(_SQL_REGISTER_NODE, (node_id, lease_ttl)).fetchone()
+            me = OwnerIdentity.current()
+            with conn.transaction():
+                _refuse_live_holder(conn, node_id, url.location)
+                found = conn.execute(
+                    _SQL_REGISTER_NODE, (node_id, lease_ttl, me.host, me.pid, me.process)
+                ).fetchone()
             assert found is not None
             node = NodeLease(
                 node_id=node_id,

@@ -19,7 +19,7 @@ import trio.testing
 from aion_trio_postgres import PostgresClusterStore, open_postgres_store
 
 import aion_trio as aion
-from aion_trio import EngineConfig, NotRunning, Payload, WorkflowRelinquished
+from aion_trio import EngineConfig, NotOwner, NotRunning, Payload, WorkflowRelinquished
 from aion_trio._ids import new_run_id
 from aion_trio.events import SignalReceived, TimerFired, WorkflowStarted
 from aion_trio.plugin import ClusterStore
@@ -505,3 +505,28 @@ async def test_the_parent_close_policy_reaches_a_child_another_node_owns(
     epochs = sql(pg_url, schema, "SELECT seq, owner_epoch FROM events WHERE workflow_id = 'kid' ORDER BY seq")
     assert [e for _, e in epochs] == [1, 3]
     assert_unforked(pg_url, schema)
+
+
+async def test_a_node_superseded_by_a_newer_incarnation_stops_its_engine(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    """Fenced out of everything (its node id reopened elsewhere), an engine does not idle: it
+    closes its epoch and raises NotOwner out of open_engine."""
+    url = fresh_store_url()
+    schema = schema_of(url)
+    engines: list[aion.Engine] = []
+
+    async def serve_until_superseded() -> None:
+        async with node(url, "a") as (_, a):
+            engines.append(a)
+            await a.start(approval, 1, workflow_id="x")
+            # As if a's process had died: a restart under its id may take over at once.
+            await sql_async(pg_url, schema, "UPDATE nodes SET pid = %s WHERE node_id = 'a'", (4_194_304 + 7,))
+            async with open_postgres_store(url, node="a", lease_ttl=5.0) as newer:
+                assert newer.node is not None
+                await trio.sleep_forever()  # the superseded engine must end this on its own
+
+    with trio.fail_after(30), pytest.raises(NotOwner, match="superseded") as stopped:
+        await serve_until_superseded()
+    assert stopped.value.shard == "a"
+    assert not engines[0].epoch.is_open

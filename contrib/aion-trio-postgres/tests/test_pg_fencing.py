@@ -11,6 +11,7 @@ node after the claim.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
@@ -22,7 +23,16 @@ import trio
 from aion_trio_postgres import PostgresStore, open_postgres_store
 from conftest import drop_schema, new_schema_name
 
-from aion_trio import BackendUnavailable, Event, MarkerRecorded, NotOwner, Payload, SequenceConflict
+from aion_trio import (
+    BackendUnavailable,
+    Event,
+    MarkerRecorded,
+    NodeInUse,
+    NotOwner,
+    Payload,
+    SequenceConflict,
+)
+from aion_trio.plugin import this_host
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
@@ -187,11 +197,17 @@ async def test_a_closed_node_hands_its_workflows_over_at_once(pg_url: str, schem
     assert history_rows(pg_url, schema, "wf") == [(1, 1, "A"), (2, 2, "B")]
 
 
+DEAD_PID = 4_194_304 + 7
+"""A pid no process has (beyond every kernel's pid range)."""
+
+
 async def test_reopening_a_node_id_fences_the_older_incarnation(pg_url: str, schema: str) -> None:
-    """A restarted process reuses its node id: the new incarnation fences the old one (which
-    may be a zombie) at once, without waiting for any lease."""
+    """A process restarted after a crash reuses its node id: the new incarnation fences the old
+    one (a zombie, if its process was not really gone) at once, without waiting for its lease."""
     async with open_postgres_store(node_url(pg_url, schema, "A"), renew_every=None) as old:
         await old.events.append("wf", markers("wf", 1, 1, "old"), 0)
+        # The old incarnation's process is gone (as after kill -9), its lease still live.
+        query(pg_url, schema, "UPDATE nodes SET pid = %s WHERE node_id = 'A' RETURNING 1", (DEAD_PID,))
         async with open_postgres_store(node_url(pg_url, schema, "A")) as new:
             assert new.node is not None
             assert old.node is not None
@@ -205,6 +221,35 @@ async def test_reopening_a_node_id_fences_the_older_incarnation(pg_url: str, sch
             await new.events.append("wf", markers("wf", 2, 1, "new"), 1)
     assert history_rows(pg_url, schema, "wf") == [(1, 1, "old"), (2, 2, "new")]
     assert query(pg_url, schema, "SELECT count(*) FROM workflows WHERE workflow_id = 'other'") == [(0,)]
+
+
+async def test_a_node_id_whose_lease_a_live_process_holds_is_refused_naming_it(
+    pg_url: str, schema: str
+) -> None:
+    """A second live process opened with the same node id would fence the first out of
+    everything: it is refused with NodeInUse naming the holder, and changes nothing."""
+    async with open_postgres_store(node_url(pg_url, schema, "A")) as first:
+        await first.events.append("wf", markers("wf", 1, 1, "first"), 0)
+        before = query(pg_url, schema, "SELECT incarnation, lease_expires_at FROM nodes WHERE node_id = 'A'")
+        with pytest.raises(NodeInUse) as refused:
+            async with open_postgres_store(node_url(pg_url, schema, "A")):
+                pytest.fail("a second incarnation opened while the first is live")  # pragma: no cover
+        assert (refused.value.node_id, refused.value.pid, refused.value.host) == (
+            "A",
+            os.getpid(),
+            this_host(),
+        )
+        assert f"node id 'A' of {first.url.location} is held by a live engine: pid {os.getpid()}" in str(
+            refused.value
+        )
+        assert query(pg_url, schema, "SELECT incarnation FROM nodes WHERE node_id = 'A'") == [(before[0][0],)]
+        await first.events.append("wf", markers("wf", 2, 1, "first"), 1)  # still the owner
+        assert first.node is not None
+        assert not first.node.superseded
+    # Released on close: the id is free at once.
+    async with open_postgres_store(node_url(pg_url, schema, "A")) as again:
+        assert again.node is not None
+        assert again.node.incarnation == before[0][0] + 1
 
 
 async def test_a_store_without_a_node_never_writes_to_an_owned_workflow(pg_url: str, schema: str) -> None:
