@@ -56,6 +56,7 @@ from ._events import (
     ChildWorkflowCompleted,
     ChildWorkflowFailed,
     Event,
+    EventBody,
     FailureCause,
     SignalReceived,
     TimerCancelCause,
@@ -387,6 +388,26 @@ class WorkflowContext:
             )
         )
 
+    def _recorded_end(self) -> Event | None:
+        """The run's terminal if it was recorded before this execution began: the code
+        replays a finished history, so going past its recorded commands is a divergence."""
+        ended = self._state.ended
+        return ended if ended is not None and ended.seq <= self._lease.start_head else None
+
+    def _past_the_end(self, requested: str) -> BaseException:
+        ended = self._state.ended
+        assert ended is not None
+        return self._poison(
+            NonDeterminismError(
+                self.workflow_id,
+                self.run_id,
+                "run end",
+                self._next_command,
+                f"the run's end ({type(ended.body).__name__}, seq {ended.seq})",
+                requested,
+            )
+        )
+
     def _resolve_command(self, requested: CommandKey, arguments: Payload | None = None) -> Event | None:
         """Resolve the code's next command against the run's recorded command sequence.
 
@@ -407,6 +428,9 @@ class WorkflowContext:
                     wanted += f" with other arguments ({_argument_change(event, arguments)})"
                 raise self._divergence(position, recorded, wanted)
             return event
+        if self._recorded_end() is not None:
+            self._next_command = position
+            raise self._past_the_end(requested.describe())
         self._caught_up = True
         return None
 
@@ -433,6 +457,8 @@ class WorkflowContext:
             raise self._divergence(position, recorded, requested.describe())
         if resolution is not None:
             return False
+        if self._recorded_end() is not None:
+            raise self._past_the_end(requested.describe())
         self._next_command = position + 1
         self._timers_retired.add(timer_id)
         self._caught_up = True
@@ -582,6 +608,9 @@ class WorkflowContext:
                 if on_expiry is None:
                     raise Timeout(expired)
                 return await on_expiry(expired)
+            if self._recorded_end() is not None:
+                # Nothing is appended to a finished run: this wait would never resolve.
+                raise self._past_the_end("a wait that history does not resolve")
             self._caught_up = True
             self._parked = True
             self._parked_at = len(self._recorder.history)
@@ -989,6 +1018,8 @@ class WorkflowContext:
             self._next_command = position + 1
             self._patches.add(patch_id)
             return True
+        if self._recorded_end() is not None:
+            return False  # the old code ended here, without the patch
         await self._flush()
         self._next_command += 1
         self._patches.add(patch_id)
@@ -1118,14 +1149,20 @@ class WorkflowContext:
 
     # -- checks at exit ----------------------------------------------------
 
-    def unissued_recorded_command(self) -> tuple[str, int, str] | None:
+    def unissued_recorded_command(
+        self, terminal: type[EventBody] | None = None
+    ) -> tuple[str, int, str] | None:
         """The first command recorded in history that this execution never issued, if any:
-        ``(kind, position in the run's command sequence, description)``."""
+        ``(kind, position in the run's command sequence, description)``.  Replaying a
+        finished run, a recorded end of another kind than ``terminal`` counts too."""
         self._state.sync()
         position = self._next_command
         if position < len(self._state.commands):
             recorded, _ = self._state.commands[position]
             return (recorded.kind, position, recorded.describe())
+        ended = self._recorded_end()
+        if terminal is not None and ended is not None and not isinstance(ended.body, terminal):
+            return ("run end", position, f"the run's end ({type(ended.body).__name__}, seq {ended.seq})")
         return None
 
 

@@ -716,11 +716,13 @@ class EngineCore:
                 await self.mark_stuck(lease, str(exc))
                 return
             except WorkflowCancelled as cancelled:
-                if await self._stuck_at_exit(lease, ctx, "the workflow to end cancelled"):
+                if await self._stuck_at_exit(lease, ctx, "the workflow to end cancelled", CancelledEvent):
                     return
                 intent = TerminalIntent.cancelled(cancelled.reason, self.clock.now())
             except ContinueAsNew as request:
-                if await self._stuck_at_exit(lease, ctx, "the workflow to continue as new"):
+                if await self._stuck_at_exit(
+                    lease, ctx, "the workflow to continue as new", WorkflowContinuedAsNew
+                ):
                     return
                 exit_time = self.clock.now()
                 try:
@@ -733,11 +735,12 @@ class EngineCore:
                 # run; only the engine's cancellation and a Ctrl-C pass (see _contain).
                 if is_structural(exc):
                     raise
-                if await self._stuck_at_exit(lease, ctx, f"the workflow to fail ({type(exc).__name__})"):
+                failing = f"the workflow to fail ({type(exc).__name__})"
+                if await self._stuck_at_exit(lease, ctx, failing, WorkflowFailed):
                     return
                 intent = TerminalIntent.failed(error_info(exc), self.clock.now())
             else:
-                if await self._stuck_at_exit(lease, ctx, "the workflow to return"):
+                if await self._stuck_at_exit(lease, ctx, "the workflow to return", WorkflowCompleted):
                     return
                 exit_time = self.clock.now()
                 try:
@@ -761,13 +764,16 @@ class EngineCore:
                 extra=fields,
             )
 
-    async def _stuck_at_exit(self, lease: Lease, ctx: WorkflowContext, exit: str) -> bool:
+    async def _stuck_at_exit(
+        self, lease: Lease, ctx: WorkflowContext, exit: str, terminal: type[EventBody]
+    ) -> bool:
         """The code ended: mark the run stuck (``True``) if it diverged from history — a
-        command of its own failed to match, or history holds a command it never issued."""
+        command of its own failed to match, history holds a command it never issued, or
+        (replaying a finished run) the recorded end is of another kind than this exit."""
         if ctx._poisoned is not None:
             await self.mark_stuck(lease, str(ctx._poisoned))
             return True
-        leftover = ctx.unissued_recorded_command()
+        leftover = ctx.unissued_recorded_command(terminal)
         if leftover is None:
             return False
         family, ordinal, recorded = leftover

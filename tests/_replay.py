@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import trio
 
 import aion_trio as aion
@@ -48,16 +49,27 @@ class _NoAppendStore:
         await self._inner.aclose()
 
 
-async def assert_replays_cleanly(
+@attrs.frozen
+class ReplayOutcome:
+    """What replaying a finished history did: ``stuck_reason`` (non-determinism), the
+    appends it tried (refused), whether it reached the recorded end, the history after."""
+
+    stuck_reason: str | None
+    refused: list[list[aion.Event]]
+    completed: bool
+    history: list[aion.Event]
+
+
+async def replay(
     events: Sequence[aion.Event],
     *,
     workflows: Sequence[aion.WorkflowDefinition[Any]],
     activities: Sequence[aion.ActivityDefinition[Any]] = (),
-) -> None:
-    """Replay the latest run of ``events`` (a finished run) and assert nothing is appended.
+) -> ReplayOutcome:
+    """Replay the latest run of ``events`` (a finished run) in a fresh engine that refuses appends.
 
-    Run it under ``autojump_clock``: a replay that gets stuck is reported after an hour of
-    mock time, which passes instantly."""
+    Run it under ``autojump_clock``: a replay that gets stuck is given up after an hour
+    of mock time, which passes instantly."""
     assert events, "nothing to replay"
     workflow_id = events[0].workflow_id
     run_id = latest_run_id(events)
@@ -75,7 +87,26 @@ async def assert_replays_cleanly(
             # A clean replay rings the completion at once; a stuck one never does.
             with trio.move_on_after(3600):
                 await lease.completion.wait()
-            assert lease.stuck_reason is None, f"replay got stuck: {lease.stuck_reason}"
-            assert guarded.events.refused == [], f"replay tried to append: {guarded.events.refused}"
-            assert lease.completion.is_set, "replay did not reach the run's recorded end"
-            assert await engine.history(workflow_id) == list(events)
+            return ReplayOutcome(
+                stuck_reason=lease.stuck_reason,
+                refused=list(guarded.events.refused),
+                completed=lease.completion.is_set,
+                history=await engine.history(workflow_id),
+            )
+
+
+async def assert_replays_cleanly(
+    events: Sequence[aion.Event],
+    *,
+    workflows: Sequence[aion.WorkflowDefinition[Any]],
+    activities: Sequence[aion.ActivityDefinition[Any]] = (),
+) -> None:
+    """Replay the latest run of ``events`` (a finished run) and assert nothing is appended.
+
+    Run it under ``autojump_clock``: a replay that gets stuck is reported after an hour of
+    mock time, which passes instantly."""
+    outcome = await replay(events, workflows=workflows, activities=activities)
+    assert outcome.stuck_reason is None, f"replay got stuck: {outcome.stuck_reason}"
+    assert outcome.refused == [], f"replay tried to append: {outcome.refused}"
+    assert outcome.completed, "replay did not reach the run's recorded end"
+    assert outcome.history == list(events)

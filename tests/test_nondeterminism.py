@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from _replay import assert_replays_cleanly
+from _replay import assert_replays_cleanly, replay
 
 import aion_trio as aion
 from aion_trio import events as ev
@@ -363,6 +363,55 @@ async def test_a_changed_child_input_is_non_determinism(store_url: Callable[[], 
         reason = await _stuck_reason(engine, "f")
     assert "child workflow command #0 was recorded as child 'kid' with id 'kid-1'" in reason, reason
     assert "with other arguments (1 argument(s) where 0 were recorded)" in reason, reason
+
+
+# -- a finished history: nothing past its recorded end -----------------------------------
+
+
+@aion.workflow(name="once")
+async def once_v1(ctx: aion.WorkflowContext) -> int:
+    return int(await ctx.run(step, 1))
+
+
+@aion.workflow(name="once")
+async def once_does_more(ctx: aion.WorkflowContext) -> int:
+    await ctx.run(step, 1)
+    return int(await ctx.run(step, 2))  # added after the recorded end
+
+
+@aion.workflow(name="once")
+async def once_fails_now(ctx: aion.WorkflowContext) -> int:
+    await ctx.run(step, 1)
+    raise RuntimeError("the new code fails where the old one returned")
+
+
+@aion.workflow(name="once")
+async def once_waits_now(ctx: aion.WorkflowContext) -> int:
+    await ctx.run(step, 1)
+    return int(await ctx.wait_signal("never-sent"))
+
+
+async def test_replaying_a_finished_history_reports_code_that_goes_past_its_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with aion.open_engine(
+        f"memory://nd-{uuid.uuid4().hex}", workflows=[once_v1], activities=[step]
+    ) as e:
+        await (await e.start(once_v1, workflow_id="once")).result()
+        history = await e.history("once")
+    clean = await replay(history, workflows=[once_v1], activities=[step])
+    assert (clean.stuck_reason, clean.refused, clean.completed) == (None, [], True), "control"
+    for changed, requested in [
+        (once_does_more, "now requests activity 'step'"),
+        (once_fails_now, "now requests the workflow to fail (RuntimeError)"),
+        (once_waits_now, "now requests a wait that history does not resolve"),
+    ]:
+        outcome = await replay(history, workflows=[changed], activities=[step])
+        reason = outcome.stuck_reason or ""
+        assert "run end command #1 was recorded as the run's end (WorkflowCompleted" in reason, reason
+        assert requested in reason, reason
+        assert outcome.refused == []
+        assert outcome.history == history
 
 
 # -- the one classification --------------------------------------------------------
