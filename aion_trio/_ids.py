@@ -23,9 +23,6 @@ LeaseId: TypeAlias = int
 
 MAX_WORKFLOW_ID_LENGTH = 512
 RESERVED_TIMER_PREFIXES = ("deadline:", "scope:")
-_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
-
-
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -34,16 +31,21 @@ def validate_workflow_id(workflow_id: object, what: str = "workflow_id") -> Work
 
     ``what`` names the value in the message (e.g. ``"child_workflow_id"``).
     """
-    if not isinstance(workflow_id, str):
-        raise TypeError(f"{what} must be str, got {type(workflow_id).__name__}")
-    if not workflow_id:
+    return _check_key(workflow_id, what, MAX_WORKFLOW_ID_LENGTH)
+
+
+def _check_key(key: object, what: str, max_length: int) -> str:
+    """``key`` if it is a non-empty str of at most ``max_length`` characters, without control
+    characters, that UTF-8 can encode; else ``TypeError``/``ValueError`` saying why."""
+    if not isinstance(key, str):
+        raise TypeError(f"{what} must be str, got {type(key).__name__}")
+    if not key:
         raise ValueError(f"{what} must not be empty")
-    if len(workflow_id) > MAX_WORKFLOW_ID_LENGTH:
-        raise ValueError(f"{what} is {len(workflow_id)} characters; the limit is {MAX_WORKFLOW_ID_LENGTH}")
-    if _CONTROL_CHARACTER.search(workflow_id):
-        raise ValueError(f"{what} {workflow_id!r} contains control characters")
-    check_text(workflow_id, what)
-    return workflow_id
+    if len(key) > max_length:
+        raise ValueError(f"{what} is {len(key)} characters; the limit is {max_length}")
+    if _CONTROL_CHARACTER.search(key):
+        raise ValueError(f"{what} {key!r} contains control characters")
+    return check_text(key, what)
 
 
 def validate_task_queue(queue: object, what: str = "task_queue") -> str:
@@ -150,20 +152,7 @@ INBOX_REQUEST_PREFIX = "inbox:"
 
 def validate_request_id(request_id: object, what: str = "request_id") -> RequestId:
     """Return ``request_id`` if it is a usable idempotency key, else raise saying why."""
-    if not isinstance(request_id, str):
-        raise TypeError(f"{what} must be str, got {type(request_id).__name__}")
-    if not request_id:
-        raise ValueError(f"{what} must not be empty")
-    if len(request_id) > MAX_REQUEST_ID_LENGTH:
-        raise ValueError(f"{what} is {len(request_id)} characters; the limit is {MAX_REQUEST_ID_LENGTH}")
-    if _CONTROL_CHARACTER.search(request_id):
-        raise ValueError(f"{what} {request_id!r} contains control characters")
-    if not request_id.isascii():
-        try:
-            request_id.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"{what} {request_id!r} is not valid Unicode text (a lone surrogate)") from None
-    return request_id
+    return _check_key(request_id, what, MAX_REQUEST_ID_LENGTH)
 
 
 def validate_caller_request_id(request_id: object, what: str = "request_id") -> RequestId:

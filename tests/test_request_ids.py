@@ -220,6 +220,7 @@ async def test_keys_are_per_workflow_id_across_its_runs_and_one_key_names_one_ca
             (5, TypeError),
             ("x" * 201, ValueError),
             ("a\nb", ValueError),
+            ("a\ud800", ValueError),
             ("inbox:3", ValueError),
         ):
             with pytest.raises(error, match="request_id"):
