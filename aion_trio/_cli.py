@@ -1447,7 +1447,7 @@ def _log_runs(event: ObserverEvent) -> None:
 
 async def _serve(url: str, app: App, drain_timeout: float) -> _Lifecycle:
     async with _until_signalled() as (state, stop, nursery):
-        worker_log.info("opening store %s for %s (%s)", url, app.spec, app.describe())
+        worker_log.info("opening store %s for %s (%s)", redact_url(url), app.spec, app.describe())
         async with open_engine(
             url,
             workflows=app.workflows,
@@ -1490,7 +1490,7 @@ async def _serve_activities(
     drain_timeout: float,
 ) -> _Lifecycle:
     async with _until_signalled() as (state, stop, _):
-        worker_log.info("opening store %s for activity queue(s) %s", url, ", ".join(queues))
+        worker_log.info("opening store %s for activity queue(s) %s", redact_url(url), ", ".join(queues))
         async with trio.open_nursery() as inner:
             worker_id = await inner.start(
                 functools.partial(

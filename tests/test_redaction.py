@@ -6,6 +6,8 @@ tests; these pin the helper and the core's and the CLI's uses of it.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from click.testing import CliRunner
 
@@ -57,4 +59,14 @@ def test_the_cli_line_for_a_bad_store_never_repeats_its_credentials(url: str) ->
     result = CliRunner().invoke(_cli.cli, ["list", "--store", url], prog_name="aion-trio")
     assert result.exit_code == 2
     assert "bad store" in result.output or "Error" in result.output
+    assert SECRET not in result.output
+
+
+def test_the_worker_never_logs_its_store_urls_credentials(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"memory://bob:{SECRET}@host/x"
+    with caplog.at_level(logging.INFO, logger="aion_trio"):
+        result = CliRunner().invoke(_cli.cli, ["--store", url, "worker", "tests.procs.cli_app:app"])
+    opening = [r.getMessage() for r in caplog.records if r.getMessage().startswith("opening store")]
+    assert opening, f"control: the worker logged its store ({result.output!r})"
+    assert SECRET not in "\n".join(opening)
     assert SECRET not in result.output
