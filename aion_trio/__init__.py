@@ -170,6 +170,7 @@ from ._store import (
     CommandInbox as CommandInbox,
     EventStore as EventStore,
     OwnedStore as OwnedStore,
+    RecoveryCounts as RecoveryCounts,
     SearchOp as SearchOp,
     SearchPredicate as SearchPredicate,
     Store as Store,

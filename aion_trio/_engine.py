@@ -121,6 +121,7 @@ from ._observe import ObserverHub, RecoveryFinished, WorkflowRelinquished, build
 from ._ownership import OwnerClaim, OwnerIdentity, wall_now
 from ._payload import Payload, PayloadCodec
 from ._plugins import default_plugin_manager, open_store
+from ._poison import RecoveryGuard, poison_reason
 from ._projections import (
     RecordedRequest,
     RunState,
@@ -142,7 +143,7 @@ from ._projections import (
 )
 from ._recorder import Recorder
 from ._registry import Lease, Registry, Residency
-from ._retry import TransientBackoff, check_layer, duration_seconds, resolve_options
+from ._retry import TransientBackoff, check_layer, duration_seconds, resolve_options, until_available
 from ._store import (
     ClusterStore,
     CommandInbox,
@@ -280,9 +281,18 @@ class EngineConfig:
     #: warning naming the activity or workflow and where it is blocked, and again how
     #: long it lasted once the loop runs again.  ``None``: no watchdog.
     loop_stall_warning: float | None = 1.0
+    #: Stores with :class:`~aion_trio.RecoveryCounts`: a run whose recovery began this
+    #: many times in a row without finishing (the process died while replaying it or
+    #: re-running its in-flight activities) is marked stuck instead of run again.
+    #: ``None``: no counting.
+    max_recovery_attempts: int | None = 5
 
     def __attrs_post_init__(self) -> None:
         _check_setting_types(self)
+        if self.max_recovery_attempts is not None and self.max_recovery_attempts < 1:
+            raise ValueError(
+                f"max_recovery_attempts must be an int >= 1 or None (no counting), got {self.max_recovery_attempts!r}"
+            )
         validate_task_queue(self.default_task_queue, "EngineConfig.default_task_queue")
         if self.loop_stall_warning is not None and not self.loop_stall_warning > 0:
             raise ValueError(
@@ -425,6 +435,8 @@ class EngineCore:
         self.dispatcher = dispatcher
         self.registry = Registry()
         self.stuck: dict[str, str] = {}
+        #: The startup sweep's poison-run bookkeeping (``None``: the store cannot count).
+        self.recovery_guard: RecoveryGuard | None = None
         self._recorders: dict[str, Recorder] = {}
         self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
         self._timers: list[tuple[datetime, int, str, str, str]] = []
@@ -1227,6 +1239,8 @@ class EngineCore:
     # -- activities --------------------------------------------------------
 
     def dispatch(self, recorder: Recorder, request: ActivityRequest, *, resume: bool = False) -> None:
+        if self.recovery_guard is not None and self.recovery_guard.hold(recorder, request, resume):
+            return  # the sweep dispatches it once its replays caught up
         try:
             self.epoch.spawn(
                 self._drive_activity,
@@ -1526,10 +1540,17 @@ class EngineCore:
         """
         began = trio.current_time()
         active = await self._list_recoverable()
+        guard = self.recovery_guard = RecoveryGuard.for_core(self)
+        if guard is not None:
+            await guard.count(active)
         resumed = 0
-        for workflow_id in active:
-            if await self.recover_one(workflow_id):
-                resumed += 1
+        try:
+            for workflow_id in active:
+                if await self.recover_one(workflow_id):
+                    resumed += 1
+        finally:
+            if guard is not None:
+                await guard.release()
         if active:
             logger.info(
                 "recovery resumed %d of %d active workflows",
@@ -1547,18 +1568,17 @@ class EngineCore:
     async def _list_recoverable(self) -> list[str]:
         """The workflows the sweep resumes.  A transient read fault is retried with
         backoff (logged loudly) until the store answers: recovery needs the list."""
-        backoff: TransientBackoff | None = None  # built on the first transient failure
-        while True:
-            try:
-                if self.cluster is None:
-                    return await self.events.list_active()
-                active = await self.cluster.owned_active()
-                return active + await self.cluster.claim_orphans(self.config.sweep_batch)
-            except BackendUnavailable as exc:
-                if backoff is None:
-                    ladder = self.config.completion_retry
-                    backoff = TransientBackoff(ladder.initial, ladder.ceiling, logger, {})
-                await backoff.failed("list the active workflows for recovery", exc)
+
+        async def listing() -> list[str]:
+            if self.cluster is None:
+                return await self.events.list_active()
+            active = await self.cluster.owned_active()
+            return active + await self.cluster.claim_orphans(self.config.sweep_batch)
+
+        ladder = self.config.completion_retry
+        return await until_available(
+            "list the active workflows for recovery", listing, (ladder.initial, ladder.ceiling), logger
+        )
 
     async def recover_one(self, workflow_id: str) -> bool:
         """Recover one workflow; returns whether it was resumed now.
@@ -1656,6 +1676,13 @@ class EngineCore:
         assert isinstance(start, WorkflowStarted)
         if status is WorkflowStatus.RUNNING:
             lease = self.new_lease(recorder, run_id, start.workflow_type)
+            guard = self.recovery_guard
+            unfinished = guard.poisoned(lease) if guard is not None else None
+            if unfinished is not None:
+                await self.mark_stuck(lease, poison_reason(unfinished))
+                return
+            if guard is not None:
+                guard.watch(lease)
             if start.workflow_type not in self.workflows:
                 await self.mark_stuck(
                     lease,
@@ -2695,6 +2722,8 @@ async def open_engine(
                         with trio.move_on_after(config.drain_timeout):
                             await epoch.wait_attempts_idle()
                     await core.write_all_deferred()
+                    if core.recovery_guard is not None:
+                        await core.recovery_guard.close()
                     epoch.begin_close()
                 finally:
                     nursery.cancel_scope.cancel()

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any, Union, final
+from typing import Any, TypeVar, Union, final
 
 import attrs
 import trio
 
 from ._ids import validate_task_queue
 from ._logs import ContextLogger
+
+T = TypeVar("T")
 
 #: The longest duration any option, timer or deadline may have (100 years): far
 #: enough for any business process, and ``now + duration`` stays a valid datetime.
@@ -292,6 +294,27 @@ class TransientBackoff:
             )
         await trio.sleep(self.delay)
         self.delay = min(self.delay * 2, self.ceiling)
+
+
+async def until_available(
+    what: str,
+    call: Callable[[], Awaitable[T]],
+    ladder: tuple[float, float],
+    log: logging.Logger,
+    extra: Mapping[str, Any] | None = None,
+) -> T:
+    """``await call()``, retried with a :class:`TransientBackoff` on ``initial, ceiling``
+    (``ladder``) while it raises ``BackendUnavailable``; any other error propagates."""
+    from ._errors import BackendUnavailable
+
+    backoff: TransientBackoff | None = None  # built on the first transient failure
+    while True:
+        try:
+            return await call()
+        except BackendUnavailable as exc:
+            if backoff is None:
+                backoff = TransientBackoff(*ladder, log, extra or {})
+            await backoff.failed(what, exc)
 
 
 UNSET: Any = attrs.make_class("Unset", [], repr=False)()

@@ -404,6 +404,35 @@ class CommandInbox(Protocol):
 
 
 @runtime_checkable
+class RecoveryCounts(Protocol):
+    """Optional capability: how often each workflow's recovery began without finishing.
+
+    The engine counts a recovery when it resumes a workflow's running run and
+    clears the count once the recovery's risky part (replaying the code and
+    re-running the activity attempts that were in flight) is over, or the run
+    ends.  A count that keeps growing means the process dies while it recovers
+    that run (a poison run); past ``EngineConfig.max_recovery_attempts`` the
+    engine marks it stuck instead of running it again.  A store without this
+    capability has no poison-run detection.
+
+    * ``count_recoveries(workflow_ids)``: add one to the count of each id (an
+      absent count is 0), all in one durable write; returns the new counts.
+    * ``clear_recoveries(workflow_ids)``: drop those counts (an absent one is
+      no error), in one write.
+    * ``recovery_counts()``: every count that is not zero.
+
+    Counts survive closing and reopening the store.  Every method is a
+    checkpoint; same close rules as :class:`EventStore`.
+    """
+
+    async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]: ...
+
+    async def clear_recoveries(self, workflow_ids: Sequence[str]) -> None: ...
+
+    async def recovery_counts(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
 class ClusterStore(Protocol):
     """Optional capability: several engines share one store, each workflow owned by one node.
 
@@ -455,6 +484,18 @@ class ClusterStore(Protocol):
     async def command_target(self, workflow_id: str) -> str | None: ...
 
     def fenced_out(self) -> NotOwner | None: ...
+
+
+def validate_workflow_ids(workflow_ids: Sequence[str]) -> list[str]:
+    """The distinct ids of ``workflow_ids`` in order; ``TypeError``/``ValueError`` for
+    one str or an id that is not a non-empty str (the :class:`RecoveryCounts` methods)."""
+    if isinstance(workflow_ids, str):
+        raise TypeError("pass a sequence of workflow ids, not one str")
+    ids = list(dict.fromkeys(workflow_ids))
+    for workflow_id in ids:
+        if not isinstance(workflow_id, str) or not workflow_id:
+            raise ValueError(f"workflow ids must be non-empty str, got {workflow_id!r}")
+    return ids
 
 
 def validate_batch(workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:

@@ -35,6 +35,7 @@ from aion_trio.testing import (
     COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS,
+    RECOVERY_COUNTS_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS,
     CommandInboxSuite,
     ConformanceError,
@@ -42,11 +43,13 @@ from aion_trio.testing import (
     FlakyStore,
     FlakyStoreBundle,
     OwnedStoreSuite,
+    RecoveryCountsSuite,
     VisibilityStoreSuite,
     _samples,
     check_command_inbox,
     check_event_store,
     check_owned_store,
+    check_recovery_counts,
     check_visibility_store,
 )
 
@@ -95,11 +98,13 @@ def sqlite_keyed(directory: Path) -> Callable[[str], contextlib.AbstractAsyncCon
 async def test_memory_store_passes_the_ownership_and_inbox_checks() -> None:
     await check_owned_store(memory_keyed())
     await check_command_inbox(memory_keyed())
+    await check_recovery_counts(memory_keyed())
 
 
 async def test_sqlite_store_passes_the_ownership_and_inbox_checks(tmp_path: Path) -> None:
     await check_owned_store(sqlite_keyed(tmp_path))
     await check_command_inbox(sqlite_keyed(tmp_path))
+    await check_recovery_counts(sqlite_keyed(tmp_path))
 
 
 async def test_memory_store_passes_check_event_store() -> None:
@@ -235,9 +240,13 @@ class TestSqliteVisibilityStore(VisibilityStoreSuite):
         return sqlite_factory(tmp_path)
 
 
-class TestMemoryOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite):
+class TestMemoryOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite):
     @pytest.fixture
     def open_owned_store(self) -> Callable[[str], Any]:
+        return memory_keyed()
+
+    @pytest.fixture
+    def open_recovery_counts(self) -> Callable[[str], Any]:
         return memory_keyed()
 
     @pytest.fixture
@@ -245,9 +254,13 @@ class TestMemoryOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite):
         return memory_keyed()
 
 
-class TestSqliteOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite):
+class TestSqliteOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite):
     @pytest.fixture
     def open_owned_store(self, tmp_path: Path) -> Callable[[str], Any]:
+        return sqlite_keyed(tmp_path)
+
+    @pytest.fixture
+    def open_recovery_counts(self, tmp_path: Path) -> Callable[[str], Any]:
         return sqlite_keyed(tmp_path)
 
     @pytest.fixture
@@ -279,11 +292,15 @@ def test_suites_have_one_test_per_scenario_from_the_same_registry() -> None:
     assert sorted(n for n in dir(CommandInboxSuite) if n.startswith("test_")) == sorted(
         f"test_{n}" for n in COMMAND_INBOX_SCENARIOS
     )
+    assert sorted(n for n in dir(RecoveryCountsSuite) if n.startswith("test_")) == sorted(
+        f"test_{n}" for n in RECOVERY_COUNTS_SCENARIOS
+    )
     every = [
         *EVENT_STORE_SCENARIOS,
         *VISIBILITY_STORE_SCENARIOS,
         *OWNED_STORE_SCENARIOS,
         *COMMAND_INBOX_SCENARIOS,
+        *RECOVERY_COUNTS_SCENARIOS,
     ]
     assert len(set(every)) == len(every)
     for name in EVENT_STORE_SCENARIOS:

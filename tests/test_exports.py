@@ -52,7 +52,7 @@ AION_TRIO_NAMES = [
     "ObserverEvent", "OutcomeKind", "OwnedStore", "OwnerClaim", "OwnerIdentity", "ParentClosePolicy",
     "Payload", "PayloadCodec", "PayloadError", "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity",
     "PendingCommand", "PluginError", "PolicyRefused", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly",
-    "QueryUnavailable", "RecoveryFinished", "ReopenCommand", "RetryPolicy", "RunHandle",
+    "QueryUnavailable", "RecoveryCounts", "RecoveryFinished", "ReopenCommand", "RetryPolicy", "RunHandle",
     "SearchAttributesUpserted", "SearchOp", "SearchPredicate", "SequenceConflict", "SerializationError",
     "SignalCommand", "SignalReceived", "StartCommand", "Store", "StoreError", "StoreOpenError",
     "StoreOperation", "StoreOwned", "StorePathError", "StoreSchemeConflict", "TerminalError",
@@ -71,7 +71,7 @@ PLUGIN_NAMES = [
     "CommandOutcome", "DISABLE_ENV", "DatabaseCorrupt", "DatabaseTooNew", "ENTRY_POINT_GROUP", "Event",
     "EventBody", "EventDecodeError", "EventStore", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl",
     "NodeInUse", "NotAnAionDatabase", "NotFound", "NotOwner", "OwnedStore", "OwnerClaim", "OwnerIdentity",
-    "PendingCommand", "PluginLoadError", "ReopenCommand", "SearchOp", "SearchPredicate", "SearchValue",
+    "PendingCommand", "PluginLoadError", "RecoveryCounts", "ReopenCommand", "SearchOp", "SearchPredicate", "SearchValue",
     "SequenceConflict", "SerializationError", "SignalCommand", "StartCommand", "Store", "StoreError",
     "StoreOpenError", "StoreOpener", "StoreOwned", "StorePathError", "StoreRegistry", "StoreScheme",
     "TerminateCommand", "ThreadRenewal", "TimerEntry", "VisibilityFilter", "VisibilityRow", "VisibilityStore",
@@ -80,7 +80,7 @@ PLUGIN_NAMES = [
     "event_to_json", "fenced_write", "format_datetime", "hold_mock_time", "hookimpl", "hookspec", "is_active_status", "make_plugin_manager",
     "outcome_from_json", "outcome_to_json", "owner_alive", "parse_datetime", "pid_alive", "process_mark", "redact_url", "signal_recorded_outcome",
     "status_after", "this_host",
-    "validate_batch",
+    "validate_batch", "validate_workflow_ids",
 ]
 
 PROJECTIONS_NAMES = [

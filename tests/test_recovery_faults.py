@@ -1,5 +1,6 @@
 """Recovery under faults: transient read faults during the startup sweep (issue 14
-item 10) and a restart in the middle of a retry backoff (item 11).
+item 10), a restart in the middle of a retry backoff (item 11), and runs whose
+recovery kills the process every time (item 5).
 
 A transient fault (``BackendUnavailable``) while recovery lists the active
 workflows or loads one's history is retried with backoff: ``open_engine``
@@ -11,7 +12,11 @@ thread-backed SQLite store too); restarts reopen the same store URL.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -164,3 +169,91 @@ async def test_a_restart_mid_backoff_waits_the_recorded_remainder_and_no_more(
     assert isinstance(failure.body, aion.ActivityFailed)
     assert failure.body.retry_at is not None
     assert (failure.body.retry_at - failure.recorded_at).total_seconds() == pytest.approx(100)
+
+
+# --------------------------------------------------------------------------
+# Poison runs (issue 14 item 5)
+# --------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_a_run_that_kills_every_recovery_is_marked_stuck_after_max_attempts(tmp_path: Path) -> None:
+    """A real process whose activity calls os._exit(1) is restarted until the run is marked
+    stuck: the first run and max_recovery_attempts (5) recoveries die, the next marks it
+    stuck naming the count; a run waiting for a signal all along is not blamed and completes."""
+    store = tmp_path / "poison.db"
+    command = [sys.executable, "-m", "tests.procs.poison_worker", str(store)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    deaths = 0
+    for _ in range(10):
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        if done.returncode == 0:
+            break
+        assert done.returncode == 1, done.stderr
+        deaths += 1
+    assert deaths == 1 + 5, "the first run and five recoveries died; the sixth did not run it"
+    assert "STUCK 5 recoveries of this run in a row never finished" in done.stdout, done.stdout
+    assert "PATIENT patient got now" in done.stdout, done.stdout
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert "STUCK 5 recoveries" in again.stdout, "a stuck run's count does not grow with more restarts"
+    trio.run(_clear_count, store)
+    cleared = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert cleared.returncode == 1, "its count cleared by the operator, the run is run again"
+
+
+async def _clear_count(store: Path) -> None:
+    async with aion.open_store(f"sqlite:///{store}") as opened:
+        assert isinstance(opened, aion.RecoveryCounts)
+        assert await opened.recovery_counts() == {"poison": 6}
+        await opened.clear_recoveries(["poison"])
+
+
+class Crash(Exception):
+    """Leaves an engine as a dying process would: no graceful shutdown (no drain, counts kept)."""
+
+
+@aion.activity
+async def never_ends() -> str:
+    await trio.sleep_forever()
+    return "unreachable"
+
+
+@aion.workflow
+async def hangs_in_an_activity(ctx: aion.WorkflowContext) -> str:
+    return str(await ctx.run(never_ends))
+
+
+async def test_only_runs_whose_recovery_never_finished_are_counted_and_made_stuck(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
+) -> None:
+    """Seven engines "crash" in turn: the run whose activity attempt never ends is counted
+    each time and marked stuck after five; the run waiting for a signal never is."""
+    url = store_url()
+    options: dict[str, Any] = {"workflows": [waits_for_go, hangs_in_an_activity], "activities": [never_ends]}
+    reasons: list[str | None] = []
+    for generation in range(7):
+        with contextlib.suppress(Crash):
+            async with aion.open_engine(url, **options) as engine:
+                if generation == 0:
+                    await engine.start(waits_for_go, "w", workflow_id="waiting")
+                    await engine.start(hangs_in_an_activity, workflow_id="hanging")
+                await trio.sleep(1)
+                reasons.append((await engine.describe("hanging")).stuck_reason)
+                assert (await engine.describe("waiting")).stuck_reason is None
+                raise Crash
+    assert reasons[:6] == [None] * 6
+    assert reasons[6] is not None
+    assert reasons[6].startswith("5 recoveries of this run in a row never finished")
+    async with aion.open_store(url) as store:
+        assert isinstance(store, aion.RecoveryCounts)
+        assert await store.recovery_counts() == {"hanging": 6}
+    async with aion.open_engine(url, **options) as engine:
+        await engine.signal("waiting", "go", "now")
+        with trio.fail_after(10):
+            assert await engine.result("waiting") == "w: now"
+        # A graceful close clears the counts of what it recovered, not a stuck run's.
+    async with aion.open_store(url) as store:
+        assert isinstance(store, aion.RecoveryCounts)
+        assert await store.recovery_counts() == {"hanging": 6}

@@ -83,6 +83,7 @@ from .._store import (
     CommandInbox as CommandInbox,
     EventStore as EventStore,
     OwnedStore as OwnedStore,
+    RecoveryCounts as RecoveryCounts,
     SearchOp as SearchOp,
     SearchPredicate as SearchPredicate,
     Store as Store,
@@ -92,6 +93,7 @@ from .._store import (
     VisibilityRow as VisibilityRow,
     VisibilityStore as VisibilityStore,
     validate_batch as validate_batch,
+    validate_workflow_ids as validate_workflow_ids,
 )
 from .._util import fixup_module_metadata as _fixup_module_metadata
 from .._wire import (

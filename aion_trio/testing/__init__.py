@@ -12,7 +12,8 @@ A store author proves a store correct without reading aion_trio's tests:
 
 * stores with the optional ownership and inbox capabilities (DESIGN §4.5)
   also run ``check_owned_store(open_keyed)`` and ``check_command_inbox(open_keyed)``,
-  whose factory takes a key (the same key reopens the same store);
+  whose factory takes a key (the same key reopens the same store), and those
+  with :class:`~aion_trio.RecoveryCounts` ``check_recovery_counts(open_keyed)``;
 
 * with pytest: subclass :class:`EventStoreSuite` / :class:`VisibilityStoreSuite`
   (and :class:`OwnedStoreSuite` / :class:`CommandInboxSuite`)
@@ -29,10 +30,12 @@ from ._checks import (
     COMMAND_INBOX_SCENARIOS as COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS as EVENT_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS as OWNED_STORE_SCENARIOS,
+    RECOVERY_COUNTS_SCENARIOS as RECOVERY_COUNTS_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS as VISIBILITY_STORE_SCENARIOS,
     check_command_inbox as check_command_inbox,
     check_event_store as check_event_store,
     check_owned_store as check_owned_store,
+    check_recovery_counts as check_recovery_counts,
     check_visibility_store as check_visibility_store,
 )
 from ._flaky import (
@@ -45,6 +48,7 @@ from ._suite import (
     CommandInboxSuite as CommandInboxSuite,
     EventStoreSuite as EventStoreSuite,
     OwnedStoreSuite as OwnedStoreSuite,
+    RecoveryCountsSuite as RecoveryCountsSuite,
     VisibilityStoreSuite as VisibilityStoreSuite,
 )
 

@@ -13,6 +13,7 @@ from ._kit import (
     EVENT_REGISTRY,
     INBOX_REGISTRY,
     OWNER_REGISTRY,
+    RECOVERY_REGISTRY,
     VISIBILITY_REGISTRY,
     OpenKeyedStore,
     OpenStore,
@@ -31,6 +32,9 @@ OWNED_STORE_SCENARIOS: tuple[str, ...] = tuple(OWNER_REGISTRY)
 
 COMMAND_INBOX_SCENARIOS: tuple[str, ...] = tuple(INBOX_REGISTRY)
 """Names of the command-inbox scenarios, in the order :func:`check_command_inbox` runs them."""
+
+RECOVERY_COUNTS_SCENARIOS: tuple[str, ...] = tuple(RECOVERY_REGISTRY)
+"""Names of the recovery-count scenarios, in the order :func:`check_recovery_counts` runs them."""
 
 
 async def check_event_store(open_store: OpenStore, *, scenarios: Iterable[str] | None = None) -> None:
@@ -94,4 +98,16 @@ async def check_command_inbox(open_store: OpenKeyedStore, *, scenarios: Iterable
     ``scenarios`` selects from :data:`COMMAND_INBOX_SCENARIOS`.
     """
     for found in select(INBOX_REGISTRY, scenarios, "command inbox"):
+        await run_scenario(found, open_store)
+
+
+async def check_recovery_counts(
+    open_store: OpenKeyedStore, *, scenarios: Iterable[str] | None = None
+) -> None:
+    """Check that a store keeps the optional :class:`~aion_trio.RecoveryCounts` contract.
+
+    ``open_store`` is a keyed factory as for :func:`check_owned_store`;
+    ``scenarios`` selects from :data:`RECOVERY_COUNTS_SCENARIOS`.
+    """
+    for found in select(RECOVERY_REGISTRY, scenarios, "recovery counts"):
         await run_scenario(found, open_store)

@@ -1,5 +1,5 @@
-"""Conformance scenarios for the optional capabilities :class:`~aion_trio.OwnedStore` and
-:class:`~aion_trio.CommandInbox` (DESIGN §4.5).
+"""Conformance scenarios for the optional capabilities :class:`~aion_trio.OwnedStore`,
+:class:`~aion_trio.CommandInbox` (DESIGN §4.5) and :class:`~aion_trio.RecoveryCounts`.
 
 These scenarios open stores through a *keyed* factory, ``open_store(key)``:
 the same key opens the same store again (a second handle at the same time, or
@@ -36,6 +36,7 @@ from ._kit import ScenarioContext, scenario, short
 
 _owner = scenario("owner")
 _inbox = scenario("inbox")
+_recoveries = scenario("recoveries")
 
 DEAD_PID = 2**31 - 1
 """A pid no process has (beyond every kernel's pid range)."""
@@ -506,3 +507,66 @@ async def _inbox_use_after_close(ctx: ScenarioContext) -> None:
             await store.enqueue_command(_signal(1))
         with ctx.expect_raises(trio.ClosedResourceError, "pending_commands() after aclose()"):
             await store.pending_commands()
+
+
+# --------------------------------------------------------------------------
+# Recovery counts
+# --------------------------------------------------------------------------
+
+
+@_recoveries
+async def _recoveries_count_and_clear(ctx: ScenarioContext) -> None:
+    """Counts start at 0 and grow by one per call (an id given twice counts once), per workflow;
+    clear drops them (an absent id is no error); recovery_counts lists those not zero."""
+    async with ctx.open() as store:
+        ctx.expect_equal(await store.recovery_counts(), {}, "recovery_counts() of a fresh store")
+        ctx.expect_equal(await store.count_recoveries(["a", "b", "a"]), {"a": 1, "b": 1}, "the first count")
+        ctx.expect_equal(await store.count_recoveries(["a"]), {"a": 2}, "counting a again")
+        ctx.expect_equal(await store.count_recoveries([]), {}, "counting no workflow")
+        ctx.expect_equal(await store.recovery_counts(), {"a": 2, "b": 1}, "recovery_counts()")
+        await store.clear_recoveries(["a", "never-counted"])
+        ctx.expect_equal(await store.recovery_counts(), {"b": 1}, "recovery_counts() after clearing a")
+        ctx.expect_equal(await store.count_recoveries(["a"]), {"a": 1}, "a cleared count starts again")
+
+
+@_recoveries
+async def _recoveries_survive_reopen(ctx: ScenarioContext) -> None:
+    """Counts survive closing and reopening the store."""
+    async with ctx.open() as store:
+        await store.count_recoveries(["wf-1", "wf-2"])
+        await store.count_recoveries(["wf-1"])
+    async with ctx.open() as store:
+        ctx.expect_equal(
+            await store.recovery_counts(), {"wf-1": 2, "wf-2": 1}, "recovery_counts() after reopening"
+        )
+
+
+@_recoveries
+async def _recoveries_bad_ids_refused(ctx: ScenarioContext) -> None:
+    """One str instead of a sequence is a TypeError, an empty id a ValueError; nothing is counted."""
+    async with ctx.open() as store:
+        with ctx.expect_raises(TypeError, "count_recoveries('abc')"):
+            await store.count_recoveries("abc")
+        with ctx.expect_raises(ValueError, "count_recoveries(['ok', ''])"):
+            await store.count_recoveries(["ok", ""])
+        ctx.expect_equal(await store.recovery_counts(), {}, "recovery_counts() after refused calls")
+
+
+@_recoveries
+async def _recoveries_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+    """Every recovery-count method is a Trio checkpoint."""
+    async with ctx.open() as store:
+        await ctx.expect_checkpoint("count_recoveries()", lambda: store.count_recoveries(["a"]))
+        await ctx.expect_checkpoint("clear_recoveries()", lambda: store.clear_recoveries(["a"]))
+        await ctx.expect_checkpoint("recovery_counts()", store.recovery_counts)
+
+
+@_recoveries
+async def _recoveries_use_after_close(ctx: ScenarioContext) -> None:
+    """After the store is closed, recovery-count methods raise trio.ClosedResourceError."""
+    async with ctx.open() as store:
+        await store.aclose()
+        with ctx.expect_raises(trio.ClosedResourceError, "count_recoveries() after aclose()"):
+            await store.count_recoveries(["a"])
+        with ctx.expect_raises(trio.ClosedResourceError, "recovery_counts() after aclose()"):
+            await store.recovery_counts()

@@ -23,7 +23,7 @@ import trio.testing
 OpenStore = Callable[[], AbstractAsyncContextManager[Any]]
 """A zero-argument callable returning an async context manager that yields a fresh store."""
 
-Kind = Literal["event", "visibility", "owner", "inbox"]
+Kind = Literal["event", "visibility", "owner", "inbox", "recoveries"]
 
 OpenKeyedStore = Callable[[str], AbstractAsyncContextManager[Any]]
 """A one-argument callable: ``open_store(key)`` returns an async context manager yielding a
@@ -43,11 +43,13 @@ _EVENT_METHODS = (
 _VISIBILITY_METHODS = ("upsert", "get", "list", "count", "aclose")
 _OWNER_METHODS = ("claim_owner", "renew_owner", "release_owner", "current_owner")
 _INBOX_METHODS = ("enqueue_command", "pending_commands", "ack_command", "command_outcome")
+_RECOVERY_METHODS = ("count_recoveries", "clear_recoveries", "recovery_counts")
 _METHODS: dict[str, tuple[str, ...]] = {
     "event": _EVENT_METHODS,
     "visibility": _VISIBILITY_METHODS,
     "owner": _OWNER_METHODS,
     "inbox": _INBOX_METHODS,
+    "recoveries": _RECOVERY_METHODS,
 }
 
 _repr = reprlib.Repr()
@@ -100,11 +102,13 @@ EVENT_REGISTRY: dict[str, Scenario] = {}
 VISIBILITY_REGISTRY: dict[str, Scenario] = {}
 OWNER_REGISTRY: dict[str, Scenario] = {}
 INBOX_REGISTRY: dict[str, Scenario] = {}
+RECOVERY_REGISTRY: dict[str, Scenario] = {}
 _REGISTRIES: dict[str, dict[str, Scenario]] = {
     "event": EVENT_REGISTRY,
     "visibility": VISIBILITY_REGISTRY,
     "owner": OWNER_REGISTRY,
     "inbox": INBOX_REGISTRY,
+    "recoveries": RECOVERY_REGISTRY,
 }
 
 
@@ -129,9 +133,9 @@ def _unwrap_store(kind: Kind, obj: object) -> Any:
     methods = _METHODS[kind]
     if all(callable(getattr(obj, m, None)) for m in methods):
         return obj
-    if kind in ("owner", "inbox"):
+    if kind in ("owner", "inbox", "recoveries"):
         missing = [m for m in methods if not callable(getattr(obj, m, None))]
-        protocol = "an OwnedStore" if kind == "owner" else "a CommandInbox"
+        protocol = {"owner": "an OwnedStore", "inbox": "a CommandInbox"}.get(kind, "a RecoveryCounts store")
         raise TypeError(
             f"open_store(key) yielded {short(obj)}, which is not {protocol} (it lacks {', '.join(missing)})"
         )
@@ -163,11 +167,11 @@ class ScenarioContext:
     async def open(self, key: str = "main") -> AsyncIterator[Any]:
         """Open one fresh store through the author's factory (bundles are unwrapped).
 
-        For the keyed kinds (ownership, inbox), the same ``key`` opens the same
+        For the keyed kinds (ownership, inbox, recoveries), the same ``key`` opens the same
         store again within one scenario run.
         """
         try:
-            if self._kind in ("owner", "inbox"):
+            if self._kind in ("owner", "inbox", "recoveries"):
                 manager = self._open_store(f"{self._prefix}-{key}")
             else:
                 manager = self._open_store()

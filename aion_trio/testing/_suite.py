@@ -19,6 +19,7 @@ from ._kit import (
     EVENT_REGISTRY,
     INBOX_REGISTRY,
     OWNER_REGISTRY,
+    RECOVERY_REGISTRY,
     VISIBILITY_REGISTRY,
     OpenKeyedStore,
     OpenStore,
@@ -64,6 +65,15 @@ def _inbox_test(found: Scenario) -> Callable[..., Awaitable[None]]:
         await run_scenario(found, open_command_inbox)
 
     setattr(test, FIXTURE_ATTRIBUTE, "open_command_inbox")
+    return test
+
+
+def _recoveries_test(found: Scenario) -> Callable[..., Awaitable[None]]:
+    async def test(self: Any, open_recovery_counts: OpenKeyedStore) -> None:
+        __tracebackhide__ = True
+        await run_scenario(found, open_recovery_counts)
+
+    setattr(test, FIXTURE_ATTRIBUTE, "open_recovery_counts")
     return test
 
 
@@ -131,7 +141,14 @@ class CommandInboxSuite:
     (as for :class:`OwnedStoreSuite`)."""
 
 
+class RecoveryCountsSuite:
+    """Mixin: every recovery-count scenario (:data:`~aion_trio.testing.RECOVERY_COUNTS_SCENARIOS`)
+    as a ``test_<scenario>`` method, with an ``open_recovery_counts`` keyed-factory fixture
+    (as for :class:`OwnedStoreSuite`)."""
+
+
 _install(EventStoreSuite, EVENT_REGISTRY, _event_test)
 _install(VisibilityStoreSuite, VISIBILITY_REGISTRY, _visibility_test)
 _install(OwnedStoreSuite, OWNER_REGISTRY, _owned_test)
 _install(CommandInboxSuite, INBOX_REGISTRY, _inbox_test)
+_install(RecoveryCountsSuite, RECOVERY_REGISTRY, _recoveries_test)

@@ -140,6 +140,13 @@ def open_command_inbox(request: pytest.FixtureRequest) -> Callable[[str], Abstra
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+@pytest.fixture
+def open_recovery_counts(request: pytest.FixtureRequest) -> Callable[[str], AbstractAsyncContextManager[Any]]:
+    """Fallback: a RecoveryCountsSuite subclass must override this with its keyed factory."""
+    _missing(request, "open_recovery_counts", "RecoveryCountsSuite", "RecoveryCounts (keyed: factory(key))")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 @contextlib.asynccontextmanager
 async def _memory_events() -> AsyncIterator[EventStore]:
     async with open_store("memory://") as store:

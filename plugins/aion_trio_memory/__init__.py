@@ -46,6 +46,7 @@ from aion_trio.plugin import (
     redact_url,
     status_after,
     validate_batch,
+    validate_workflow_ids,
 )
 
 __all__ = ["MemoryEventStore", "MemoryStore", "MemoryVisibilityStore", "forget", "open_memory_store"]
@@ -66,6 +67,8 @@ class _Data:
     last_command_id: int = 0
     # request id -> command_id: a command queued again under its request id is not added
     command_requests: dict[str, int] = attrs.field(factory=dict)
+    # workflow id -> recoveries begun and not finished (RecoveryCounts)
+    recoveries: dict[str, int] = attrs.field(factory=dict)
 
 
 _named: dict[str, _Data] = {}
@@ -179,9 +182,10 @@ class MemoryVisibilityStore(_Closable):
 class MemoryStore:
     """An opened memory store: ``events`` and ``visibility`` over one data set.
 
-    It also has the optional capabilities :class:`~aion_trio.OwnedStore` and
-    :class:`~aion_trio.CommandInbox` (the reference semantics): the claim and
-    the inbox live with the data, so a named store keeps them across opens.
+    It also has the optional capabilities :class:`~aion_trio.OwnedStore`,
+    :class:`~aion_trio.CommandInbox` and :class:`~aion_trio.RecoveryCounts` (the
+    reference semantics): they live with the data, so a named store keeps them
+    across opens.
     """
 
     events: MemoryEventStore
@@ -291,6 +295,30 @@ class MemoryStore:
         if found is None:
             raise NotFound(f"no inbox command #{command_id} in {self._where()}")
         return found[1]
+
+    # -- recovery counts -----------------------------------------------------
+
+    async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]:
+        await self._enter()
+        ids = validate_workflow_ids(workflow_ids)
+        data = self._data
+        with data.lock:
+            for workflow_id in ids:
+                data.recoveries[workflow_id] = data.recoveries.get(workflow_id, 0) + 1
+            return {workflow_id: data.recoveries[workflow_id] for workflow_id in ids}
+
+    async def clear_recoveries(self, workflow_ids: Sequence[str]) -> None:
+        await self._enter()
+        ids = validate_workflow_ids(workflow_ids)
+        data = self._data
+        with data.lock:
+            for workflow_id in ids:
+                data.recoveries.pop(workflow_id, None)
+
+    async def recovery_counts(self) -> dict[str, int]:
+        await self._enter()
+        with self._data.lock:
+            return dict(self._data.recoveries)
 
     async def aclose(self) -> None:
         await self.events.aclose()

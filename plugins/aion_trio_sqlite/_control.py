@@ -55,6 +55,12 @@ _SQL_ACK = "UPDATE inbox SET acked = 1, outcome = ? WHERE command_id = ? AND ack
 _SQL_COMMAND_EXISTS = "SELECT 1 FROM inbox WHERE command_id = ?"
 _SQL_PENDING = "SELECT command_id, type, data FROM inbox WHERE acked = 0 ORDER BY command_id LIMIT ?"
 _SQL_OUTCOME = "SELECT acked, outcome FROM inbox WHERE command_id = ?"
+_SQL_COUNT_RECOVERY = (
+    "INSERT INTO recoveries (workflow_id, count) VALUES (?, 1)"
+    " ON CONFLICT (workflow_id) DO UPDATE SET count = count + 1 RETURNING count"
+)
+_SQL_CLEAR_RECOVERY = "DELETE FROM recoveries WHERE workflow_id = ?"
+_SQL_RECOVERIES = "SELECT workflow_id, count FROM recoveries ORDER BY workflow_id"
 
 
 def _decode_owner(row: Any, location: str) -> OwnerClaim:
@@ -208,6 +214,41 @@ class AckOp(WriteOp):
         conn.execute(_SQL_ACK, (self.outcome, self.command_id))
         if conn.changes() == 0 and not conn.execute(_SQL_COMMAND_EXISTS, (self.command_id,)).fetchall():
             self.error = NotFound(f"no inbox command #{self.command_id} in {self.location}")
+
+
+class CountRecoveriesOp(WriteOp):
+    """Add one to each workflow's recovery count (aion_trio.RecoveryCounts)."""
+
+    __slots__ = ("result", "workflow_ids")
+    doing = "counting recoveries"
+
+    def __init__(self, workflow_ids: list[str]) -> None:
+        super().__init__()
+        self.workflow_ids = workflow_ids
+        self.result: dict[str, int] = {}
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        self.result = {
+            wid: conn.execute(_SQL_COUNT_RECOVERY, (wid,)).fetchall()[0][0] for wid in self.workflow_ids
+        }
+
+
+class ClearRecoveriesOp(WriteOp):
+    __slots__ = ("workflow_ids",)
+    doing = "clearing recovery counts"
+
+    def __init__(self, workflow_ids: list[str]) -> None:
+        super().__init__()
+        self.workflow_ids = workflow_ids
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.executemany(_SQL_CLEAR_RECOVERY, [(wid,) for wid in self.workflow_ids])
+
+
+def recoveries_read() -> ReadOp[dict[str, int]]:
+    return ReadOp(lambda conn: {wid: count for wid, count in conn.execute(_SQL_RECOVERIES)})
 
 
 def owner_read(location: str) -> ReadOp[OwnerClaim | None]:

@@ -83,6 +83,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 4: the owner's process start mark (aion_trio's ``process_mark``), so a
     # same-host owner is judged by its process, not its pid alone (pids are reused).
     ("ALTER TABLE owner ADD COLUMN process TEXT",),
+    # 5: recoveries begun and not finished, per workflow (aion_trio.RecoveryCounts);
+    # a row exists only while its count is not zero.
+    (
+        "CREATE TABLE recoveries (workflow_id TEXT NOT NULL PRIMARY KEY, count INTEGER NOT NULL) WITHOUT ROWID",
+    ),
 )
 
 DEFAULT_WAL_AUTOCHECKPOINT = 4000
@@ -102,7 +107,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 _SET_USER_VERSION = tuple(f"PRAGMA user_version = {v:d}" for v in range(SCHEMA_VERSION + 1))
 _SYNCHRONOUS = {"FULL": "PRAGMA synchronous = FULL", "NORMAL": "PRAGMA synchronous = NORMAL"}
-TABLES = ("events", "workflows", "timers", "visibility", "search_attrs", "owner", "inbox")
+TABLES = ("events", "workflows", "timers", "visibility", "search_attrs", "owner", "inbox", "recoveries")
 # Touching each table's root page at open finds damaged files early.
 _PROBES = tuple(f"SELECT 1 FROM {t} LIMIT 1" for t in TABLES)
 

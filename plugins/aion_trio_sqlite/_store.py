@@ -27,6 +27,7 @@ from aion_trio.plugin import (
     is_active_status,
     status_after,
     validate_batch,
+    validate_workflow_ids,
 )
 
 from . import _codec, _control
@@ -346,6 +347,33 @@ class SqliteStore:
     async def command_outcome(self, command_id: int) -> CommandOutcome | None:
         await self._enter()
         return await self._backend.readers.submit(_control.outcome_read(command_id, self.path))
+
+    # -- recovery counts (aion_trio.RecoveryCounts) ----------------------------
+
+    async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]:
+        await self._enter()
+        try:
+            ids = validate_workflow_ids(workflow_ids)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        if not ids:
+            return {}
+        op = _control.CountRecoveriesOp(ids)
+        await self._backend.writer.submit(op)
+        return op.result
+
+    async def clear_recoveries(self, workflow_ids: Sequence[str]) -> None:
+        await self._enter()
+        try:
+            ids = validate_workflow_ids(workflow_ids)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        if ids:
+            await self._backend.writer.submit(_control.ClearRecoveriesOp(ids))
+
+    async def recovery_counts(self) -> dict[str, int]:
+        await self._enter()
+        return await self._backend.readers.submit(_control.recoveries_read())
 
     async def aclose(self) -> None:
         """Close both halves, finish queued work and close the database (idempotent)."""
