@@ -300,7 +300,7 @@ async def until_available(
     what: str,
     call: Callable[[], Awaitable[T]],
     ladder: tuple[float, float],
-    log: logging.Logger,
+    log: logging.Logger | ContextLogger,
     extra: Mapping[str, Any] | None = None,
 ) -> T:
     """``await call()``, retried with a :class:`TransientBackoff` on ``initial, ceiling``
