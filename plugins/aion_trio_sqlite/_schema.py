@@ -16,6 +16,7 @@ import apsw
 from aion_trio.plugin import DatabaseCorrupt, DatabaseTooNew, NotAnAionDatabase, StorePathError
 
 from ._mapping import describe_path_problem, open_error
+from ._walguard import check_mark, forget_mark
 
 APPLICATION_ID = 0x41494F4E
 """``PRAGMA application_id`` of every aion_trio SQLite database (ASCII ``AION``)."""
@@ -237,21 +238,23 @@ FILE_MODE = 0o600
 """A new database file's permissions (histories hold business data); its -wal and -shm follow."""
 
 
-def _create_private(path: str) -> None:
+def _create_private(path: str) -> bool:
     """Create a missing database file ``0600``, whatever the umask, before SQLite opens it.
 
     SQLite creates the ``-wal`` and ``-shm`` files with the database file's
     permission bits (and sets them, past the umask), so all three are private.
-    An existing file keeps the permissions its owner gave it.
+    An existing file keeps the permissions its owner gave it.  Returns whether
+    the file was created.
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
     except OSError:
-        return  # it exists (or cannot be created: SQLite's own open says why)
+        return False  # it exists (or cannot be created: SQLite's own open says why)
     try:
         os.fchmod(fd, FILE_MODE)  # the umask may have taken bits from FILE_MODE
     finally:
         os.close(fd)
+    return True
 
 
 def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Connection:
@@ -263,7 +266,8 @@ def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Conne
         raise StorePathError(path, problem)
     if os.path.isdir(path):
         raise StorePathError(path, problem or "this is a directory, not a database file")
-    _create_private(path)
+    if _create_private(path):
+        forget_mark(path)
     try:
         conn = apsw.Connection(path, flags=_OPEN_WRITE)
     except apsw.Error as exc:
@@ -288,6 +292,7 @@ def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Conne
         _configure(conn, synchronous, busy_timeout_ms)
         _migrate(conn, path, found)
         _check_tables(conn, path)
+        check_mark(conn, path)
     except apsw.Error as exc:
         conn.close()
         raise open_error(exc, path) from exc

@@ -35,6 +35,7 @@ from ._mapping import runtime_error
 from ._schema import DEFAULT_WAL_AUTOCHECKPOINT, open_heartbeat, open_read_only, open_reader, open_writer
 from ._threads import Readers, ReadOp, Writer, WriterStatistics
 from ._url import SqliteUrl, parse_sqlite_url
+from ._walguard import WalGuard
 from ._walroom import WalRoom
 from ._writes import AppendOp, RiderOp, StatementOp
 
@@ -451,6 +452,7 @@ async def open_sqlite_store(
             busy_timeout_ms=busy_ms,
             checkpoint_pages=wal_autocheckpoint,
             room=_room_for(parsed, writer_conn),
+            guard=None if parsed.read_only else WalGuard(parsed.path, writer_conn.filename_wal),
             inline=parsed.inline_commits,
         ),
         readers=Readers(reader_conns, parsed.path, token),

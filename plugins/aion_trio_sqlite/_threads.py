@@ -59,10 +59,11 @@ import apsw
 import attrs
 import trio
 
-from aion_trio import AionInternalError
+from aion_trio import AionInternalError, DatabaseCorrupt
 from aion_trio.plugin import hold_mock_time
 
 from ._mapping import TRANSACTION_ERRORS, cause, runtime_error
+from ._walguard import WalGuard
 from ._walroom import WalRoom
 from ._writes import AppendOp, WriteOp, apply_group, fence
 
@@ -219,6 +220,7 @@ class Writer(_Service):
         busy_timeout_ms: int,
         checkpoint_pages: int,
         room: WalRoom | None = None,
+        guard: WalGuard | None = None,
         inline: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -232,6 +234,7 @@ class Writer(_Service):
         self._checkpoint_pages = checkpoint_pages
         self._frames = 0
         self._room = room
+        self._guard = guard
         self._upkeep_due = False  # set by an inline commit that left upkeep to do
         # Riders (RiderOp) queued alone are committed by this time at the latest.
         self._riders_due = 0.0
@@ -510,8 +513,10 @@ class Writer(_Service):
         return apsw.SQLITE_OK
 
     def _upkeep_wanted(self) -> bool:
-        return self._frames >= self._checkpoint_pages or (
-            self._room is not None and self._room.wanted(self._frames)
+        return (
+            self._frames >= self._checkpoint_pages
+            or (self._room is not None and self._room.wanted(self._frames))
+            or (self._guard is not None and self._guard.due(self._clock()))
         )
 
     def _upkeep(self) -> None:
@@ -525,6 +530,10 @@ class Writer(_Service):
                 pass  # as SQLite's own auto-checkpoint: a later commit tries again
         if self._room is not None:
             self._room.keep(self._conn, self._frames)
+        if self._guard is not None:
+            now = self._clock()
+            if self._guard.due(now):
+                self._guard.check(self._conn, now)
 
     def _commit_reporting(self, group: list[WriteOp], begun: bool = False) -> None:
         try:
@@ -577,6 +586,13 @@ class Writer(_Service):
                 self._inline_resume_at = ended + INLINE_COOLDOWN
 
     def _commit_group(self, group: list[WriteOp], begun: bool) -> None:
+        if self._guard is not None and self._guard.lost is not None:
+            if begun:
+                self._conn.execute("ROLLBACK")
+            self._failed += 1
+            for op in group:
+                op.error = DatabaseCorrupt(self._location, self._guard.lost)
+            return
         self._largest = max(self._largest, len(group))
         todo: Sequence[WriteOp] = group
         fast = True
@@ -614,6 +630,8 @@ class Writer(_Service):
             if isinstance(op, AppendOp):
                 self._appends += 1
                 self._events += len(op.rows)
+                if self._guard is not None:
+                    self._guard.appended(op.workflow_id, op.expected_seq + len(op.rows))
 
 
 @final
