@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import aion_trio as aion
 
@@ -198,18 +199,28 @@ async def test_waiting_for_a_thread_slot_does_not_count_against_the_attempt_time
 ) -> None:
     RELEASE.clear()
     seen: list[aion.ObserverEvent] = []
+    waiter_dispatched = trio.Event()
+
+    def observe(event: aion.ObserverEvent) -> None:
+        seen.append(event)
+        if isinstance(event, aion.ActivityAttemptStarted) and event.workflow_id == "waiter":
+            waiter_dispatched.set()
+
     with trio.fail_after(20):
         async with aion.open_engine(
             store_url(),
             workflows=[holds_slot, runs_quick_with_a_short_timeout],
             activities=[blocker, quick],
             config=aion.EngineConfig(max_activity_threads=1),
-            observers=[seen.append],
+            observers=[observe],
         ) as engine:
             holder = await engine.start(holds_slot, workflow_id="holder")
             await _acquire(STARTED)  # the only slot is taken
             waiter = await engine.start(runs_quick_with_a_short_timeout, workflow_id="waiter")
-            await trio.sleep(0.5)  # real time: longer than the waiter's 0.2 s timeout
+            await waiter_dispatched.wait()
+            await trio.testing.wait_all_tasks_blocked()  # the waiter waits for the slot now
+            # Real time in the queue, longer than the waiter's 0.2 s timeout: what is measured.
+            await trio.sleep(0.5)
             RELEASE.set()
             assert await holder.result() == "released"
             assert await waiter.result() == "quick"
