@@ -61,19 +61,7 @@ def test_the_demo_completes_then_resumes_after_sigkill_instead_of_starting_over(
     db = tmp_path / "demo.db"
     first = _demo(db)
     try:
-        assert first.stdout is not None
-        deadline = time.monotonic() + 60
-        # Kill it once some orders finished and others are still in flight.
-        while True:
-            assert time.monotonic() < deadline, "the demo made no progress"
-            line = first.stdout.readline()
-            assert line, (
-                f"the demo ended before it could be killed: {first.stderr.read() if first.stderr else ''}"
-            )
-            if line.startswith("progress:"):
-                fields = dict(part.split("=") for part in line.split()[1:])
-                if int(fields["completed"]) >= 1 and int(fields["running"]) + int(fields["waiting"]) >= 3:
-                    break
+        _wait_for_progress(first)  # kill it once some orders finished and others are still in flight
         first.send_signal(signal.SIGKILL)
         assert first.wait(timeout=30) == -signal.SIGKILL
     finally:
