@@ -107,18 +107,25 @@ class FaultProxy:
         while self.mode is Mode.BLACKHOLE or (self.mode is Mode.SEND_ONLY and not towards_server):
             await self._changed.wait()
 
-    async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream, towards_server: bool) -> None:
-        while True:
-            await self._gate(towards_server)
-            data = await src.receive_some(CHUNK)
-            if not data:
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+    async def _pump(
+        self, src: trio.SocketStream, dst: trio.SocketStream, towards_server: bool, link: trio.CancelScope
+    ) -> None:
+        """Forward ``src`` to ``dst``; a reset or error on either side aborts the whole link."""
+        try:
+            while True:
+                await self._gate(towards_server)
+                data = await src.receive_some(CHUNK)
+                if not data:
                     await dst.send_eof()
-                return
-            if towards_server and self.latency > 0:
-                await trio.sleep(self.latency)
-            await self._gate(towards_server)
-            await dst.send_all(data)
+                    return
+                if towards_server and self.latency > 0:
+                    await trio.sleep(self.latency)
+                await self._gate(towards_server)
+                await dst.send_all(data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            _abort(src)
+            _abort(dst)
+            link.cancel()
 
     async def _link(self, client: trio.SocketStream) -> None:
         self.accepted += 1
@@ -133,8 +140,8 @@ class FaultProxy:
                 entry = (client, server, scope)
                 self._links.add(entry)
                 async with server, trio.open_nursery() as nursery:
-                    nursery.start_soon(self._pump, client, server, True)
-                    nursery.start_soon(self._pump, server, client, False)
+                    nursery.start_soon(self._pump, client, server, True, scope)
+                    nursery.start_soon(self._pump, server, client, False, scope)
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 _abort(client)
             finally:

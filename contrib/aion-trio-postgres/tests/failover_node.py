@@ -6,6 +6,7 @@ Usage::
         [--poll-interval P] [--start first:stop:step] [--timer SECONDS] [--remote]
         [--nap first:stop:step --nap-until UNIX_TIME]
         [--chain first:stop:step --steps K --concurrency C [--cap SECONDS]]
+        [--spans first:stop:step --steps K]
 
 Opens an engine in cluster mode on ``URL?schema=S&node=N&lease_ttl=T`` (the
 libpq ``application_name`` is ``aionfo-N``, so a test can find this node's
@@ -16,7 +17,8 @@ connections in ``pg_stat_activity``), with the workload of
 Prints ``READY <pid>`` once the engine is open, ``STARTED <n>`` after starting
 ``flow`` workflows ``wf-<i>`` for ``i`` in ``range(first, stop, step)`` (only
 when ``--start`` is given: a restarted node starts nothing), ``NAPPING``
-after starting ``nap`` workflows ``nap-<i>`` (``--nap``), and one
+after starting ``nap`` workflows ``nap-<i>`` (``--nap``), ``SPANNING``
+after starting ``spans`` workflows ``s-<i>`` of ``--steps`` steps, and one
 ``RELINQUISHED <workflow_id> <reason>`` line each time the store fenced this
 node (``NotOwner``: another node claimed the workflow).  Runs until SIGTERM or
 SIGINT, then closes the engine and prints ``STOPPED``.
@@ -117,6 +119,10 @@ async def main(args: argparse.Namespace) -> None:
             for i in _range(args.nap):
                 await engine.start(failover_app.nap, args.nap_until, workflow_id=f"nap-{i}")
             print("NAPPING", flush=True)
+        if args.spans is not None:
+            for i in _range(args.spans):
+                await engine.start(failover_app.spans, args.steps, workflow_id=f"s-{i}")
+            print("SPANNING", flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 break
@@ -137,6 +143,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--timer", type=float, default=1.5, help="durable timer seconds (flow)")
     parser.add_argument("--remote", action="store_true", help="even-numbered flows run step 1 remotely")
     parser.add_argument("--chain", help="first:stop:step of the chain workflows (throughput mode)")
+    parser.add_argument("--spans", help="first:stop:step of the spans workflows this node starts")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--cap", type=float, help="chain mode: start no workflow after this many seconds")

@@ -1,0 +1,128 @@
+"""A cluster node cut off from PostgreSQL: how long until it stops, is taken over, rejoins.
+
+Usage::
+
+    python bench/partition.py [--pg-url URL] [--repetitions 10] [--lease-ttl 2]
+        [--sweep-interval 0.3] [--poll-interval 0.3] [--workflows 12] [--steps 100] [--dir DIR]
+        [--seconds S]
+
+Each repetition runs the partition test's scenario
+(``contrib/aion-trio-postgres/tests/partition_scenario.py``) in a fresh
+schema of ``--pg-url`` (default ``$AION_TRIO_TEST_PG_URL`` or
+``postgresql://postgres@127.0.0.1:5432/test``): two engine node processes,
+each behind a fault proxy of its own; node ``n1``'s proxy blackholes its
+connections both ways for twice the lease TTL, then heals; then ``n2`` is
+``kill -9``'d and ``n1`` finishes everything.  Per repetition it measures
+*stopped* (partition to the start of ``n1``'s last side effect), *takeover*
+(partition until ``n2`` owns every workflow ``n1`` ran) and *rejoin* (heal
+until ``n1``'s lease is renewed), and checks the invariants (histories, one
+completion per attempt, no overlapping runs of one activity on two nodes).
+
+Prints one JSON line per repetition, then per measure p50 and max beside
+the bound ``lease_ttl + sweep_interval + poll_interval`` (the replay of the
+claimed histories comes on top: the scenario's histories are short), and
+the number of repetitions whose checks found a problem.  ``--seconds S``
+(smoke run): one repetition of 4 workflows, whatever S.  Not part of the
+test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from _common import emitter, percentile, run_in_scratch
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "contrib" / "aion-trio-postgres" / "tests"
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+emit = emitter("partition")
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pg-url", default=os.environ.get("AION_TRIO_TEST_PG_URL") or DEFAULT_PG_URL)
+    parser.add_argument("--repetitions", type=int, default=10)
+    parser.add_argument("--lease-ttl", type=float, default=2.0)
+    parser.add_argument("--sweep-interval", type=float, default=0.3)
+    parser.add_argument("--poll-interval", type=float, default=0.3)
+    parser.add_argument("--workflows", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--dir", help="parent of the scratch directory (node logs)")
+    parser.add_argument("--seconds", type=float, help="smoke run: one repetition of 4 workflows")
+    args = parser.parse_args(argv)
+    if args.seconds is not None:
+        args.repetitions, args.workflows = 1, 4
+    sys.path.insert(0, str(NODE_DIR))
+    import psycopg
+    import trio
+    from aion_trio_postgres import open_postgres_store
+    from partition_scenario import run_partition
+
+    base = args.pg_url.split("?", 1)[0]
+
+    def body(directory: str) -> None:
+        measures: dict[str, list[float]] = {"stopped": [], "takeover": [], "rejoin": []}
+        failed = 0
+        for rep in range(args.repetitions):
+            schema = f"aion_pb_{uuid.uuid4().hex[:12]}"
+
+            async def migrate(url: str) -> None:
+                async with open_postgres_store(url):
+                    pass
+
+            trio.run(migrate, f"{base}?schema={schema}")
+            tmp = Path(directory) / f"rep{rep}"
+            tmp.mkdir()
+            try:
+                outcome = run_partition(
+                    base,
+                    schema,
+                    tmp,
+                    ttl=args.lease_ttl,
+                    sweep=args.sweep_interval,
+                    poll=args.poll_interval,
+                    workflows=args.workflows,
+                    steps=args.steps,
+                )
+            finally:
+                with psycopg.connect(base, autocommit=True) as conn:
+                    conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            failed += bool(outcome.problems)
+            for name in measures:
+                measures[name].append(getattr(outcome, name))
+            emit(
+                {
+                    "kind": "repetition",
+                    "rep": rep,
+                    "stopped_s": round(outcome.stopped, 3),
+                    "takeover_s": round(outcome.takeover, 3),
+                    "rejoin_s": round(outcome.rejoin, 3),
+                    "relinquished": outcome.relinquished,
+                    "problems": outcome.problems[:5],
+                }
+            )
+        bound = args.lease_ttl + args.sweep_interval + args.poll_interval
+        for name, values in measures.items():
+            ordered = sorted(values)
+            emit(
+                {
+                    "kind": name,
+                    "repetitions": len(ordered),
+                    "p50_s": round(percentile(ordered, 0.5), 3),
+                    "max_s": round(ordered[-1], 3),
+                    "bound_ttl_sweep_poll_s": round(bound, 3),
+                    "lease_ttl_s": args.lease_ttl,
+                }
+            )
+        emit({"kind": "checks", "repetitions": args.repetitions, "with_problems": failed})
+
+    run_in_scratch("aion-partition-", args.dir, body, emit)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
