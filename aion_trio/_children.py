@@ -382,8 +382,6 @@ async def start_child_run(
 
 
 async def _close_child(core: EngineCore, parent_workflow_id: str, child: OpenChild) -> None:
-    from ._engine import Engine
-
     if core.cluster is not None and not core.drives(child.workflow_id):
         # Cluster mode, a child another node may drive: its history as the store holds it
         # (no local copy loaded for a workflow this node does not own).
@@ -395,15 +393,26 @@ async def _close_child(core: EngineCore, parent_workflow_id: str, child: OpenChi
         return
     policy = child.options.parent_close_policy
     reason = f"parent workflow {parent_workflow_id!r} closed (parent_close_policy={policy.value})"
+    await _ask_child(core, child, reason, terminate=policy is ParentClosePolicy.TERMINATE)
+
+
+async def _ask_child(core: EngineCore, child: OpenChild, reason: str, *, terminate: bool) -> None:
+    from ._engine import Engine
+
     # Through the client API, as any command: in cluster mode it reaches the node owning the child.
     client = Engine(core)
     try:
-        if policy is ParentClosePolicy.TERMINATE:
+        if terminate:
             await client.terminate(child.workflow_id, reason)
         else:
             await client.cancel(child.workflow_id, reason)
     except (NotRunning, WorkflowNotFound):
         pass  # it ended meanwhile
+
+
+async def cancel_child(core: EngineCore, parent_workflow_id: str, child: OpenChild) -> None:
+    """The parent's code cancelled the child's handle: ask the child to cancel."""
+    await _ask_child(core, child, f"cancelled by its parent workflow {parent_workflow_id!r}", terminate=False)
 
 
 async def close_children(core: EngineCore, parent_workflow_id: str, run_id: str) -> None:

@@ -21,7 +21,7 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, final, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, Union, final, overload
 
 import attrs
 import trio
@@ -68,6 +68,7 @@ from ._events import (
     input_digest,
 )
 from ._ids import (
+    CHILD_CANCEL_MARKER_PREFIX,
     PATCH_MARKER_PREFIX,
     anonymous_timer,
     named_timer,
@@ -78,11 +79,14 @@ from ._ids import (
 from ._payload import Payload
 from ._projections import (
     COMMAND_ACTIVITY,
+    COMMAND_ACTIVITY_CANCEL,
     COMMAND_CHILD,
+    COMMAND_CHILD_CANCEL,
     COMMAND_PATCH,
     COMMAND_TIMER,
     COMMAND_TIMER_CANCEL,
     CommandKey,
+    command_key,
 )
 from ._retry import UNSET, RetryPolicy, check_layer, duration_seconds, explicit
 
@@ -91,6 +95,7 @@ if TYPE_CHECKING:
     from ._registry import Lease
 
 T = TypeVar("T")
+H = TypeVar("H", "ActivityHandle[Any]", "ChildHandle[Any]", "TimerHandle")
 P = ParamSpec("P")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -185,6 +190,14 @@ class ActivityHandle(Generic[T]):
     def __await__(self) -> Generator[Any, None, T]:
         return self._ctx._await_activity(self).__await__()
 
+    async def cancel(self) -> bool:
+        """Cancel the activity: ``ActivityCancelled`` is recorded, its running attempt is
+        stopped (an async activity's task is cancelled, a thread activity is told through
+        ``heartbeat()`` / ``activity_cancelled()``), and ``await handle`` raises
+        :class:`aion_trio.ActivityFailure` (cause ``cancelled``).  ``True`` if this call
+        cancelled it, ``False`` if it had already settled (its outcome stands)."""
+        return await self._ctx._cancel_activity(self)
+
     def __repr__(self) -> str:
         return f"<ActivityHandle activity:{self.activity_id} {self.activity_type}>"
 
@@ -230,8 +243,19 @@ class ChildHandle(Generic[T]):
     def __await__(self) -> Generator[Any, None, T]:
         return self._ctx._await_child(self).__await__()
 
+    async def cancel(self) -> bool:
+        """Ask the child to cancel (recorded in this run's history, delivered to the child
+        as ``engine.cancel`` would); ``await handle`` then gives its outcome, normally a
+        :class:`aion_trio.ChildWorkflowFailure` with status ``cancelled``.  ``True`` if
+        this call asked, ``False`` if the child's outcome was already recorded."""
+        return await self._ctx._cancel_child(self)
+
     def __repr__(self) -> str:
         return f"<ChildHandle child:{self.ordinal} {self.workflow_type} {self.workflow_id!r}>"
+
+
+Handle = Union[ActivityHandle[Any], ChildHandle[Any], TimerHandle]
+"""Any handle a workflow context returns (``ctx.gather`` / ``ctx.wait_first`` take them all)."""
 
 
 class _ReplayAwareLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -434,35 +458,44 @@ class WorkflowContext:
         self._caught_up = True
         return None
 
-    def _resolve_timer_cancel(self, timer_id: str) -> bool:
-        """The code retires timer ``timer_id``: ``True`` if the caller must record the cancel.
+    def _resolve_cancel(self, requested: CommandKey, resolution: Event | None) -> str:
+        """The code cancels a timer, activity or child whose resolution so far is ``resolution``.
 
-        Live, a timer already resolved needs no cancel (and one that fires before
-        the cancel is written is not cancelled), so on replay a recorded fire
-        stands for the cancel the live run did not write.
+        Returns ``"recorded"`` (replay: the cancel is in history here), ``"record"``
+        (live: the caller records it) or ``"none"`` (it was already resolved, so no
+        cancel is written).  Live, a thing resolved first needs no cancel (one that
+        resolves before the cancel is written is not cancelled either), so on replay
+        a recorded resolution that is not itself a command stands for the cancel the
+        live run did not write.
         """
         self._state.sync()
         commands = self._state.commands
         position = self._next_command
-        requested = CommandKey(COMMAND_TIMER_CANCEL, timer_id)
-        resolution = self._state.timer_resolutions.get(timer_id)
         if position < len(commands):
             recorded, _ = commands[position]
             if recorded.matches(requested):
                 self._next_command = position + 1
-                self._timers_retired.add(timer_id)
-                return False
-            if resolution is not None and isinstance(resolution.body, TimerFired):
-                return False
+                return "recorded"
+            if resolution is not None and command_key(resolution.body) is None:
+                return "none"
             raise self._divergence(position, recorded, requested.describe())
         if resolution is not None:
-            return False
+            return "none"
         if self._recorded_end() is not None:
             raise self._past_the_end(requested.describe())
         self._next_command = position + 1
-        self._timers_retired.add(timer_id)
         self._caught_up = True
-        return True
+        return "record"
+
+    def _resolve_timer_cancel(self, timer_id: str) -> bool:
+        """The code retires timer ``timer_id``: ``True`` if the caller must record the cancel."""
+        self._state.sync()
+        verdict = self._resolve_cancel(
+            CommandKey(COMMAND_TIMER_CANCEL, timer_id), self._state.timer_resolutions.get(timer_id)
+        )
+        if verdict != "none":
+            self._timers_retired.add(timer_id)
+        return verdict == "record"
 
     # -- activities --------------------------------------------------------
 
@@ -674,49 +707,132 @@ class WorkflowContext:
         self._consume(event)
         return self._activity_value(handle, event)
 
+    # -- any handle (gather, wait_first) -----------------------------------------
+
+    def _own_handles(self, handles: Sequence[Any], what: str) -> list[Handle]:
+        for h in handles:
+            if not isinstance(h, (ActivityHandle, ChildHandle, TimerHandle)):
+                raise TypeError(
+                    f"{what} takes handles from ctx.start(), ctx.start_child() or ctx.start_timer(), "
+                    f"got {h!r}"
+                )
+            if h._ctx is not self:
+                raise ValueError(f"{what}: {h!r} belongs to another workflow run")
+        return list(handles)
+
+    def _handle_resolution(self, handle: Handle) -> Event | None:
+        if isinstance(handle, ActivityHandle):
+            return self._state.settled.get(handle.activity_id)
+        if isinstance(handle, ChildHandle):
+            return self._state.child_resolutions.get(handle.ordinal)
+        return self._state.timer_resolutions.get(handle.timer_id)
+
+    def _handle_value(self, handle: Handle, event: Event) -> Any:
+        """What ``await handle`` gives for this recorded resolution (a failure is raised)."""
+        if isinstance(handle, ActivityHandle):
+            return self._activity_value(handle, event)
+        if isinstance(handle, ChildHandle):
+            return self._child_value(handle, event)
+        return isinstance(event.body, TimerFired)
+
+    @staticmethod
+    def _handle_failed(event: Event) -> bool:
+        return isinstance(
+            event.body, (ActivityFailed, ActivityCancelled, ChildWorkflowFailed, ChildWorkflowCancelled)
+        )
+
+    @staticmethod
+    def _awaited_activities(handles: Sequence[Handle]) -> list[int]:
+        return [h.activity_id for h in handles if isinstance(h, ActivityHandle)]
+
     @_command("ctx.gather()")
-    async def gather(self, *handles: ActivityHandle[Any]) -> list[Any]:
-        """Wait for every handle; results in argument order.
+    async def gather(self, *handles: Handle) -> list[Any]:
+        """Wait for every handle (activity, child workflow or timer); results in argument order.
 
-        If any failed, raises the failure recorded first (lowest seq) as soon
-        as it is in history — the same one live and on replay.
+        A timer gives ``True`` if it fired, ``False`` if it was cancelled.  If any
+        failed, raises the failure recorded first (lowest seq) as soon as it is in
+        history — the same one live and on replay.
         """
+        own = self._own_handles(handles, "ctx.gather()")
 
-        def check() -> list[Event] | Event | None:
-            resolved = [self._activity_resolution(h.activity_id) for h in handles]
-            failures = [e for e in resolved if e is not None and not isinstance(e.body, ActivityCompleted)]
+        def check() -> list[Event] | tuple[Handle, Event] | None:
+            resolved = [self._handle_resolution(h) for h in own]
+            failures = [
+                (h, e) for h, e in zip(own, resolved, strict=True) if e is not None and self._handle_failed(e)
+            ]
             if failures:
-                return min(failures, key=lambda e: e.seq)
+                return min(failures, key=lambda pair: pair[1].seq)
             if all(e is not None for e in resolved):
                 return [e for e in resolved if e is not None]
             return None
 
-        outcome: list[Event] | Event = await self._wait_until(
-            check, awaited_activities=[h.activity_id for h in handles]
-        )
-        if isinstance(outcome, Event):
-            self._consume(outcome)
-            body = outcome.body
-            handle = next(h for h in handles if h.activity_id == getattr(body, "activity_id", None))
-            self._activity_value(handle, outcome)  # raises the recorded failure
+        outcome = await self._wait_until(check, awaited_activities=self._awaited_activities(own))
+        if isinstance(outcome, tuple):
+            handle, event = outcome
+            self._consume(event)
+            self._handle_value(handle, event)  # raises the recorded failure
             raise AssertionError("unreachable: a gather failure resolved to a success")
+        assert isinstance(outcome, list)
         for event in outcome:
             self._consume(event)
-        return [self._activity_value(h, e) for h, e in zip(handles, outcome, strict=False)]
+        return [self._handle_value(h, e) for h, e in zip(own, outcome, strict=True)]
 
     @_command("ctx.wait_first()")
-    async def wait_first(self, *handles: ActivityHandle[Any]) -> ActivityHandle[Any]:
-        """Wait until one handle resolves; returns the one recorded first (lowest seq)."""
+    async def wait_first(self, *handles: H) -> H:
+        """Wait until one handle (activity, child workflow or timer) resolves; returns the
+        one recorded first (lowest seq).  Await it for its value."""
         if not handles:
             raise ValueError("wait_first() needs at least one handle")
+        own = self._own_handles(handles, "ctx.wait_first()")
 
-        def check() -> tuple[ActivityHandle[Any], Event] | None:
-            present = [(h, e) for h in handles if (e := self._activity_resolution(h.activity_id)) is not None]
+        def check() -> tuple[Handle, Event] | None:
+            present = [(h, e) for h in own if (e := self._handle_resolution(h)) is not None]
             return min(present, key=lambda pair: pair[1].seq) if present else None
 
-        handle, event = await self._wait_until(check, awaited_activities=[h.activity_id for h in handles])
+        handle, event = await self._wait_until(check, awaited_activities=self._awaited_activities(own))
         self._consume(event)
-        return handle
+        return handle  # type: ignore[return-value]
+
+    # -- cancelling handles -------------------------------------------------------
+
+    async def _cancel_activity(self, handle: ActivityHandle[Any]) -> bool:
+        self._require_own_task("cancelling an activity")
+        await self._flush()  # its schedule is recorded before its cancel (program order)
+        self._state.sync()
+        activity_id = handle.activity_id
+        verdict = self._resolve_cancel(
+            CommandKey(COMMAND_ACTIVITY_CANCEL, str(activity_id)), self._state.settled.get(activity_id)
+        )
+        if verdict == "record":
+            await self._core.record_activities_cancelled(
+                self._lease, self._state, [activity_id], by_workflow=True
+            )
+            self._state.sync()
+            settled = self._state.settled.get(activity_id)
+            return (
+                settled is not None
+                and isinstance(settled.body, ActivityCancelled)
+                and bool(settled.body.by_workflow)
+            )
+        return verdict == "recorded"
+
+    async def _cancel_child(self, handle: ChildHandle[Any]) -> bool:
+        self._require_own_task("cancelling a child workflow")
+        await self._flush()  # its start is recorded (and the child started) before its cancel
+        self._state.sync()
+        verdict = self._resolve_cancel(
+            CommandKey(COMMAND_CHILD_CANCEL, str(handle.ordinal)),
+            self._state.child_resolutions.get(handle.ordinal),
+        )
+        if verdict == "none":
+            return False
+        if verdict == "record":
+            await self._core.record_marker(
+                self._lease, f"{CHILD_CANCEL_MARKER_PREFIX}{handle.ordinal}", Payload("true")
+            )
+        # Delivered on replay too (idempotent): a crash may have come between the record and the request.
+        await self._core.cancel_recorded_child(self._lease, handle.ordinal)
+        return True
 
     # -- child workflows -----------------------------------------------------
 
@@ -807,9 +923,13 @@ class WorkflowContext:
 
         event = await self._wait_until(check)
         self._consume(event)
-        body = event.body
-        if isinstance(body, TimerFired):
+        if isinstance(event.body, TimerFired):
             raise Timeout(f"a timeout scope expired while waiting for child workflow {handle.workflow_id!r}")
+        return self._child_value(handle, event)
+
+    def _child_value(self, handle: ChildHandle[Any], event: Event) -> Any:
+        """The child's result, or its failure raised, from its recorded outcome."""
+        body = event.body
         self._unobserved_children.discard(handle.workflow_id)
         if isinstance(body, ChildWorkflowCompleted):
             return self._core.codec.decode(body.result)

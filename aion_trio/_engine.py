@@ -1075,11 +1075,13 @@ class EngineCore:
         return event
 
     async def record_activities_cancelled(
-        self, lease: Lease, state: RunState, activity_ids: Sequence[int]
+        self, lease: Lease, state: RunState, activity_ids: Sequence[int], *, by_workflow: bool = False
     ) -> None:
-        """The workflow stopped awaiting these activities because it was cancelled: settle
-        the unsettled ones with ``ActivityCancelled`` (one batch, under the lock) and stop
-        their running attempts.  Idempotent: replay finds them settled and records nothing."""
+        """The workflow stopped awaiting these activities because it was cancelled (or, with
+        ``by_workflow``, its code cancelled their handles): settle the unsettled ones with
+        ``ActivityCancelled`` (one batch, under the lock) and stop their running attempts
+        (an async activity's task is cancelled; a thread activity is told).  Idempotent:
+        replay finds them settled and records nothing."""
         cancelled: list[int] = []
 
         def build(history: Sequence[Event]) -> list[Any]:
@@ -1092,7 +1094,11 @@ class EngineCore:
                     continue
                 trail = retry_trail(segment, activity_id)
                 bodies.append(
-                    ActivityCancelled(activity_id=activity_id, attempt=trail[-1].attempt if trail else 1)
+                    ActivityCancelled(
+                        activity_id=activity_id,
+                        attempt=trail[-1].attempt if trail else 1,
+                        by_workflow=True if by_workflow else None,
+                    )
                 )
                 cancelled.append(activity_id)
             return bodies
@@ -1148,6 +1154,33 @@ class EngineCore:
             self,
             lease.workflow_id,
             lease.run_id,
+            child,
+        )
+
+    async def cancel_recorded_child(self, lease: Lease, ordinal: int) -> None:
+        """Deliver the cancel request the run recorded for its child ``ordinal`` (idempotent:
+        a child already asked, or already closed, is left as it is)."""
+        child = next(
+            (
+                c
+                for c in children.open_children(lease.recorder.history, lease.workflow_id, lease.run_id)
+                if c.ordinal == ordinal
+            ),
+            None,
+        )
+        if child is None:
+            return  # its outcome is recorded: nothing to cancel
+        await children.guarded(
+            self,
+            "cancel a child workflow",
+            {
+                "workflow_id": lease.workflow_id,
+                "run_id": lease.run_id,
+                "child_workflow_id": child.workflow_id,
+            },
+            children.cancel_child,
+            self,
+            lease.workflow_id,
             child,
         )
 

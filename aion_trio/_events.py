@@ -144,6 +144,11 @@ def _optional_digest(instance: object, attribute: attrs.Attribute[str | None], v
         raise ValueError(f"{attribute.name} must be lower-case hex (1-128 digits) or None, got {value!r}")
 
 
+def _optional_true(instance: object, attribute: attrs.Attribute[bool | None], value: bool | None) -> None:
+    if value is not None and value is not True:
+        raise ValueError(f"{attribute.name} must be True or None (absent), got {value!r}")
+
+
 def input_digest(payload: Payload) -> str:
     """The digest recorded with a command of the encoded arguments ``payload``.
 
@@ -448,6 +453,9 @@ class ActivityFailed(EventBody):
 class ActivityCancelled(EventBody):
     activity_id: int = attrs.field(validator=_non_negative)
     attempt: int = attrs.field(validator=_positive)
+    #: True: the workflow cancelled it (``await handle.cancel()``, one of its commands);
+    #: absent: the engine did (terminate, a cancellation, a deadline).
+    by_workflow: bool | None = attrs.field(default=None, validator=_optional_true, metadata={OMIT_NONE: True})
 
 
 @attrs.frozen(kw_only=True)

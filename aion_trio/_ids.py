@@ -112,6 +112,9 @@ DEADLINE_TIMER_PREFIX = "deadline:"
 PATCH_MARKER_PREFIX = "patch:"
 """Names of the markers ``ctx.patched(id)`` records."""
 
+CHILD_CANCEL_MARKER_PREFIX = "cancel-child:"
+"""Names of the markers ``await child_handle.cancel()`` records (``cancel-child:N``, N the child's ordinal)."""
+
 
 def deadline_timer_id(run_id: RunId) -> TimerId:
     return f"{DEADLINE_TIMER_PREFIX}{run_id}"

@@ -48,7 +48,7 @@ from ._events import (
     WorkflowStatus,
     WorkflowTimedOut,
 )
-from ._ids import DEADLINE_TIMER_PREFIX, PATCH_MARKER_PREFIX, inbox_request_id
+from ._ids import CHILD_CANCEL_MARKER_PREFIX, DEADLINE_TIMER_PREFIX, PATCH_MARKER_PREFIX, inbox_request_id
 
 
 def run_segment(events: Sequence[Event], run_id: str) -> list[Event]:
@@ -456,6 +456,10 @@ class CommandKey:
             return f"child {self.name!r} with id {self.ident!r}"
         if self.kind == COMMAND_TIMER_CANCEL:
             return f"cancel of timer {self.name!r}"
+        if self.kind == COMMAND_ACTIVITY_CANCEL:
+            return f"cancel of activity:{self.name}"
+        if self.kind == COMMAND_CHILD_CANCEL:
+            return f"cancel of child #{self.name}"
         if self.kind == COMMAND_SEARCH_ATTRIBUTES:
             return "search-attribute upsert"
         return f"{self.kind} {self.name!r}"
@@ -465,12 +469,20 @@ COMMAND_ACTIVITY = "activity"
 COMMAND_TIMER = "timer"
 COMMAND_TIMER_CANCEL = "timer cancel"
 COMMAND_CHILD = "child workflow"
+COMMAND_ACTIVITY_CANCEL = "activity cancel"
+COMMAND_CHILD_CANCEL = "child cancel"
 COMMAND_PATCH = "patch"
 COMMAND_SEARCH_ATTRIBUTES = "search attributes"
 
 
 def _activity_command(body: ActivityScheduled) -> CommandKey:
     return CommandKey(COMMAND_ACTIVITY, body.activity_type, digest=body.input_digest)
+
+
+def _activity_cancel_command(body: ActivityCancelled) -> CommandKey | None:
+    if not body.by_workflow:
+        return None  # the engine's (terminate, a cancellation, a deadline), not the code's
+    return CommandKey(COMMAND_ACTIVITY_CANCEL, str(body.activity_id))
 
 
 def _timer_command(body: TimerStarted) -> CommandKey | None:
@@ -492,6 +504,8 @@ def _child_command(body: ChildWorkflowStarted) -> CommandKey:
 def _marker_command(body: MarkerRecorded) -> CommandKey | None:
     if body.name.startswith(PATCH_MARKER_PREFIX):
         return CommandKey(COMMAND_PATCH, body.name[len(PATCH_MARKER_PREFIX) :])
+    if body.name.startswith(CHILD_CANCEL_MARKER_PREFIX):
+        return CommandKey(COMMAND_CHILD_CANCEL, body.name[len(CHILD_CANCEL_MARKER_PREFIX) :])
     # A child's options marker (CHILD_MARKER_PREFIX) is part of its ChildWorkflowStarted
     # command; other markers are not written by workflow code.
     return None
@@ -503,6 +517,7 @@ def _upsert_command(body: SearchAttributesUpserted) -> CommandKey:
 
 _COMMAND_KEYS: Mapping[type, Callable[[Any], CommandKey | None]] = {
     ActivityScheduled: _activity_command,
+    ActivityCancelled: _activity_cancel_command,
     TimerStarted: _timer_command,
     TimerCancelled: _timer_cancel_command,
     ChildWorkflowStarted: _child_command,
@@ -515,8 +530,9 @@ def command_key(body: EventBody) -> CommandKey | None:
     """The command ``body`` records, or ``None`` if it is not one of the code's commands.
 
     The one classification of events for replay: workflow code's commands are
-    activity schedules, timer starts and intentional cancels (sleeps, named
-    timers, signal-wait timeouts, ``scope:`` timeout scopes), child starts,
+    activity schedules and the code's cancels of them, timer starts and
+    intentional cancels (sleeps, named timers, signal-wait timeouts, ``scope:``
+    timeout scopes), child starts and cancel requests (``cancel-child:`` markers),
     ``ctx.patched`` markers and search-attribute upserts.  Everything else is an
     observation or the engine's own record: activity attempts and outcomes,
     retry trails, timer fires, signals, child outcomes, cancel requests,

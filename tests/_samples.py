@@ -107,7 +107,7 @@ FULL_BODIES: dict[str, EventBody] = {
         ActivityStarted(activity_id=2, attempt=3),
         ActivityCompleted(activity_id=2, result=Payload.of("ok"), attempt=3),
         ActivityFailed(activity_id=2, error=ACTIVITY_ERROR, attempt=2, final=False, retry_at=FIRE_AT),
-        ActivityCancelled(activity_id=2, attempt=4),
+        ActivityCancelled(activity_id=2, attempt=4, by_workflow=True),
         ActivityFallbackRouted(
             activity_id=2, attempt=2, from_task_queue="payments", to_task_queue="payments-b", fallback_index=1
         ),
@@ -149,6 +149,7 @@ MINIMAL_BODIES: dict[str, EventBody] = {
         ChildWorkflowFailed(child_workflow_id="child", error=MINIMAL_ERROR_INFO),
         SignalReceived(name="approve", payload=Payload.of({"by": "alice", "ok": True})),
         WorkflowCancelRequested(reason="customer asked"),
+        ActivityCancelled(activity_id=0, attempt=1),  # cancelled by the engine (no by_workflow)
         # Recorded before commands carried their arguments' digest: it still decodes.
         ChildWorkflowStarted(child_workflow_id="order-7/ship", workflow_type="ship", input=Payload.of({})),
     )

@@ -448,6 +448,8 @@ ERROR = ev.ActivityError(cause=ev.FailureCause.RETRYABLE, type="E", message="m")
         (ev.ActivityFailed(activity_id=0, error=ERROR, attempt=1, final=False), None),
         (ev.ActivityFailed(activity_id=0, error=ERROR, attempt=1, final=True), None),
         (ev.ActivityCancelled(activity_id=0, attempt=1), None),
+        (ev.ActivityCancelled(activity_id=3, attempt=1, by_workflow=True), "cancel of activity:3"),
+        (ev.MarkerRecorded(name="cancel-child:2", value=aion.Payload.of(True)), "cancel of child #2"),
         (ev.TimerFired(timer_id="anonymous:0"), None),
         (ev.SignalReceived(name="s", payload=aion.Payload.of(1)), None),
         (ev.WorkflowCancelRequested(reason="r"), None),

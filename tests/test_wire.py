@@ -245,6 +245,7 @@ _BY_NAME: dict[str, st.SearchStrategy[Any]] = {
     "reopened_activity_ids": st.lists(st.integers(0, 10**6), max_size=4).map(tuple),
     "timeout": durations,
     "command_id": st.integers(1, 2**53),
+    "by_workflow": st.just(True),
     "input_digest": st.text(alphabet="0123456789abcdef", min_size=1, max_size=32),
 }
 

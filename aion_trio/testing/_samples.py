@@ -130,7 +130,7 @@ def full_bodies() -> list[EventBody]:
         ActivityFailed(
             activity_id=1, error=activity_error, attempt=2, final=False, retry_at=at(60.25, tz=PLUS_0530)
         ),
-        ActivityCancelled(activity_id=3, attempt=4),
+        ActivityCancelled(activity_id=3, attempt=4, by_workflow=True),
         ActivityFallbackRouted(
             activity_id=1, attempt=2, from_task_queue="payments", to_task_queue="payments-b", fallback_index=1
         ),
