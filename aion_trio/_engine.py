@@ -107,6 +107,7 @@ from ._events import (
     validate_search_attributes,
 )
 from ._ids import (
+    check_text,
     deadline_timer_id,
     new_run_id,
     new_workflow_id,
@@ -511,6 +512,11 @@ class EngineCore:
             if loading is None:
                 break
             await loading.wait()
+        # An id no store can hold (a lone surrogate): say so instead of asking the
+        # store, whose encoder would fail on it.
+        if not isinstance(workflow_id, str):
+            raise TypeError(f"workflow_id must be str, got {type(workflow_id).__name__}")
+        check_text(workflow_id, "workflow_id")
         done = trio.Event()
         self._loading[workflow_id] = done
         try:
@@ -2087,6 +2093,7 @@ class Engine:
         core = self._core
         if not isinstance(name, str) or not name:
             raise ValueError(f"signal name must be a non-empty str, got {name!r}")
+        check_text(name, "signal name")
         if request_id is not None:
             validate_caller_request_id(request_id)
         encoded = core.codec.encode(payload, what=f"payload of signal {name!r}")
@@ -2162,6 +2169,7 @@ class Engine:
         """
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {reason!r}")
+        check_text(reason, "reason")
         if request_id is not None:
             validate_caller_request_id(request_id)
         if not self._core.epoch.admitting:
@@ -2203,6 +2211,7 @@ class Engine:
         nothing and is not refused."""
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {reason!r}")
+        check_text(reason, "reason")
         if request_id is not None:
             validate_caller_request_id(request_id)
         if not self._core.epoch.admitting:

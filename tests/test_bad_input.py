@@ -146,6 +146,11 @@ API_CASES: list[tuple[str, Request, type[BaseException], str]] = [
         "too large",
     ),
     ("signal with an empty name", lambda e: e.signal("waiting", ""), ValueError, "signal name"),
+    ("lone surrogate signal name", lambda e: e.signal("waiting", "go\udc80"), ValueError, "surrogate"),
+    ("signal a lone surrogate id", lambda e: e.signal("w\ud800", "go"), ValueError, "surrogate"),
+    ("lone surrogate cancel reason", lambda e: e.cancel("waiting", "why\ud800"), ValueError, "surrogate"),
+    ("lone surrogate terminate reason", lambda e: e.terminate("waiting", "\ud800"), ValueError, "surrogate"),
+    ("describe a lone surrogate id", lambda e: e.describe("\ud800"), ValueError, "surrogate"),
     ("open_engine(config=5)", lambda e: _open_with(config=5), TypeError, "EngineConfig"),
     ("open_engine(store=5)", lambda e: aion.open_engine(5).__aenter__(), TypeError, "URL"),  # type: ignore[arg-type]
     ("sqlite:///%ff", lambda e: _open_store("sqlite:///%ff"), aion.InvalidStoreUrl, "UTF-8"),
