@@ -6,6 +6,8 @@ cancelled, and replayed the same way.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -21,12 +23,14 @@ from aion_trio import events as ev
 LIMIT = 20
 STOPPED: list[str] = []
 CALLS: list[str] = []
+STOP_SEEN: dict[str, trio.Event] = {}
 
 
 @pytest.fixture(autouse=True)
 def _reset() -> None:
     STOPPED.clear()
     CALLS.clear()
+    STOP_SEEN["event"] = trio.Event()
 
 
 @aion.activity
@@ -42,6 +46,7 @@ async def forever(tag: str) -> str:
         await trio.sleep_forever()
     except trio.Cancelled:
         STOPPED.append(tag)
+        STOP_SEEN["event"].set()
         raise
     raise AssertionError("unreachable")
 
@@ -125,7 +130,11 @@ async def test_gather_takes_activity_child_and_timer_handles(store_url: Callable
 async def test_a_cancelled_activity_handle_stops_the_attempt_and_is_recorded(
     store_url: Callable[[], str],
 ) -> None:
-    result, history = await _run(store_url(), races_a_timer)
+    async with aion.open_engine(store_url(), workflows=[races_a_timer], activities=[forever]) as engine:
+        with trio.fail_after(LIMIT):
+            result = await (await engine.start(races_a_timer, workflow_id="w")).result()
+            await STOP_SEEN["event"].wait()  # while the engine runs: the handle's cancel stopped it
+        history = await engine.history("w")
     assert result == [True, True, False, "cancelled: ActivityCancelled"]
     assert STOPPED == ["race"], "the activity's task was really cancelled"
     cancels = [e.body for e in history if isinstance(e.body, ev.ActivityCancelled)]
@@ -187,3 +196,42 @@ async def test_dropping_a_recorded_handle_cancel_is_non_determinism(
     reason = outcome.stuck_reason or ""
     assert "activity cancel command #2 was recorded as cancel of activity:0" in reason, reason
     assert outcome.refused == []
+
+
+THREAD_TOLD = threading.Event()
+
+
+@aion.activity
+def polls_for_cancellation(tag: str) -> str:
+    """A plain def (a thread): it learns of the cancel through activity_cancelled()."""
+    deadline = time.monotonic() + LIMIT
+    while not aion.activity_cancelled():
+        if time.monotonic() > deadline:
+            return "never told"
+        time.sleep(0.001)
+    THREAD_TOLD.set()
+    return "told"
+
+
+@aion.workflow
+async def cancels_a_thread_activity(ctx: aion.WorkflowContext) -> str:
+    busy = ctx.start(polls_for_cancellation, "t")
+    timer = ctx.start_timer("soon", 0.01)
+    await ctx.wait_first(busy, timer)
+    await busy.cancel()
+    try:
+        await busy
+    except aion.ActivityFailure as failure:
+        return failure.error.cause.value
+    return "completed"
+
+
+async def test_a_cancelled_thread_activity_is_told(store_url: Callable[[], str]) -> None:
+    THREAD_TOLD.clear()
+    async with aion.open_engine(
+        store_url(), workflows=[cancels_a_thread_activity], activities=[polls_for_cancellation]
+    ) as engine:
+        with trio.fail_after(LIMIT):
+            run = await engine.start(cancels_a_thread_activity, workflow_id="th")
+            assert await run.result() == "cancelled"
+            assert await trio.to_thread.run_sync(THREAD_TOLD.wait, LIMIT), "the thread was told"
