@@ -134,7 +134,7 @@ async def test_a_long_turn_of_many_short_steps_is_reported_busy_without_blaming_
 
 
 async def test_without_a_threshold_there_is_no_watchdog(store_url: Callable[[], str]) -> None:
-    with _logged("blocked") as watch:
+    with _logged("blocked") as watch, trio.fail_after(20):
         async with aion.open_engine(
             store_url(), workflows=[blocks_itself], config=aion.EngineConfig(loop_stall_warning=None)
         ) as engine:
@@ -142,8 +142,9 @@ async def test_without_a_threshold_there_is_no_watchdog(store_url: Callable[[], 
             run = await engine.start(blocks_itself, workflow_id="unwatched")
             assert await run.result() == "done"
     assert watch.messages == []
-    async with aion.open_engine("memory://", workflows=[blocks_itself]):
-        assert any(t.name == "aion_trio loop watchdog" for t in threading.enumerate()), "on by default"
+    with trio.fail_after(20):
+        async with aion.open_engine("memory://", workflows=[blocks_itself]):
+            assert any(t.name == "aion_trio loop watchdog" for t in threading.enumerate()), "on by default"
     assert not any(t.name == "aion_trio loop watchdog" for t in threading.enumerate()), "stopped at close"
 
 
