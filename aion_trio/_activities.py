@@ -32,7 +32,6 @@ from ._contain import being_cancelled, is_structural
 from ._definitions import ActivityDefinition, ActivityLoop
 from ._errors import (
     AttemptCancelled,
-    BackendUnavailable,
     EngineEpochClosed,
     PayloadError,
     PolicyRefused,
@@ -57,7 +56,7 @@ from ._logs import ContextLogger
 from ._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from ._payload import Payload, PayloadCodec
 from ._projections import retry_trail, run_segment
-from ._retry import ActivityOptions, TransientBackoff
+from ._retry import ActivityOptions, until_available
 from ._watchdog import register_step
 
 if TYPE_CHECKING:
@@ -1133,16 +1132,16 @@ async def _record_retrying(
 ) -> RecordOutcome:
     """``record_activity_event``, retried on ``BackendUnavailable`` until it lands
     (a try whose commit landed unacknowledged is found, not written twice)."""
-    backoff: TransientBackoff | None = None  # built on the first transient failure
-    while True:
-        try:
-            return await record_activity_event(
-                recorder, request.run_id, request.activity_id, body, retried=backoff is not None
-            )
-        except BackendUnavailable as exc:
-            if backoff is None:
-                backoff = TransientBackoff(*record_backoff, logger, log_extra)
-            await backoff.failed(what, exc)
+    tries = 0
+
+    async def record() -> RecordOutcome:
+        nonlocal tries
+        tries += 1
+        return await record_activity_event(
+            recorder, request.run_id, request.activity_id, body, retried=tries > 1
+        )
+
+    return await until_available(what, record, record_backoff, logger, log_extra)
 
 
 async def _record_outcome(
