@@ -229,6 +229,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 5: who holds a node id's lease (host, pid and aion_trio's process mark), so
     # a second live process opened with the same id is refused naming it.
     ("ALTER TABLE nodes ADD COLUMN host text, ADD COLUMN pid integer, ADD COLUMN process text",),
+    # 6: recoveries begun and not finished, per workflow (aion_trio.RecoveryCounts);
+    # a row exists only while its count is not zero.
+    ('CREATE TABLE recoveries (workflow_id text COLLATE "C" PRIMARY KEY, count integer NOT NULL)',),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

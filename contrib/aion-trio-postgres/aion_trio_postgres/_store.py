@@ -43,6 +43,7 @@ from aion_trio.plugin import (
     status_after,
     this_host,
     validate_batch,
+    validate_workflow_ids,
 )
 
 from . import _codec
@@ -71,6 +72,12 @@ Conn = psycopg.Connection[Any]
 # SQL (constant text; every value is bound)
 # --------------------------------------------------------------------------
 
+_SQL_COUNT_RECOVERY = (
+    "INSERT INTO recoveries (workflow_id, count) VALUES (%s, 1)"
+    " ON CONFLICT (workflow_id) DO UPDATE SET count = recoveries.count + 1 RETURNING count"
+)
+_SQL_CLEAR_RECOVERIES = "DELETE FROM recoveries WHERE workflow_id = ANY(%s)"
+_SQL_RECOVERIES = "SELECT workflow_id, count FROM recoveries ORDER BY workflow_id"
 _SQL_APPEND = (
     "SELECT aion_append(%s, %s, %s, %s, %s, %s::timestamptz[], %s::text[], %s::text[], %s,"
     " %s::text[], %s::timestamptz[], %s::text[])"
@@ -662,6 +669,46 @@ class PostgresStore:
             poll_interval=self.url.poll_interval,
             task_status=task_status,
         )
+
+    # -- recovery counts (aion_trio.RecoveryCounts) ----------------------------
+
+    async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]:
+        await self.events._enter()
+        try:
+            ids = validate_workflow_ids(workflow_ids)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        if not ids:
+            return {}
+
+        def run(conn: Conn) -> dict[str, int]:
+            with conn.transaction():
+                return {wid: int(conn.execute(_SQL_COUNT_RECOVERY, (wid,)).fetchone()[0]) for wid in ids}
+
+        return await self._backend.run("counting recoveries", run)
+
+    async def clear_recoveries(self, workflow_ids: Sequence[str]) -> None:
+        await self.events._enter()
+        try:
+            ids = validate_workflow_ids(workflow_ids)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        if not ids:
+            return
+
+        def run(conn: Conn) -> None:
+            with conn.transaction():
+                conn.execute(_SQL_CLEAR_RECOVERIES, (ids,))
+
+        await self._backend.run("clearing recovery counts", run)
+
+    async def recovery_counts(self) -> dict[str, int]:
+        await self.events._enter()
+
+        def run(conn: Conn) -> dict[str, int]:
+            return {r[0]: int(r[1]) for r in conn.execute(_SQL_RECOVERIES)}
+
+        return await self._backend.run("reading recovery counts", run)
 
     async def aclose(self) -> None:
         """Close both halves, release the node lease and close the pool (idempotent)."""

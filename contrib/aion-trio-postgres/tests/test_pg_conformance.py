@@ -9,9 +9,10 @@ gets a fresh schema, dropped afterwards.
 from __future__ import annotations
 
 import pytest
-from conftest import isolated_opener
+from aion_trio_postgres import open_postgres_store
+from conftest import drop_schema, isolated_opener, new_schema_name
 
-from aion_trio.testing import EventStoreSuite, VisibilityStoreSuite
+from aion_trio.testing import EventStoreSuite, RecoveryCountsSuite, VisibilityStoreSuite
 
 pytest_plugins = ["aion_trio.testing.pytest_plugin"]
 
@@ -32,3 +33,18 @@ class TestPostgresVisibilityStore(VisibilityStoreSuite):
     @pytest.fixture
     def open_visibility_store(self, pg_url: str):  # type: ignore[no-untyped-def]
         return isolated_opener(pg_url)
+
+
+class TestPostgresRecoveryCounts(RecoveryCountsSuite):
+    @pytest.fixture
+    def open_recovery_counts(self, pg_url: str):  # type: ignore[no-untyped-def]
+        """A keyed factory: one schema per key (the same key reopens it), all dropped after."""
+        schemas: dict[str, str] = {}
+
+        def open_keyed(key: str):  # type: ignore[no-untyped-def]
+            schema = schemas.setdefault(key, new_schema_name())
+            return open_postgres_store(f"{pg_url}?schema={schema}")
+
+        yield open_keyed
+        for schema in schemas.values():
+            drop_schema(pg_url, schema)
