@@ -527,6 +527,7 @@ class EngineCore:
                 self.clock,
                 observers=self.observers,
                 on_fenced=self._on_fenced,
+                on_stale=self._on_stale,
             )
             self._recorders[workflow_id] = recorder
             return recorder
@@ -539,6 +540,10 @@ class EngineCore:
         if self.cluster is not None:
             return self.relinquish
         return self._store_fenced if self.on_store_fenced is not None else None
+
+    @property
+    def _on_stale(self) -> Callable[[Recorder, SequenceConflict], None] | None:
+        return self.relinquish_stale if self.cluster is not None else None
 
     def _store_fenced(self, recorder: Recorder, error: NotOwner) -> None:
         # An owned store refused a write: the engine lost the store, not one workflow.
@@ -570,6 +575,38 @@ class EngineCore:
             self.observers.emit(
                 WorkflowRelinquished(workflow_id=workflow_id, node_id=node, reason=str(error))
             )
+
+    def relinquish_stale(self, recorder: Recorder, error: SequenceConflict) -> None:
+        """Cluster mode: an append found another head than this node's copy holds (another
+        node appended meanwhile, e.g. while this one was fenced and before it claimed the
+        workflow back).  Not a reason to mark the run stuck: the stale copy is dropped like
+        a fenced workflow's, and if this node owns the workflow it recovers it from the store."""
+        if not self._stop_locally(recorder):
+            return
+        workflow_id = recorder.workflow_id
+        self.relinquished += 1
+        node = self.cluster.node_id if self.cluster is not None else ""
+        logger.warning(
+            "workflow relinquished: this node's copy of its history was stale (%s); it is recovered "
+            "from the store by its owner",
+            error,
+            extra={"workflow_id": workflow_id, "node": node, "reason": str(error)},
+        )
+        if self.observers is not None:
+            self.observers.emit(
+                WorkflowRelinquished(workflow_id=workflow_id, node_id=node, reason=str(error))
+            )
+        try:
+            self.epoch.spawn(self._recover_if_owned, workflow_id, name=f"recover-stale:{workflow_id}")
+        except EngineEpochClosed:
+            pass  # shutting down: the next engine recovers it
+
+    async def _recover_if_owned(self, workflow_id: str) -> None:
+        assert self.cluster is not None
+        if await self.cluster.command_target(workflow_id) is not None:
+            return  # another node owns it (its recovery carries it on)
+        await self.take_fresh(workflow_id)
+        await self.recover_one(workflow_id)
 
     async def take_fresh(self, workflow_id: str) -> None:
         """Cluster mode, before recovering a workflow this node has just claimed: forget
@@ -638,6 +675,8 @@ class EngineCore:
             self.clock,
             observers=self.observers,
             on_fenced=self._on_fenced,
+            # A conflict before release_unloaded (the id has history) drops nothing: not installed.
+            on_stale=self._on_stale,
         )
 
     def release_unloaded(self, recorder: Recorder, *, adopt: bool) -> None:
@@ -855,6 +894,8 @@ class EngineCore:
                 await self.mark_stuck(lease, f"could not {what}: {exc}")
                 raise RunAborted() from exc
             except SequenceConflict as exc:
+                if self.cluster is not None:
+                    raise RunAborted() from exc  # a stale copy, relinquished by the recorder's hook
                 await self.mark_stuck(lease, f"could not {what}: {exc}")
                 raise RunAborted() from exc
             except StoreError as exc:
@@ -1311,8 +1352,8 @@ class EngineCore:
                 await driver.run(resume=resume)
             except StoreError as exc:
                 # Not transient (those are retried until they land): the run cannot go on.
-                if isinstance(exc, NotOwner) and self.cluster is not None:
-                    return  # relinquished by the recorder's fence hook
+                if isinstance(exc, (NotOwner, SequenceConflict)) and self.cluster is not None:
+                    return  # relinquished by the recorder's fence or stale-copy hook
                 reason = (
                     f"could not record the outcome of activity:{request.activity_id} "
                     f"{request.activity_type} (attempt {driver.last_attempt}): {type(exc).__name__}: {exc}"

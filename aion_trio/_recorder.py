@@ -49,11 +49,15 @@ class Recorder:
         *,
         observers: ObserverHub | None = None,
         on_fenced: Callable[[Recorder, NotOwner], None] | None = None,
+        on_stale: Callable[[Recorder, SequenceConflict], None] | None = None,
     ) -> None:
         self.workflow_id = workflow_id
         #: Called (synchronously, no checkpoint) when the store refuses an append with
         #: ``NotOwner``: the one place a fenced workflow is noticed (cluster mode).
         self.on_fenced = on_fenced
+        #: Called likewise on ``SequenceConflict``: this copy of the history is stale, another
+        #: node appended meanwhile (cluster mode; a store's lone writer never sees one).
+        self.on_stale = on_stale
         #: The engine's observers (``None``: nobody observes, nothing is built).
         self.observers = observers
         self._store = store
@@ -85,10 +89,20 @@ class Recorder:
         *,
         observers: ObserverHub | None = None,
         on_fenced: Callable[[Recorder, NotOwner], None] | None = None,
+        on_stale: Callable[[Recorder, SequenceConflict], None] | None = None,
     ) -> Recorder:
         """A recorder resumed at the stored head, with the stored history."""
         history = await store.read_history(workflow_id)
-        return cls(workflow_id, store, epoch, clock, history, observers=observers, on_fenced=on_fenced)
+        return cls(
+            workflow_id,
+            store,
+            epoch,
+            clock,
+            history,
+            observers=observers,
+            on_fenced=on_fenced,
+            on_stale=on_stale,
+        )
 
     @classmethod
     def resume_at(
@@ -248,9 +262,11 @@ class Recorder:
         self._pending = events
         try:
             await self._store.append(self.workflow_id, events, self._head)
-        except SequenceConflict:
+        except SequenceConflict as exc:
             self._pending = None
             self._pending_deferred = 0
+            if self.on_stale is not None:
+                self.on_stale(self, exc)
             raise
         except NotOwner as exc:
             if self.on_fenced is None:

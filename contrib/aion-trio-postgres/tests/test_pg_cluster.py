@@ -22,7 +22,7 @@ import aion_trio as aion
 from aion_trio import EngineConfig, NotOwner, NotRunning, Payload, WorkflowRelinquished
 from aion_trio._ids import new_run_id
 from aion_trio.events import SignalReceived, TimerFired, WorkflowStarted
-from aion_trio.plugin import ClusterStore
+from aion_trio.plugin import ClusterStore, body_data_json
 
 FAST = EngineConfig(sweep_interval=0.1, remote_command_timeout=10.0)
 CALLS: list[str] = []
@@ -530,3 +530,37 @@ async def test_a_node_superseded_by_a_newer_incarnation_stops_its_engine(
         await serve_until_superseded()
     assert stopped.value.shard == "a"
     assert not engines[0].epoch.is_open
+
+
+async def test_a_stale_copy_is_relinquished_and_recovered_from_the_store_not_marked_stuck(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    """The owner's copy of a history falls behind the store (another node appended while this
+    one was fenced, before it claimed the workflow back; simulated by one foreign event): its
+    next append is a SequenceConflict, after which it drops the copy and recovers the run
+    from the store instead of marking it stuck."""
+    url = fresh_store_url()
+    schema = schema_of(url)
+    seen: list[WorkflowRelinquished] = []
+    async with node(url, "a", observers=[seen.append]) as (_, a):
+        await a.start(nap_then_note, "late", workflow_id="w")
+        (epoch,) = (
+            await sql_async(pg_url, schema, "SELECT owner_epoch FROM workflows WHERE workflow_id = 'w'")
+        )[0]
+        kind, data = body_data_json(SignalReceived(name="noise", payload=Payload.of(1)))
+        await sql_async(
+            pg_url,
+            schema,
+            "WITH h AS (UPDATE workflows SET head = head + 1 WHERE workflow_id = 'w' RETURNING head)"
+            " INSERT INTO events (workflow_id, seq, recorded_at, type, data, owner_epoch)"
+            " SELECT 'w', h.head, clock_timestamp(), %s, %s, %s FROM h",
+            (kind, data, epoch),
+        )
+        with trio.fail_after(20):
+            assert await a.result("w") == "noted late"  # the timer fired on the fresh copy
+        assert "w" not in a._core.stuck
+        assert [e.workflow_id for e in seen if isinstance(e, WorkflowRelinquished)] == ["w"]
+        assert CALLS == ["late"]
+    history = await _history(url, "w")
+    assert [type(e.body).__name__ for e in history].count("TimerFired") == 1
+    assert_unforked(pg_url, schema)
