@@ -605,7 +605,8 @@ class EngineCore:
         assert self.cluster is not None
         if await self.cluster.command_target(workflow_id) is not None:
             return  # another node owns it (its recovery carries it on)
-        await self.take_fresh(workflow_id)
+        if workflow_id in self._recorders or workflow_id in self._loading:
+            return  # recovered meanwhile (a sweep claimed it back): that copy is fresh
         await self.recover_one(workflow_id)
 
     async def take_fresh(self, workflow_id: str) -> None:
