@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import trio
 
@@ -32,9 +33,10 @@ def marker(workflow_id: str, seq: int) -> Event:
     )
 
 
-async def main(path: str) -> None:
+async def main(path: str, **options: Any) -> None:
+    """Append until killed; ``options`` go to ``open_sqlite_store``."""
     heads = [0] * WORKFLOWS
-    async with open_sqlite_store(f"sqlite:///{path}") as store:
+    async with open_sqlite_store(f"sqlite:///{path}", **options) as store:
         while True:
             for w in range(WORKFLOWS):
                 wid = f"w-{w}"
