@@ -1,7 +1,8 @@
 """Property: replaying a history with changed code reproduces it exactly or reports non-determinism.
 
 A random workflow program (activities, sleeps, children, signal waits with and
-without a timeout, ``ctx.patched`` blocks) is run to completion on a memory
+without a timeout, ``ctx.patched`` blocks, activities raced by a timer and
+cancelled through their handle) is run to completion on a memory
 store under an autojump clock; then the program is mutated (a step inserted,
 deleted, moved, replaced by another kind, or given other arguments) and the
 recorded history is replayed with the mutated program in an engine that
@@ -9,7 +10,7 @@ refuses appends.  The replay must either reach the recorded end having
 appended nothing (the history is reproduced exactly) or mark the run stuck
 with ``NonDeterminismError`` — never take another path silently.
 
-Examples: ``AION_TRIO_REPLAY_EXAMPLES`` (default 15, derandomized, under a
+Examples: ``AION_TRIO_REPLAY_EXAMPLES`` (default 10, derandomized, about a
 second); e.g. ``AION_TRIO_REPLAY_EXAMPLES=2000`` for a long randomized run.
 """
 
@@ -26,7 +27,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import aion_trio as aion
 
-_EXAMPLES = int(os.environ.get("AION_TRIO_REPLAY_EXAMPLES", "15"))
+_EXAMPLES = int(os.environ.get("AION_TRIO_REPLAY_EXAMPLES", "10"))
 settings.register_profile(
     "aion-replay",
     max_examples=_EXAMPLES,
@@ -49,6 +50,12 @@ async def act_b(n: int) -> str:
     return f"b{n}"
 
 
+@aion.activity
+async def act_slow(n: int) -> str:
+    await trio.sleep(10**6)  # mock time: cancelled by the workflow long before
+    return f"slow{n}"
+
+
 ACTIVITIES = {"a": act_a, "b": act_b}
 
 
@@ -61,7 +68,7 @@ async def echo(ctx: aion.WorkflowContext, n: int) -> int:
 async def program(ctx: aion.WorkflowContext) -> list[Any]:
     """Runs the global PROGRAM: the same workflow type, different code per phase."""
     out: list[Any] = []
-    for step in PROGRAM:
+    for index, step in enumerate(PROGRAM):
         kind = step[0]
         if kind == "activity":
             out.append(await ctx.run(ACTIVITIES[step[1]], step[2]))
@@ -75,6 +82,11 @@ async def program(ctx: aion.WorkflowContext) -> list[Any]:
                 out.append(await ctx.wait_signal(name, timeout=timeout))
             except aion.Timeout:
                 out.append(f"no {name}")
+        elif kind == "race":  # a slow activity raced by a timer, then cancelled through its handle
+            slow = ctx.start(act_slow, step[1])
+            timer = ctx.start_timer(f"race-{index}", 1)
+            first = await ctx.wait_first(slow, timer)
+            out.append([first is timer, await slow.cancel()])
         elif kind == "patch":
             if await ctx.patched(step[1]):
                 out.append(await ctx.run(act_a, -1))
@@ -91,7 +103,8 @@ signal_steps = st.tuples(
     st.just("signal"), st.sampled_from(["s", "t", "u"]), st.sampled_from([None, 5])
 ).filter(lambda s: s[1] != "u" or s[2] is not None)
 patch_steps = st.tuples(st.just("patch"), st.sampled_from(["p", "q"]))
-steps = st.one_of(activity_steps, sleep_steps, child_steps, signal_steps, patch_steps)
+race_steps = st.tuples(st.just("race"), st.integers(0, 2))
+steps = st.one_of(activity_steps, sleep_steps, child_steps, signal_steps, patch_steps, race_steps)
 programs = st.lists(steps, min_size=1, max_size=6)
 
 
@@ -102,7 +115,7 @@ def _tweak(step: Step) -> Step:
         return (kind, step[1], step[2] + 1)
     if kind == "sleep":
         return (kind, step[1] + 1)
-    if kind == "child":
+    if kind in ("child", "race"):
         return (kind, step[1] + 1)
     if kind == "signal":
         _, name, timeout = step
@@ -132,7 +145,7 @@ def mutated(draw: st.DrawFn, original: list[Step]) -> tuple[str, list[Step]]:
 async def _record(steps_: list[Step]) -> list[aion.Event]:
     PROGRAM[:] = steps_
     async with aion.open_engine(
-        f"memory://prop-{uuid.uuid4().hex}", workflows=[program, echo], activities=[act_a, act_b]
+        f"memory://prop-{uuid.uuid4().hex}", workflows=[program, echo], activities=[act_a, act_b, act_slow]
     ) as engine:
         run = await engine.start(program, workflow_id="prog")
         for step in steps_:
@@ -145,7 +158,7 @@ async def _record(steps_: list[Step]) -> list[aion.Event]:
 
 async def _replay(history: list[aion.Event], steps_: list[Step]) -> ReplayOutcome:
     PROGRAM[:] = steps_
-    return await replay(history, workflows=[program, echo], activities=[act_a, act_b])
+    return await replay(history, workflows=[program, echo], activities=[act_a, act_b, act_slow])
 
 
 def _run(fn: Any, *args: Any) -> Any:
