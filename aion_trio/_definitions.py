@@ -25,53 +25,63 @@ class ActivityLoop(enum.Enum):
     ASYNCIO = "asyncio"  #: asyncio coroutine function, through trio-asyncio
 
 
-def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):  # some builtins and C callables have none: nothing to check
-        return None
-
-
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def check_arguments(
-    signature: inspect.Signature | None, args: Sequence[Any], *, kind: str, name: str, skip: int = 0
-) -> None:
-    """Raise :class:`InvalidArguments` unless ``fn(*skip_placeholders, *args)`` binds.
+@final
+@attrs.frozen
+class Arity:
+    """What positional calls of a function bind, worked out once per definition.
 
     The engine passes arguments by position only, so a required keyword-only
-    parameter can never be filled: it is reported like a missing one.  ``skip``
-    leading parameters are the engine's (a workflow's ``ctx``).
+    parameter can never be filled: it is reported like a missing one.
     """
-    if signature is None:
-        return
-    params = list(signature.parameters.values())[skip:]
-    plain = [p.replace(annotation=p.empty) for p in params]
-    shown = str(inspect.Signature(plain))
-    positional = [p for p in params if p.kind in _POSITIONAL]
-    missing = [p for p in positional[len(args) :] if p.default is p.empty] + [
-        p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty
-    ]
-    if missing:
-        first = missing[0]
-        how = (
-            " (keyword-only: positional arguments cannot fill it)" if first.kind is first.KEYWORD_ONLY else ""
+
+    parameters: tuple[inspect.Parameter, ...]
+    required: int  # positional parameters without a default (they come first)
+    most: int | None  # positional parameters in all; None with ``*args``
+    unfillable: inspect.Parameter | None  # the first required keyword-only parameter
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], skip: int = 0) -> Arity | None:
+        """``fn``'s arity past its first ``skip`` parameters (a workflow's ``ctx``); None if it has no signature."""
+        try:
+            params = tuple(inspect.signature(fn).parameters.values())[skip:]
+        except (TypeError, ValueError):  # some builtins and C callables have none: nothing to check
+            return None
+        positional = [p for p in params if p.kind in _POSITIONAL]
+        return cls(
+            params,
+            sum(1 for p in positional if p.default is p.empty),
+            None if any(p.kind is p.VAR_POSITIONAL for p in params) else len(positional),
+            next((p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty), None),
         )
+
+    def check(self, args: Sequence[Any], *, kind: str, name: str) -> None:
+        """Raise :class:`InvalidArguments` unless ``fn(*skipped, *args)`` binds (O(1) when it does)."""
+        count = len(args)
+        if count >= self.required and self.unfillable is None and (self.most is None or count <= self.most):
+            return
+        shown = str(inspect.Signature([p.replace(annotation=p.empty) for p in self.parameters]))
+        if count < self.required or self.unfillable is not None:
+            positional = [p for p in self.parameters if p.kind in _POSITIONAL]
+            first = positional[count] if count < self.required else self.unfillable
+            assert first is not None
+            how = (
+                " (keyword-only: positional arguments cannot fill it)"
+                if first.kind is first.KEYWORD_ONLY
+                else ""
+            )
+            raise InvalidArguments(
+                kind,
+                name,
+                first.name,
+                shown,
+                f"missing the argument {first.name!r}{how}, got {count} argument(s)",
+            )
+        assert self.most is not None
         raise InvalidArguments(
-            kind,
-            name,
-            first.name,
-            shown,
-            f"missing the argument {first.name!r}{how}, got {len(args)} argument(s)",
-        )
-    if len(args) > len(positional) and not any(p.kind is p.VAR_POSITIONAL for p in params):
-        raise InvalidArguments(
-            kind,
-            name,
-            None,
-            shown,
-            f"got {len(args)} arguments, {len(args) - len(positional)} more than it takes",
+            kind, name, None, shown, f"got {count} arguments, {count - self.most} more than it takes"
         )
 
 
@@ -88,11 +98,11 @@ class WorkflowDefinition(Generic[F]):
 
     name: str
     fn: F
-    _signature: inspect.Signature | None = attrs.field(
+    _arity: Arity | None = attrs.field(
         init=False,
         eq=False,
         repr=False,
-        default=attrs.Factory(lambda self: _signature(self.fn), takes_self=True),
+        default=attrs.Factory(lambda self: Arity.of(self.fn, skip=1), takes_self=True),
     )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -100,7 +110,8 @@ class WorkflowDefinition(Generic[F]):
 
     def check_arguments(self, args: Sequence[Any], kind: str = "workflow") -> None:
         """Raise :class:`InvalidArguments` unless ``fn(ctx, *args)`` binds."""
-        check_arguments(self._signature, args, kind=kind, name=self.name, skip=1)
+        if self._arity is not None:
+            self._arity.check(args, kind=kind, name=self.name)
 
 
 @final
@@ -113,11 +124,11 @@ class ActivityDefinition(Generic[F]):
     loop: ActivityLoop
     #: Options set on the decorator (a layer of the per call > activity > engine resolution).
     options: Mapping[str, Any] = attrs.field(factory=dict)
-    _signature: inspect.Signature | None = attrs.field(
+    _arity: Arity | None = attrs.field(
         init=False,
         eq=False,
         repr=False,
-        default=attrs.Factory(lambda self: _signature(self.fn), takes_self=True),
+        default=attrs.Factory(lambda self: Arity.of(self.fn), takes_self=True),
     )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -126,7 +137,8 @@ class ActivityDefinition(Generic[F]):
 
     def check_arguments(self, args: Sequence[Any]) -> None:
         """Raise :class:`InvalidArguments` unless ``fn(*args)`` binds."""
-        check_arguments(self._signature, args, kind="activity", name=self.name)
+        if self._arity is not None:
+            self._arity.check(args, kind="activity", name=self.name)
 
 
 @overload
