@@ -18,6 +18,12 @@ for a pooled connection.  ``node`` and ``lease_ttl`` (seconds, default 30)
 turn on per-workflow ownership (below).  Every other option goes to libpq
 (``sslmode``, ``application_name``, ``connect_timeout``, which defaults to
 10 seconds here); libpq refuses unknown ones, and so does the parser.
+``connect_wait`` (seconds, default 60; 0 disables) is how long opening the
+store waits for a server it cannot reach (refused, no answer, starting up,
+too many connections), retrying with backoff from 0.1 s doubling to 5 s and
+logging a warning per failed attempt: an engine or worker started while the
+database is down waits for it instead of failing at start.  A wrong
+password or database name fails at once.
 
 Driver and threads
 ------------------

@@ -1037,6 +1037,61 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
     )
 
 
+#: The first and the longest pause between two attempts to reach the server while opening (seconds).
+CONNECT_RETRY_FIRST = 0.1
+CONNECT_RETRY_MAX = 5.0
+
+# Connection failures worth waiting out: no answer at all (refused, timed out,
+# reset: no SQLSTATE), the server starting up or shutting down (57P0x), too
+# many connections (53300).  A wrong password or database name is not.
+_TRANSIENT_CONNECT_STATES = ("57P01", "57P02", "57P03", "53300")
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether an open failed because the server could not be reached (worth retrying)."""
+    found = exc.__cause__
+    if not isinstance(exc, BackendUnavailable) or not isinstance(found, psycopg.OperationalError):
+        return False
+    return found.sqlstate is None or found.sqlstate in _TRANSIENT_CONNECT_STATES
+
+
+async def _open_waiting(parsed: PostgresUrl, node_id: str | None, ttl: float) -> _Backend:
+    """:func:`_open_sync`, retried with backoff for up to ``connect_wait`` seconds while the
+    server cannot be reached (each retry logged, saying how long it keeps trying)."""
+    deadline = time.monotonic() + parsed.connect_wait
+    delay = CONNECT_RETRY_FIRST
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            # Opening blocks (network, maybe a migration): off the Trio thread and
+            # never abandoned, so a cancelled open still closes what it opened.
+            with hold_mock_time():
+                return await trio.to_thread.run_sync(_open_sync, parsed, node_id, ttl)
+        except BackendUnavailable as exc:
+            left = deadline - time.monotonic()
+            if not _unreachable(exc) or left <= 0:
+                if attempts > 1:
+                    raise BackendUnavailable(
+                        f"{exc} (gave up after {attempts} attempts in connect_wait={parsed.connect_wait:g}s)"
+                    ) from exc.__cause__
+                raise
+            pause = min(delay, left)
+            logger.warning(
+                "%s: the server cannot be reached (%s); waiting for it: attempt %d failed, retrying in %.1fs "
+                "(for up to %.0fs more; connect_wait=0 fails at once)",
+                parsed.location,
+                str(exc.__cause__).strip() or type(exc.__cause__).__name__,
+                attempts,
+                pause,
+                left,
+            )
+            # Wall time, whatever the Trio clock: the server comes back in real time.
+            with hold_mock_time():
+                await trio.to_thread.run_sync(time.sleep, pause, abandon_on_cancel=True)
+            delay = min(delay * 2, CONNECT_RETRY_MAX)
+
+
 async def _heartbeat(store: PostgresStore, every: float) -> None:
     """Renew the node lease every ``every`` seconds until cancelled (errors are logged, never raised)."""
     while True:
@@ -1067,8 +1122,11 @@ async def open_postgres_store(
     renews its lease in the background every ``renew_every`` seconds
     (default: a third of the TTL; ``None`` turns renewal off, for tests that
     drive :meth:`PostgresStore.renew_lease` themselves) and releases the
-    lease on exit.  Raises :class:`~aion_trio.BackendUnavailable` when the
-    server cannot be reached and the :class:`~aion_trio.StoreOpenError`
+    lease on exit.  A server it cannot reach (refused, no answer, starting
+    up) is retried with backoff (0.1 s doubling to 5 s), each failure logged
+    as a warning, for up to the URL's ``connect_wait`` seconds (default 60;
+    0 fails at once).  Raises :class:`~aion_trio.BackendUnavailable` when the
+    server still cannot be reached, or refuses the credentials, and the :class:`~aion_trio.StoreOpenError`
     family for schemas it cannot use.
     """
     parsed = parse_postgres_url(url)
@@ -1077,10 +1135,7 @@ async def open_postgres_store(
     if ttl <= 0:
         raise ValueError(f"lease_ttl must be > 0 seconds, got {ttl!r}")
     every = ttl / 3 if renew_every is not None and renew_every < 0 else renew_every
-    # Opening blocks (network, maybe a migration): off the Trio thread and
-    # never abandoned, so a cancelled open still closes what it opened.
-    with hold_mock_time():
-        backend = await trio.to_thread.run_sync(_open_sync, parsed, node_id, ttl)
+    backend = await _open_waiting(parsed, node_id, ttl)
     events = PostgresEventStore(backend=backend)
     visibility = PostgresVisibilityStore(backend=backend)
     store: PostgresStore

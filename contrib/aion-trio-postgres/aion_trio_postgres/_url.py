@@ -25,6 +25,7 @@ DEFAULT_CONNECT_TIMEOUT = 10
 DEFAULT_LEASE_TTL = 30.0
 DEFAULT_TASK_LEASE_TTL = 30.0
 DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_CONNECT_WAIT = 60.0
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _EXAMPLE = "postgresql://user@host:5432/dbname?schema=aion_trio"
@@ -76,6 +77,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "lease_ttl": ("lease_ttl", _seconds("lease_ttl", zero_ok=False)),
     "task_lease_ttl": ("task_lease_ttl", _seconds("task_lease_ttl", zero_ok=False)),
     "poll_interval": ("poll_interval", _seconds("poll_interval", zero_ok=False)),
+    "connect_wait": ("connect_wait", _seconds("connect_wait", zero_ok=True)),
 }
 _ACCEPTED = ", ".join(_OPTIONS) + " (and any libpq connection parameter, e.g. sslmode, connect_timeout)"
 
@@ -100,6 +102,8 @@ class PostgresUrl:
     """Seconds an activity worker's lease on a running task lasts without renewal."""
     poll_interval: float = DEFAULT_POLL_INTERVAL
     """Seconds between polls of activity tasks (NOTIFY wakes sooner; polling always backs it)."""
+    connect_wait: float = DEFAULT_CONNECT_WAIT
+    """Seconds opening the store keeps retrying a server it cannot reach (0: fail at once)."""
 
 
 def parse_postgres_url(url: str) -> PostgresUrl:

@@ -172,6 +172,7 @@ class FaultProxy:
             self._nursery = nursery
             self._listen()
             task_status.started()
+            await trio.sleep_forever()  # the nursery stays open while refusing (no accept task)
 
 
 @contextlib.contextmanager

@@ -190,7 +190,8 @@ def test_a_refused_url_never_repeats_its_credentials(url: str) -> None:
 
 
 def test_a_store_that_cannot_be_reached_never_repeats_its_password(caplog: pytest.LogCaptureFixture) -> None:
-    url = f"postgresql://bob:{SECRET}@127.0.0.1:1/db?connect_timeout=1&pool_timeout=1"
+    # connect_wait: a few retries, each logged, none repeating the password either.
+    url = f"postgresql://bob:{SECRET}@127.0.0.1:1/db?connect_timeout=1&pool_timeout=1&connect_wait=0.3"
     assert SECRET not in _refusal(url, aion_trio.StoreError)
     result = _cli_list(url)
     assert result.exit_code == 1
@@ -418,7 +419,9 @@ async def test_statement_timeout_surfaces_as_backend_unavailable(pg_url: str) ->
 
 async def test_an_unreachable_server_is_backend_unavailable_with_the_cause() -> None:
     with pytest.raises(BackendUnavailable, match="cannot connect") as info:
-        async with open_postgres_store("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2"):
+        async with open_postgres_store(
+            "postgresql://postgres@127.0.0.1:1/test?connect_timeout=2&connect_wait=0"
+        ):
             pass  # pragma: no cover - refused
     assert isinstance(info.value.__cause__, psycopg.OperationalError)
 
