@@ -35,7 +35,13 @@ nothing; once started, its transaction commits or rolls back and the call
 returns normally (the cancellation arrives at the caller's next checkpoint).
 So a cancelled ``append`` that raised ``Cancelled`` wrote nothing, and one that
 returned wrote its whole batch.  A statement that hangs is bounded by
-``statement_timeout``, not by Trio cancellation.
+``statement_timeout``, not by Trio cancellation; a connection that stops
+answering altogether (a partition: the server never sees the timeout) is
+abandoned by the store once a call on it has run :func:`hang_bound` seconds
+(``statement_timeout`` plus a tenth of it, at least 1 s): its socket is shut
+down, the pool replaces it, and the call fails with
+:class:`~aion_trio.BackendUnavailable` (outcome unknown; a retry is safe), so
+no worker thread or connection is held forever.
 
 Schema
 ------
@@ -92,6 +98,7 @@ from __future__ import annotations
 
 from aion_trio.plugin import StoreRegistry, hookimpl
 
+from ._hangwatch import hang_bound as hang_bound
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._store import (
     NodeLease as NodeLease,
@@ -117,6 +124,7 @@ __all__ = [
     "PostgresTaskDispatcher",
     "PostgresUrl",
     "PostgresVisibilityStore",
+    "hang_bound",
     "open_postgres_store",
     "open_task_dispatcher",
     "parse_postgres_url",

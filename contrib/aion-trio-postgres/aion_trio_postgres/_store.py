@@ -47,6 +47,7 @@ from aion_trio.plugin import (
 )
 
 from . import _codec
+from ._hangwatch import HangWatch, hang_bound
 from ._listen import Listener
 from ._mapping import backend_error, cause
 from ._schema import (
@@ -212,6 +213,8 @@ class _Backend:
     node: NodeLease | None
     listener: Listener
     """The store's one LISTEN connection (its thread starts with the first subscriber)."""
+    hangs: HangWatch
+    """Abandons the connection of a call that gets no answer (see :mod:`._hangwatch`)."""
     closed: bool = False
 
     @property
@@ -235,12 +238,22 @@ class _Backend:
             return await trio.to_thread.run_sync(self._call, doing, function, limiter=self.limiter)
 
     def _call(self, doing: str, function: Callable[[Conn], T]) -> T:
+        abandoned: list[bool] = []
         try:
-            with self.pool.connection(timeout=self.url.pool_timeout) as conn:
+            with (
+                self.pool.connection(timeout=self.url.pool_timeout) as conn,
+                self.hangs.watching(conn, doing) as abandoned,
+            ):
                 return function(conn)
         except (StoreError, trio.ClosedResourceError):
             raise
         except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+            if abandoned:
+                raise BackendUnavailable(
+                    f"{self.location}: {doing} failed: no answer within {self.hangs.bound:.1f}s "
+                    f"(statement_timeout {self.url.statement_timeout:g}s + margin), so its connection "
+                    "was abandoned; the outcome is unknown, a retry is safe"
+                ) from exc
             raise backend_error(exc, self.location, doing) from exc
 
 
@@ -950,7 +963,10 @@ def _close_backend(backend: _Backend) -> None:
     try:
         if node is not None and not node.superseded:
             # A clean shutdown hands this node's workflows over at once.
-            with backend.pool.connection(timeout=min(backend.url.pool_timeout, 5.0)) as conn:
+            with (
+                backend.pool.connection(timeout=min(backend.url.pool_timeout, 5.0)) as conn,
+                backend.hangs.watching(conn, "releasing the node lease"),
+            ):
                 conn.execute(_SQL_RELEASE_LEASE, (node.node_id, node.incarnation))
                 # The other nodes sweep at once instead of at their next interval.
                 conn.execute(_SQL_NOTIFY, (backend.channel, ""))
@@ -958,6 +974,7 @@ def _close_backend(backend: _Backend) -> None:
         logger.warning("%s: could not release the lease of node %s: %s", backend.location, node, exc)
     finally:
         backend.pool.close()
+        backend.hangs.close()
 
 
 def _refuse_live_holder(conn: Conn, node_id: str, location: str) -> None:
@@ -1034,6 +1051,7 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
         limiter=trio.CapacityLimiter(url.pool_size),
         node=node,
         listener=Listener(url, node_id or url.location),
+        hangs=HangWatch(hang_bound(url.statement_timeout), url.location),
     )
 
 
