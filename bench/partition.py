@@ -4,14 +4,16 @@ Usage::
 
     python bench/partition.py [--pg-url URL] [--repetitions 10] [--lease-ttl 2]
         [--sweep-interval 0.3] [--poll-interval 0.3] [--workflows 12] [--steps 100] [--dir DIR]
-        [--seconds S]
+        [--fault blackhole|send_only|flap] [--seconds S]
 
 Each repetition runs the partition test's scenario
 (``contrib/aion-trio-postgres/tests/partition_scenario.py``) in a fresh
 schema of ``--pg-url`` (default ``$AION_TRIO_TEST_PG_URL`` or
 ``postgresql://postgres@127.0.0.1:5432/test``): two engine node processes,
 each behind a fault proxy of its own; node ``n1``'s proxy blackholes its
-connections both ways for twice the lease TTL, then heals; then ``n2`` is
+connections both ways for twice the lease TTL (``--fault send_only``: only
+the answers are lost; ``flap``: cut and healed every 0.3 s for 6 s), then
+heals; then ``n2`` is
 ``kill -9``'d and ``n1`` finishes everything.  Per repetition it measures
 *stopped* (partition to the start of ``n1``'s last side effect), *takeover*
 (partition until ``n2`` owns every workflow ``n1`` ran) and *rejoin* (heal
@@ -52,6 +54,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--poll-interval", type=float, default=0.3)
     parser.add_argument("--workflows", type=int, default=12)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--fault", default="blackhole", help="blackhole (default), send_only or flap")
     parser.add_argument("--dir", help="parent of the scratch directory (node logs)")
     parser.add_argument("--seconds", type=float, help="smoke run: one repetition of 4 workflows")
     args = parser.parse_args(argv)
@@ -88,6 +91,8 @@ def main(argv: list[str]) -> None:
                     poll=args.poll_interval,
                     workflows=args.workflows,
                     steps=args.steps,
+                    fault=args.fault,
+                    hold=6.0 if args.fault == "flap" else None,
                 )
             finally:
                 with psycopg.connect(base, autocommit=True) as conn:
@@ -98,9 +103,12 @@ def main(argv: list[str]) -> None:
             emit(
                 {
                     "kind": "repetition",
+                    "fault": args.fault,
                     "rep": rep,
                     "stopped_s": round(outcome.stopped, 3),
-                    "takeover_s": round(outcome.takeover, 3),
+                    "takeover_s": round(outcome.takeover, 3)
+                    if outcome.takeover == outcome.takeover
+                    else None,
                     "rejoin_s": round(outcome.rejoin, 3),
                     "relinquished": outcome.relinquished,
                     "problems": outcome.problems[:5],
@@ -108,10 +116,14 @@ def main(argv: list[str]) -> None:
             )
         bound = args.lease_ttl + args.sweep_interval + args.poll_interval
         for name, values in measures.items():
-            ordered = sorted(values)
+            ordered = sorted(v for v in values if v == v)  # a flap may cause no takeover (NaN)
+            if not ordered:
+                emit({"kind": name, "repetitions": 0, "fault": args.fault})
+                continue
             emit(
                 {
                     "kind": name,
+                    "fault": args.fault,
                     "repetitions": len(ordered),
                     "p50_s": round(percentile(ordered, 0.5), 3),
                     "max_s": round(ordered[-1], 3),

@@ -9,7 +9,9 @@ Then:
 
 1. ``n1``'s proxy turns into a blackhole both ways (the partition) for
    ``hold`` seconds, longer than the lease TTL; ``n2`` takes every one of
-   ``n1``'s running workflows over;
+   ``n1``'s running workflows over.  Or (``fault``) the partition is
+   asymmetric (``send_only``: requests arrive, answers never do) or the link
+   flaps (``flap``: cut and healed every few hundred milliseconds);
 2. the partition heals: ``n1`` is fenced where it still writes (``NotOwner``:
    it prints ``RELINQUISHED``) and renews its lease again (it rejoins);
 3. ``n2`` is ``kill -9``'d, so the rejoined ``n1`` must claim everything and
@@ -155,6 +157,23 @@ def overlapping_spans(rows: list[tuple[Any, ...]]) -> list[str]:
     return found
 
 
+FAULTS = ("blackhole", "send_only", "flap")
+
+
+def _flap(proxy: ProxyControl, seconds: float, period: float) -> None:
+    """Blackhole and heal ``proxy`` in turn every ``period`` seconds for ``seconds``; ends healed."""
+    end = time.monotonic() + seconds
+    cut = True
+    while time.monotonic() < end:
+        if cut:
+            proxy.blackhole()
+        else:
+            proxy.passing()
+        cut = not cut
+        time.sleep(period)
+    proxy.passing()
+
+
 def run_partition(
     base: str,
     schema: str,
@@ -166,8 +185,18 @@ def run_partition(
     workflows: int = 12,
     steps: int = 100,
     hold: float | None = None,
+    fault: str = "blackhole",
+    flap_period: float = 0.3,
 ) -> Outcome:
-    """Run the scenario in the (migrated, empty) ``schema``; raise :class:`ScenarioFailed` on a stall."""
+    """Run the scenario in the (migrated, empty) ``schema``; raise :class:`ScenarioFailed` on a stall.
+
+    ``fault``: ``blackhole`` (both ways), ``send_only`` (the node's bytes reach
+    the server, no answer comes back: its writes may commit unseen) or
+    ``flap`` (blackhole and heal every ``flap_period`` seconds for ``hold``
+    seconds; a takeover may or may not happen: ``takeover`` is NaN if not).
+    """
+    if fault not in FAULTS:
+        raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
     hold = 2 * ttl if hold is None else hold
     run = _Run(base=base, schema=schema, tmp=tmp)
     run.query(failover_app.SQL_CREATE_SPANS)
@@ -194,7 +223,12 @@ def run_partition(
                 raise ScenarioFailed(f"n1 owns no running workflow to take over\n{run.diagnostics()}")
 
             partition_at = time.time()
-            proxies["n1"].blackhole()
+            if fault == "flap":
+                _flap(proxies["n1"], hold, flap_period)
+            elif fault == "send_only":
+                proxies["n1"].send_only()
+            else:
+                proxies["n1"].blackhole()
 
             def taken() -> bool:
                 owners = dict(
@@ -205,8 +239,12 @@ def run_partition(
                 )
                 return all(owners[wid] == "n2" for wid in held)
 
-            run.wait_for("n2 to take n1's workflows over", taken, 10 * ttl + 10)
-            takeover = time.time() - partition_at
+            if fault == "flap":
+                # A flapping link may keep the lease alive: a takeover is allowed, not required.
+                takeover = time.time() - partition_at if taken() else float("nan")
+            else:
+                run.wait_for("n2 to take n1's workflows over", taken, 10 * ttl + 10)
+                takeover = time.time() - partition_at
             remaining = partition_at + hold - time.time()
             if remaining > 0:
                 time.sleep(remaining)
@@ -253,7 +291,8 @@ def run_partition(
     cut_off = [
         started for _w, _s, node, started, _e in rows if node == "n1" and partition_at <= started < heal_at
     ]
-    late = [s - partition_at for s in cut_off if s > partition_at + ttl]
+    # While the link flaps the node may run work between outages: the bound is for a lasting cut.
+    late = [s - partition_at for s in cut_off if s > partition_at + ttl] if fault != "flap" else []
     if late:
         problems.append(
             f"n1 started {len(late)} side effects later than the TTL into the partition: {late[:5]}"

@@ -1,4 +1,4 @@
-"""A cluster node cut off from PostgreSQL past its lease TTL (issue 23 item 2).
+"""A cluster node cut off from PostgreSQL past its lease TTL (issue 23 items 2 and 3).
 
 Real processes and a real partition: the node's fault proxy blackholes its
 connections both ways (``partition_scenario.py`` says what is run, measured
@@ -6,7 +6,9 @@ and checked).  The cut-off node stops starting side effects within the TTL
 by its own clock, the other node takes every workflow over, on heal the old
 node is fenced (``NotOwner``: nothing written) and rejoins, then finishes
 everything once the other node is killed; every history is whole and no
-two nodes ran one activity at overlapping times.
+two nodes ran one activity at overlapping times.  The same holds when the
+partition is asymmetric (the node's requests reach the server, its answers
+never come back: writes commit unseen) and when the link flaps.
 """
 
 from __future__ import annotations
@@ -54,3 +56,43 @@ def test_a_partitioned_node_stops_is_taken_over_is_fenced_and_rejoins(
     assert outcome.takeover <= TTL + SWEEP + POLL + 2.0, outcome
     assert outcome.relinquished > 0, "the healed node was never fenced: it wrote nothing after the heal?"
     assert outcome.rejoin <= TTL, outcome
+
+
+@pytest.mark.slow
+def test_an_asymmetric_partition_keeps_every_invariant(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], tmp_path: Path
+) -> None:
+    url = fresh_store_url()
+    trio.run(_migrate, url)
+    outcome = run_partition(
+        url.split("?", 1)[0], schema_of(url), tmp_path, ttl=TTL, sweep=SWEEP, poll=POLL, fault="send_only"
+    )
+    assert outcome.problems == [], "\n".join(outcome.problems[:30])
+    assert outcome.stopped <= TTL
+    # A renewal sent into the partition still lands: the lease can last one TTL more.
+    assert outcome.takeover <= 2 * TTL + SWEEP + POLL + 2.0, outcome
+    assert outcome.relinquished > 0
+
+
+@pytest.mark.slow
+def test_a_flapping_link_keeps_every_invariant(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], tmp_path: Path
+) -> None:
+    url = fresh_store_url()
+    trio.run(_migrate, url)
+    outcome = run_partition(
+        url.split("?", 1)[0],
+        schema_of(url),
+        tmp_path,
+        ttl=TTL,
+        sweep=SWEEP,
+        poll=POLL,
+        fault="flap",
+        hold=6.0,
+    )
+    assert outcome.problems == [], "\n".join(outcome.problems[:30])
+
+
+async def _migrate(url: str) -> None:
+    async with open_postgres_store(url):
+        pass
