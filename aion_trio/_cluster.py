@@ -28,6 +28,7 @@ from ._commands import Command, CommandOutcome
 from ._errors import AionError, CommandNotAnswered, EngineEpochClosed, StoreError
 from ._inbox import wall_sleep
 from ._logs import ContextLogger
+from ._projections import is_active_status, workflow_status
 from ._store import ClusterStore, CommandInbox
 
 if TYPE_CHECKING:
@@ -93,6 +94,10 @@ def outcome_error(outcome: CommandOutcome, workflow_id: str) -> BaseException:
     return exc
 
 
+VISIBILITY_RECONCILE_SWEEPS = 100
+"""Every this many sweeps (and after each that claimed workflows), visibility rows that say
+Running for workflows this node owns and history says ended are rewritten."""
+
 RECOVERY_CONCURRENCY = 16
 """How many claimed workflows a sweep recovers at once."""
 
@@ -108,6 +113,7 @@ class ClusterServices:
         self.config: EngineConfig = core.config
         self._wake = trio.Event()
         self.sweeps = 0
+        self._reconciled_at = 0  # the sweep count at the last visibility reconciliation
         self.claimed = 0
         self.remote_commands = 0
         #: Set by the engine: drains the inbox (the owner's side of remote commands).
@@ -178,12 +184,27 @@ class ClusterServices:
                 nursery.start_soon(recover, workflow_id)
         return claimed
 
+    def _running_here(self) -> set[str]:
+        """The workflows whose runs this node drives now (their rows are its own to write)."""
+        running = set()
+        for lease in self.core.registry.leases():
+            recorder = self.core.loaded_recorder(lease.workflow_id)
+            if recorder is not None and is_active_status(workflow_status(recorder.history)):
+                running.add(lease.workflow_id)
+        return running
+
     async def sweeper(self) -> None:
         """Sweep on every wake-up; then drain the commands the claimed workflows brought along."""
         while True:
             await self.woken()
             try:
                 claimed = await self.sweep_once()
+                if claimed or self.sweeps - self._reconciled_at >= VISIBILITY_RECONCILE_SWEEPS:
+                    self._reconciled_at = self.sweeps
+                    # A claim follows a node that died or was fenced, maybe between a
+                    # terminal and its index update: the rows this node owns are rewritten
+                    # from history (also now and then, for rows a fenced write left).
+                    await self.core.reconcile_visibility(self._running_here())
                 if self.drain is not None:
                     await self.drain()
             except (StoreError, trio.ClosedResourceError) as exc:

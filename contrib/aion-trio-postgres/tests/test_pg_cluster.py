@@ -564,3 +564,39 @@ async def test_a_stale_copy_is_relinquished_and_recovered_from_the_store_not_mar
     history = await _history(url, "w")
     assert [type(e.body).__name__ for e in history].count("TimerFired") == 1
     assert_unforked(pg_url, schema)
+
+
+async def test_a_running_row_of_an_ended_workflow_is_reconciled_by_its_owner_after_a_claim(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    """A visibility row that still says running for a workflow its history ended (its index
+    write was lost when a node died or was fenced) is rewritten by the owning node, without a
+    restart: at the next sweep that claims workflows (a node died), and now and then."""
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a):
+        await a.start(just_note, "x", workflow_id="done")
+        assert await a.result("done") == "noted x"
+        await eventually(lambda: _row_status(pg_url, schema, "done", "completed"))
+        # The index write lost: the row says running again.
+        await sql_async(
+            pg_url,
+            schema,
+            "UPDATE visibility SET status = 'running', close_time = NULL WHERE workflow_id = 'done'",
+        )
+        # A workflow nobody owns appears (as a dead node's would): a's sweep claims it.
+        async with open_postgres_store(url) as plain:
+            body = WorkflowStarted(workflow_type="approval", input=Payload.of([1]), run_id=new_run_id())
+            now = datetime.now(timezone.utc)
+            await plain.events.append(
+                "orphan", [aion.Event(workflow_id="orphan", seq=1, recorded_at=now, body=body)], 0
+            )
+        await eventually(lambda: _owned_by(pg_url, schema, "orphan", "a"))
+        await eventually(lambda: _row_status(pg_url, schema, "done", "completed"))
+
+
+async def _row_status(url: str, schema: str, workflow_id: str, status: str) -> bool:
+    rows = await sql_async(
+        url, schema, "SELECT status FROM visibility WHERE workflow_id = %s", (workflow_id,)
+    )
+    return rows == [(status,)]
