@@ -562,15 +562,19 @@ class EngineCore:
         """
         if not self._stop_locally(recorder):
             return  # a recorder already dropped (another of its tasks was fenced first)
-        workflow_id = recorder.workflow_id
-        self.relinquished += 1
-        node = self.cluster.node_id if self.cluster is not None else ""
-        logger.warning(
+        self._report_relinquished(
+            recorder.workflow_id,
             "workflow relinquished: another node claimed it, so this node stopped it (nothing retried "
             "here): %s",
             error,
-            extra={"workflow_id": workflow_id, "node": node, "reason": str(error)},
         )
+
+    def _report_relinquished(self, workflow_id: str, message: str, error: StoreError) -> None:
+        """Count a workflow this node stopped running, log ``message`` (``%s``: ``error``) and
+        tell the observers."""
+        self.relinquished += 1
+        node = self.cluster.node_id if self.cluster is not None else ""
+        logger.warning(message, error, extra={"workflow_id": workflow_id, "node": node, "reason": str(error)})
         if self.observers is not None:
             self.observers.emit(
                 WorkflowRelinquished(workflow_id=workflow_id, node_id=node, reason=str(error))
@@ -584,18 +588,12 @@ class EngineCore:
         if not self._stop_locally(recorder):
             return
         workflow_id = recorder.workflow_id
-        self.relinquished += 1
-        node = self.cluster.node_id if self.cluster is not None else ""
-        logger.warning(
+        self._report_relinquished(
+            workflow_id,
             "workflow relinquished: this node's copy of its history was stale (%s); it is recovered "
             "from the store by its owner",
             error,
-            extra={"workflow_id": workflow_id, "node": node, "reason": str(error)},
         )
-        if self.observers is not None:
-            self.observers.emit(
-                WorkflowRelinquished(workflow_id=workflow_id, node_id=node, reason=str(error))
-            )
         try:
             self.epoch.spawn(self._recover_if_owned, workflow_id, name=f"recover-stale:{workflow_id}")
         except EngineEpochClosed:
