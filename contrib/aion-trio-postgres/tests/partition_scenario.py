@@ -46,6 +46,7 @@ from typing import Any
 import attrs
 import failover_app
 import psycopg
+import psycopg.sql
 from _faultproxy import ProxyControl, running_proxy
 from _invariants import check_invariants
 
@@ -71,6 +72,14 @@ class _Run:
     schema: str
     tmp: Path
     procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = attrs.Factory(dict)
+    side: str | None = None
+    """The server the activities log their spans to (default: ``base``), in a schema of the same name."""
+
+    def side_query(self, text: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.side or self.base, autocommit=True) as conn:
+            conn.execute("SELECT set_config('search_path', %s, false)", (self.schema,))
+            cur = conn.execute(text, params)
+            return cur.fetchall() if cur.description else []
 
     def query(self, text: str, params: Any = None) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.base, autocommit=True) as conn:
@@ -82,7 +91,7 @@ class _Run:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-            "AIONFO_SIDE_URL": f"{self.base}?application_name=aionfo-side",
+            "AIONFO_SIDE_URL": f"{self.side or self.base}?application_name=aionfo-side",
             "AIONFO_SCHEMA": self.schema,
             "AIONFO_NODE": name,
         }
@@ -199,7 +208,7 @@ def run_partition(
         raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
     hold = 2 * ttl if hold is None else hold
     run = _Run(base=base, schema=schema, tmp=tmp)
-    run.query(failover_app.SQL_CREATE_SPANS)
+    run.side_query(failover_app.SQL_CREATE_SPANS)
     host, port = _host_port(base)
     common = ["--lease-ttl", str(ttl), "--sweep-interval", str(sweep), "--poll-interval", str(poll)]
     with running_proxy(host, port) as p1, running_proxy(host, port) as p2:
@@ -212,7 +221,9 @@ def run_partition(
             run.wait_for("n1 to start its workflows", lambda: "SPANNING" in run.text("n1"), 30)
             run.wait_for("n2 to be ready", lambda: "READY" in run.text("n2"), 30)
             spans_sql = f"SELECT count(DISTINCT workflow_id) FROM {failover_app.SPAN_TABLE}"
-            run.wait_for("every workflow to run a step", lambda: run.query(spans_sql)[0][0] >= workflows, 30)
+            run.wait_for(
+                "every workflow to run a step", lambda: run.side_query(spans_sql)[0][0] >= workflows, 30
+            )
             held = {
                 wid
                 for (wid,) in run.query(
@@ -282,7 +293,7 @@ def run_partition(
     with psycopg.connect(base, autocommit=True) as conn:
         expected = {f"s-{i}": steps for i in range(workflows)}
         problems += [str(v) for v in check_invariants(conn, schema, expected_results=expected)]
-    rows = run.query(f"SELECT workflow_id, step, node, started, ended FROM {failover_app.SPAN_TABLE}")
+    rows = run.side_query(f"SELECT workflow_id, step, node, started, ended FROM {failover_app.SPAN_TABLE}")
     ran = {(wid, step) for wid, step, *_rest in rows}
     missing = {(f"s-{i}", s) for i in range(workflows) for s in range(steps)} - ran
     if missing:
@@ -301,3 +312,78 @@ def run_partition(
     return Outcome(
         stopped=stopped, takeover=takeover, rejoin=rejoin, relinquished=relinquished, problems=problems
     )
+
+
+def _span_problems(run: _Run, workflows: int, steps: int) -> list[str]:
+    problems: list[str] = []
+    with psycopg.connect(run.base, autocommit=True) as conn:
+        expected = {f"s-{i}": steps for i in range(workflows)}
+        problems += [str(v) for v in check_invariants(conn, run.schema, expected_results=expected)]
+    rows = run.side_query(f"SELECT workflow_id, step, node, started, ended FROM {failover_app.SPAN_TABLE}")
+    ran = {(wid, step) for wid, step, *_rest in rows}
+    missing = {(f"s-{i}", s) for i in range(workflows) for s in range(steps)} - ran
+    if missing:
+        problems.append(f"{len(missing)} steps never ran, e.g. {sorted(missing)[:5]}")
+    problems += [f"overlap: {text}" for text in overlapping_spans(rows)]
+    return problems
+
+
+@attrs.frozen
+class RestartOutcome:
+    resumed: float
+    """From the server's restart until every workflow completed (seconds)."""
+    problems: list[str]
+
+
+def run_restart(
+    server: Any,
+    side: str,
+    schema: str,
+    tmp: Path,
+    *,
+    outage: float,
+    nodes: int = 3,
+    ttl: float = 2.0,
+    sweep: float = 0.3,
+    poll: float = 0.3,
+    workflows: int = 30,
+    steps: int = 40,
+) -> RestartOutcome:
+    """``nodes`` node processes on ``server`` (an ``_ownserver.OwnServer``, running, schema
+    migrated) run ``spans`` workflows; the server is stopped for ``outage`` seconds and
+    started again; every node must resume by itself and every workflow finish.  The
+    activities log to ``side`` (another server), so the outage fails no side effect."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    run = _Run(base=server.url, schema=schema, tmp=tmp, side=side)
+    with psycopg.connect(side, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(psycopg.sql.Identifier(schema)))
+    run.side_query(failover_app.SQL_CREATE_SPANS)
+    common = ["--lease-ttl", str(ttl), "--sweep-interval", str(sweep), "--poll-interval", str(poll)]
+    names = [f"n{k + 1}" for k in range(nodes)]
+    try:
+        for k, name in enumerate(names):
+            run.spawn(
+                name, server.url, [*common, "--spans", f"{k}:{workflows}:{nodes}", "--steps", str(steps)]
+            )
+        for name in names:
+            run.wait_for(f"{name} to start its workflows", lambda name=name: "SPANNING" in run.text(name), 60)
+        spans_sql = f"SELECT count(DISTINCT workflow_id) FROM {failover_app.SPAN_TABLE}"
+        run.wait_for("every workflow to run a step", lambda: run.side_query(spans_sql)[0][0] >= workflows, 30)
+        server.stop("fast")
+        time.sleep(outage)
+        server.start()
+        restarted = time.monotonic()
+
+        def finished() -> bool:
+            try:
+                return run.query("SELECT count(*) FROM workflows WHERE status = 'completed'") == [
+                    (workflows,)
+                ]
+            except psycopg.OperationalError:
+                return False
+
+        run.wait_for("every workflow to complete after the restart", finished, 90, step=0.1)
+        resumed = time.monotonic() - restarted
+    finally:
+        run.stop()
+    return RestartOutcome(resumed=resumed, problems=_span_problems(run, workflows, steps))
