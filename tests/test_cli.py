@@ -893,6 +893,9 @@ def test_worker_drains_in_flight_work_on_sigterm_and_exits_0(
     again = _Worker(db, tmp_path / "w2.log")
     try:
         _wait_until(lambda: "WorkflowCompleted" in _history_types(db, "g"), "the run to complete", again.proc)
+        # The run may have completed before the first worker closed: stop this one
+        # only once it serves (a SIGINT during its imports is a plain interrupt).
+        again.wait_logged("ready: serving")
         again.stop(signal.SIGINT)
         assert again.wait() == 0
     finally:
