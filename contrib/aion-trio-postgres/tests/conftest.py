@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 import trio
+from _faultproxy import ProxyControl, running_proxy
 from aion_trio_postgres import PostgresStore, open_postgres_store
 
 PG_URL_ENV = "AION_TRIO_TEST_PG_URL"
@@ -89,6 +90,15 @@ def fresh_store_url(pg_url: str) -> Iterator[Callable[..., str]]:
     yield make
     for schema in schemas:
         drop_schema(pg_url, schema)
+
+
+@pytest.fixture
+def proxy(pg_url: str) -> Iterator[ProxyControl]:
+    """A fault proxy (``_faultproxy``) in front of the server; connect through ``proxy.port``."""
+    hostport = pg_url.split("@", 1)[1].split("/", 1)[0]
+    host, _, port = hostport.partition(":")
+    with running_proxy(host, int(port or 5432)) as control:
+        yield control
 
 
 @pytest.fixture

@@ -12,25 +12,16 @@ connection serves calls again: none was held forever.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 import trio
-from _faultproxy import ProxyControl, running_proxy
+from _faultproxy import ProxyControl
 from aion_trio_postgres import hang_bound, open_postgres_store
 
 from aion_trio import BackendUnavailable
 
 POOL = 2
 STATEMENT_TIMEOUT = 0.5
-
-
-@pytest.fixture
-def proxy(pg_url: str) -> Iterator[ProxyControl]:
-    hostport = pg_url.split("@", 1)[1].split("/", 1)[0]
-    host, _, port = hostport.partition(":")
-    with running_proxy(host, int(port or 5432)) as control:
-        yield control
 
 
 def test_the_bound_is_the_statement_timeout_and_a_margin() -> None:

@@ -14,25 +14,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
-from _faultproxy import ProxyControl, running_proxy
+from _faultproxy import ProxyControl
 from aion_trio_postgres import open_postgres_store
 
 from aion_trio import BackendUnavailable
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture
-def proxy(pg_url: str) -> Iterator[ProxyControl]:
-    hostport = pg_url.split("@", 1)[1].split("/", 1)[0]
-    host, _, port = hostport.partition(":")
-    with running_proxy(host, int(port or 5432)) as control:
-        yield control
 
 
 def waiting_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
