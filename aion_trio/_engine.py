@@ -444,6 +444,8 @@ class EngineCore:
         self._timer_seq = 0
         self._timers_changed = trio.Event()
         self._loading: dict[str, trio.Event] = {}
+        #: Workflows a :meth:`resume_idle` is looking at now (one at a time: no second run).
+        self._resuming: set[str] = set()
         self._default_options: dict[str, tuple[str, Payload]] = {}
         #: Cluster mode: the waker, sweeper and remote commands (set by ``open_engine``).
         self.cluster_services: ClusterServices | None = None
@@ -686,6 +688,50 @@ class EngineCore:
         if adopt:
             self._recorders[recorder.workflow_id] = recorder
         self._loading.pop(recorder.workflow_id).set()
+
+    # -- appends of unknown outcome ------------------------------------------
+
+    def resume_idle_soon(self, workflow_id: str) -> None:
+        """After an append of unknown outcome that records a run's start (a start, a
+        continue-as-new successor): once the store answers, :meth:`resume_idle` looks at
+        what landed and runs it.  Retried in the epoch while the store is unavailable."""
+        try:
+            self.epoch.spawn(
+                children.guarded,
+                self,
+                "resume a run recorded by an append of unknown outcome",
+                {"workflow_id": workflow_id},
+                self.resume_idle,
+                workflow_id,
+                name=f"resume-idle:{workflow_id}",
+            )
+        except EngineEpochClosed:
+            pass  # shutting down: the next engine's recovery resumes it
+
+    async def resume_idle(self, workflow_id: str) -> None:
+        """Resume ``workflow_id``'s latest run if history records it active but no live lease
+        here drives it, as the recovery sweep would.
+
+        The one mechanism for a run recorded by an append whose acknowledgement was lost
+        (a start, a reopen, a continue-as-new successor): the history is re-read first if
+        the recorder is stale, so what actually landed decides.  Idempotent; raises
+        ``BackendUnavailable`` while the store cannot be read."""
+        if workflow_id in self._resuming:
+            return  # another call is resuming it now
+        self._resuming.add(workflow_id)
+        try:
+            recorder = await self.recorder_for(workflow_id)
+            async with recorder.lock:
+                history = await recorder.current_history()
+                run_id = latest_run_id(history)
+                if run_id is None or not is_active(history):
+                    return
+                lease = self.registry.get(workflow_id, run_id)
+                if lease is not None and not lease.completion.is_set:
+                    return
+            await self.recover_one(workflow_id)
+        finally:
+            self._resuming.discard(workflow_id)
 
     # -- runs --------------------------------------------------------------
 
@@ -1569,43 +1615,48 @@ class EngineCore:
     async def start_successor(self, lease: Lease, terminal: WorkflowContinuedAsNew) -> Lease | None:
         """Start the successor of a continued run through the same recorder.
 
-        Behind its own epoch gate (it spawns a run).  A successor already open
-        appends nothing and returns ``None``.
+        Behind its own epoch gate (it spawns a run).  A successor already recorded
+        appends nothing and returns ``None``; if no live lease drives it here (the
+        append that recorded it lost its acknowledgement), it is resumed
+        (:meth:`resume_idle`).
         """
         self.epoch.gate(lease.workflow_id, lease.run_id, "start the continue-as-new successor")
         recorder = lease.recorder
         async with recorder.lock:
             history = await recorder.current_history()
-            if any(
+            recorded = any(
                 isinstance(e.body, WorkflowStarted) and e.body.parent_run_id == lease.run_id for e in history
-            ):
-                logger.debug(
-                    "continue-as-new successor already started; nothing appended",
-                    extra={"workflow_id": lease.workflow_id, "run_id": lease.run_id},
-                )
-                return None
-            start = run_segment(history, lease.run_id)[0].body
-            assert isinstance(start, WorkflowStarted)
-            run_id = new_run_id()
-            workflow_type = terminal.workflow_type or lease.workflow_type
-            await recorder.append(
-                [
-                    WorkflowStarted(
-                        workflow_type=workflow_type,
-                        input=terminal.input,
-                        run_id=run_id,
-                        parent_run_id=lease.run_id,
-                        parent_workflow_id=start.parent_workflow_id,
-                        task_queue=start.task_queue,
-                        search_attributes=start.search_attributes,
-                        timeout=start.timeout,
-                    )
-                ],
-                action="start the continue-as-new successor",
-                run_id=run_id,
             )
-            successor = self.new_lease(recorder, run_id, workflow_type)
-            self.spawn_run(successor)
+            if not recorded:
+                start = run_segment(history, lease.run_id)[0].body
+                assert isinstance(start, WorkflowStarted)
+                run_id = new_run_id()
+                workflow_type = terminal.workflow_type or lease.workflow_type
+                await recorder.append(
+                    [
+                        WorkflowStarted(
+                            workflow_type=workflow_type,
+                            input=terminal.input,
+                            run_id=run_id,
+                            parent_run_id=lease.run_id,
+                            parent_workflow_id=start.parent_workflow_id,
+                            task_queue=start.task_queue,
+                            search_attributes=start.search_attributes,
+                            timeout=start.timeout,
+                        )
+                    ],
+                    action="start the continue-as-new successor",
+                    run_id=run_id,
+                )
+                successor = self.new_lease(recorder, run_id, workflow_type)
+                self.spawn_run(successor)
+        if recorded:
+            logger.debug(
+                "continue-as-new successor already recorded; nothing appended",
+                extra={"workflow_id": lease.workflow_id, "run_id": lease.run_id},
+            )
+            await self.resume_idle(lease.workflow_id)
+            return None
         await self.upsert_visibility_quietly(lease.workflow_id)
         return successor
 
@@ -1982,6 +2033,10 @@ class Engine:
                         )
                     except SequenceConflict:
                         pass
+                    except Exception:
+                        if fresh.stale:  # the start may have landed: run it if it did
+                            core.resume_idle_soon(wid)
+                        raise
                     else:
                         core.release_unloaded(fresh, adopt=True)
                         adopted = True
@@ -2000,7 +2055,7 @@ class Engine:
             async with recorder.lock:
                 found = _recorded(await recorder.current_history(), wid, request_id, WorkflowStarted, "start")
             if found is not None:
-                await self._resume_idle(wid)
+                await core.resume_idle(wid)
                 return RunHandle(self, wid, found.run_id, created=True)
         async with recorder.lock:
             history = await recorder.current_history()
@@ -2018,26 +2073,18 @@ class Engine:
                     raise WorkflowAlreadyStarted(wid, existing_run, status.value, id_reuse.value)
             run_id = new_run_id()
             now = core.clock.now()
-            await recorder.append(started(run_id, now), action="start a workflow", run_id=run_id, at=now)
+            try:
+                await recorder.append(started(run_id, now), action="start a workflow", run_id=run_id, at=now)
+            except Exception:
+                if recorder.stale:  # the start may have landed: run it if it did
+                    core.resume_idle_soon(wid)
+                raise
             lease = core.new_lease(recorder, run_id, definition.name)
             core.spawn_run(lease)
             if deadline_after is not None:
                 await core.arm_timer(wid, run_id, deadline_timer_id(run_id), now + deadline_after)
         await core.refresh_visibility_soon(wid)
         return RunHandle(self, wid, run_id, created=True)
-
-    async def _resume_idle(self, workflow_id: str) -> None:
-        """After a retried request found its own earlier record: a run that record started or
-        reopened, left without a lease here when the first attempt's acknowledgement was lost,
-        is resumed as the recovery sweep would resume it."""
-        core = self._core
-        recorder = core.loaded_recorder(workflow_id)
-        run_id = latest_run_id(recorder.history) if recorder is not None else None
-        if recorder is None or run_id is None or not is_active(recorder.history):
-            return
-        lease = core.registry.get(workflow_id, run_id)
-        if lease is None or lease.completion.is_set:
-            await core.recover_one(workflow_id)
 
     async def _await_lifecycle(self, workflow_id: str, recorder: Recorder) -> list[Event] | None:
         """Wait until ``workflow_id``'s history may hold a new lifecycle event.
@@ -2331,7 +2378,7 @@ class Engine:
             history = await recorder.current_history()
             found = _recorded(history, workflow_id, request_id, WorkflowReopened, "reopen")
         if found is not None:
-            await self._resume_idle(workflow_id)
+            await core.resume_idle(workflow_id)
             return RunHandle(self, workflow_id, found.run_id)
         async with recorder.lock:
             history = await recorder.current_history()

@@ -13,6 +13,7 @@ import importlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -113,10 +114,10 @@ async def test_the_soak_checker_passes_the_workload_and_names_each_kind_of_damag
 
 
 # --------------------------------------------------------------------------
-# Defects the flaky soak found (bench/soak.py --store flaky): a write whose
-# commit landed but whose acknowledgement was lost leaves a run recorded as
-# Running that this engine never runs (the next engine's recovery would).
-# Strict xfails: each passes, and so fails the suite, once the defect is fixed.
+# Found by the flaky soak (bench/soak.py --store flaky): a write that records a
+# run's start, whose commit landed but whose acknowledgement was lost, leaves the
+# run recorded as Running; once the store answers, this engine looks at what
+# landed and runs it (EngineCore.resume_idle), not only the next engine's recovery.
 # --------------------------------------------------------------------------
 
 
@@ -133,15 +134,10 @@ async def chained(ctx: aion.WorkflowContext, n: int, total: int) -> int:
     return total
 
 
-@pytest.mark.xfail(
-    reason="defect: engine.start whose WorkflowStarted commit landed unacknowledged raises "
-    "BackendUnavailable and the run is never executed here; a retry with USE_EXISTING waits forever",
-    strict=True,
-)
 async def test_a_start_retried_after_a_lost_acknowledgement_runs_to_its_result(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
 ) -> None:
-    async with aion.open_store("memory://") as store:
+    async with aion.open_store(store_url()) as store:
         flaky = FlakyStoreBundle(store)
         async with aion.open_engine(flaky, workflows=[chained], activities=[one]) as engine:
             flaky.events.commit_then_fail_next_appends(1)  # the start's WorkflowStarted lands, "fails"
@@ -154,19 +150,14 @@ async def test_a_start_retried_after_a_lost_acknowledgement_runs_to_its_result(
     assert result == 1, "no result within an hour"
 
 
-@pytest.mark.xfail(
-    reason="defect: a continue-as-new batch whose commit landed unacknowledged leaves the "
-    "successor's WorkflowStarted recorded and the successor never run by this engine",
-    strict=True,
-)
 async def test_a_continue_as_new_whose_acknowledgement_was_lost_runs_the_successor(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
 ) -> None:
-    async with aion.open_store("memory://") as store:
+    async with aion.open_store(store_url()) as store:
         flaky = FlakyStoreBundle(store)
         async with aion.open_engine(flaky, workflows=[chained], activities=[one]) as engine:
-            # Appends: the start, the activity's two records, its completion... the fourth is the
-            # WorkflowContinuedAsNew + successor WorkflowStarted batch.
+            # Appends: the start, the activity's records (one batch), the WorkflowContinuedAsNew
+            # terminal; the fourth is the successor's WorkflowStarted.
             flaky.events.commit_then_fail_appends_after(3, 1)
             run = await engine.start(chained, 0, 0, workflow_id="c")
             result = None
@@ -176,3 +167,50 @@ async def test_a_continue_as_new_whose_acknowledgement_was_lost_runs_the_success
     assert kinds[4:6] == ["WorkflowContinuedAsNew", "WorkflowStarted"]
     assert flaky.events.faults["append"] == 1
     assert result == 1, "no result within an hour"
+
+
+async def test_a_start_whose_acknowledgement_was_lost_runs_without_being_retried(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
+) -> None:
+    async with aion.open_store(store_url()) as store:
+        flaky = FlakyStoreBundle(store)
+        async with aion.open_engine(flaky, workflows=[chained], activities=[one]) as engine:
+            flaky.events.commit_then_fail_next_appends(1)
+            with pytest.raises(aion.BackendUnavailable):
+                await engine.start(chained, 1, 0, workflow_id="w")
+            kinds: list[str] = []
+            with trio.move_on_after(3600):  # mock time: look once a second until the run ends
+                while "WorkflowCompleted" not in kinds:
+                    await trio.sleep(1)
+                    kinds = [e.type for e in await store.events.read_history("w")]
+    assert kinds == [
+        "WorkflowStarted",
+        "ActivityScheduled",
+        "ActivityStarted",
+        "ActivityCompleted",
+        "WorkflowCompleted",
+    ]
+
+
+async def test_a_new_run_of_a_loaded_workflow_whose_start_lost_its_acknowledgement_is_run_and_found(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
+) -> None:
+    async with aion.open_store(store_url()) as store:
+        flaky = FlakyStoreBundle(store)
+        async with aion.open_engine(flaky, workflows=[chained], activities=[one]) as engine:
+            first = await engine.start(chained, 1, 0, workflow_id="w")
+            assert await first.result() == 1
+            flaky.events.commit_then_fail_next_appends(1)  # the second run's start lands, "fails"
+            with pytest.raises(aion.BackendUnavailable):
+                await engine.start(chained, 1, 1, workflow_id="w")
+            run = await engine.start(chained, 1, 1, workflow_id="w", id_reuse=aion.IdReusePolicy.USE_EXISTING)
+            result = None
+            with trio.move_on_after(3600):  # mock time
+                result = await run.result()
+        history = await store.events.read_history("w")
+    assert run.run_id != first.run_id
+    assert [e.body.run_id for e in history if isinstance(e.body, aion.WorkflowStarted)] == [
+        first.run_id,
+        run.run_id,
+    ]
+    assert result == 2, "no result within an hour"
