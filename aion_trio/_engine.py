@@ -692,8 +692,8 @@ class EngineCore:
     # -- appends of unknown outcome ------------------------------------------
 
     def resume_idle_soon(self, workflow_id: str) -> None:
-        """After an append of unknown outcome that records a run's start (a start, a
-        continue-as-new successor): once the store answers, :meth:`resume_idle` looks at
+        """After an append of unknown outcome that makes a run current (a start, a
+        reopen): once the store answers, :meth:`resume_idle` looks at
         what landed and runs it.  Retried in the epoch while the store is unavailable."""
         try:
             self.epoch.spawn(
@@ -746,17 +746,22 @@ class EngineCore:
         """Append ``WorkflowReopened`` and install the run's new lease in the same critical
         section (hold the recorder lock), so no check made under the lock ever sees the
         reopen recorded without its lease, or the lease without its reopen."""
-        await recorder.append(
-            [
-                WorkflowReopened(
-                    run_id=run_id,
-                    reopened_activity_ids=tuple(int(a) for a in activity_ids),
-                    request_id=request_id,
-                )
-            ],
-            action="reopen the run",
-            run_id=run_id,
-        )
+        try:
+            await recorder.append(
+                [
+                    WorkflowReopened(
+                        run_id=run_id,
+                        reopened_activity_ids=tuple(int(a) for a in activity_ids),
+                        request_id=request_id,
+                    )
+                ],
+                action="reopen the run",
+                run_id=run_id,
+            )
+        except Exception:
+            if recorder.stale:  # the reopen may have landed: run it if it did
+                self.resume_idle_soon(recorder.workflow_id)
+            raise
         return self.new_lease(recorder, run_id, workflow_type)
 
     def new_lease(self, recorder: Recorder, run_id: str, workflow_type: str) -> Lease:

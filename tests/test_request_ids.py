@@ -194,6 +194,27 @@ async def test_a_reopen_retried_with_its_key_returns_the_first_handle_and_runs_o
                 assert await handle.result() == "fixed", "the reopened run is resumed and runs once"
 
 
+async def test_a_reopen_whose_acknowledgement_was_lost_runs_without_being_retried(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
+) -> None:
+    async with aion.open_store(store_url()) as inner:
+        flaky = FlakyStoreBundle(inner)
+        async with aion.open_engine(flaky, workflows=WORKFLOWS) as engine:
+            BROKEN.add("r")
+            run = await engine.start(fails_until_reopened, workflow_id="r")
+            await engine.signal("r", "go")
+            with pytest.raises(aion.WorkflowFailure, match="failed"), trio.fail_after(10):
+                await run.result()
+            await _ambiguous(flaky, lambda: engine.reopen("r"))
+            kinds: list[str] = []
+            with trio.move_on_after(3600):  # mock time: look once a second until the run ends
+                while "WorkflowCompleted" not in kinds:
+                    await trio.sleep(1)
+                    kinds = types(await inner.events.read_history("r"))
+    assert kinds.count("WorkflowReopened") == 1
+    assert kinds[-1] == "WorkflowCompleted", "the reopened run is run by this engine, unretried"
+
+
 async def test_keys_are_per_workflow_id_across_its_runs_and_one_key_names_one_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
