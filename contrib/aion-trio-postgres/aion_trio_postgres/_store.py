@@ -1044,7 +1044,12 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
         name=f"aion_trio {url.location}",
         open=False,
     )
-    pool.open(wait=False)
+    try:
+        # Ready before the store is handed out: the first renewal must not wait for a connection.
+        pool.open(wait=True, timeout=url.pool_timeout)
+    except psycopg_pool.PoolTimeout as exc:
+        pool.close()
+        raise backend_error(exc, url.location, doing) from exc
     return _Backend(
         url=url,
         pool=pool,
@@ -1110,18 +1115,25 @@ async def _open_waiting(parsed: PostgresUrl, node_id: str | None, ttl: float) ->
             delay = min(delay * 2, CONNECT_RETRY_MAX)
 
 
+async def _renew_once(store: PostgresStore) -> bool:
+    """Renew the node lease, logging a failure; ``False`` once renewing is over for good."""
+    try:
+        await store.renew_lease()
+    except NotOwner as exc:
+        logger.error("%s: %s; stopping lease renewal", store.url.location, exc)
+        return False
+    except StoreError as exc:
+        logger.warning("%s: lease renewal failed (will retry): %s", store.url.location, exc)
+    except trio.ClosedResourceError:
+        return False
+    return True
+
+
 async def _heartbeat(store: PostgresStore, every: float) -> None:
     """Renew the node lease every ``every`` seconds until cancelled (errors are logged, never raised)."""
     while True:
         await trio.sleep(every)
-        try:
-            await store.renew_lease()
-        except NotOwner as exc:
-            logger.error("%s: %s; stopping lease renewal", store.url.location, exc)
-            return
-        except StoreError as exc:
-            logger.warning("%s: lease renewal failed (will retry): %s", store.url.location, exc)
-        except trio.ClosedResourceError:
+        if not await _renew_once(store):
             return
 
 
@@ -1172,7 +1184,10 @@ async def open_postgres_store(
     try:
         try:
             async with trio.open_nursery() as nursery:
-                if backend.node is not None and every is not None:
+                # Renewed once before the store is handed out: opening took round trips since
+                # the registration (the pool, the LISTEN connection), and on a slow network the
+                # registration's lease may be nearly spent.
+                if backend.node is not None and every is not None and await _renew_once(store):
                     nursery.start_soon(_heartbeat, store, every)
                 try:
                     yield store

@@ -387,3 +387,61 @@ def run_restart(
     finally:
         run.stop()
     return RestartOutcome(resumed=resumed, problems=_span_problems(run, workflows, steps))
+
+
+@attrs.frozen
+class SlowOutcome:
+    seconds: float
+    """From the start until every workflow completed."""
+    taken_over: int
+    """Workflows whose owner epoch passed 1 (a lease lost and the workflow claimed again)."""
+    relinquished: int
+    problems: list[str]
+
+
+def run_slow(
+    base: str,
+    schema: str,
+    tmp: Path,
+    *,
+    latency: float,
+    ttl: float = 2.0,
+    sweep: float = 0.3,
+    poll: float = 0.3,
+    workflows: int = 6,
+    steps: int = 8,
+) -> SlowOutcome:
+    """Two nodes, each behind a proxy adding ``latency`` seconds per round trip, run ``spans``
+    workflows to the end; no lease may be lost (no workflow claimed twice)."""
+    run = _Run(base=base, schema=schema, tmp=tmp)
+    run.side_query(failover_app.SQL_CREATE_SPANS)
+    host, port = _host_port(base)
+    common = ["--lease-ttl", str(ttl), "--sweep-interval", str(sweep), "--poll-interval", str(poll)]
+    with running_proxy(host, port) as p1, running_proxy(host, port) as p2:
+        p1.passing(latency=latency)
+        p2.passing(latency=latency)
+        began = time.monotonic()
+        try:
+            half = workflows // 2
+            run.spawn("n1", p1.url(base), [*common, "--spans", f"0:{half}:1", "--steps", str(steps)])
+            run.spawn(
+                "n2", p2.url(base), [*common, "--spans", f"{half}:{workflows}:1", "--steps", str(steps)]
+            )
+
+            def finished() -> bool:
+                return run.query("SELECT count(*) FROM workflows WHERE status = 'completed'") == [
+                    (workflows,)
+                ]
+
+            run.wait_for("every workflow to complete", finished, 120, step=0.1)
+            seconds = time.monotonic() - began
+            relinquished = run.text("n1").count("RELINQUISHED ") + run.text("n2").count("RELINQUISHED ")
+        finally:
+            run.stop()
+    taken = run.query("SELECT count(*) FROM workflows WHERE owner_epoch > 1")[0][0]
+    return SlowOutcome(
+        seconds=seconds,
+        taken_over=int(taken),
+        relinquished=relinquished,
+        problems=_span_problems(run, workflows, steps),
+    )
