@@ -33,7 +33,7 @@ def test_the_bound_is_the_statement_timeout_and_a_margin() -> None:
 async def test_calls_on_connections_that_stopped_answering_fail_in_bounded_time_and_the_pool_recovers(
     proxy: ProxyControl, fresh_store_url: Callable[..., str]
 ) -> None:
-    url = fresh_store_url(statement_timeout=STATEMENT_TIMEOUT, pool_size=POOL, pool_timeout=10)
+    url = fresh_store_url(statement_timeout=STATEMENT_TIMEOUT, pool_size=POOL, pool_timeout=2)
     base, query = url.split("?", 1)
     bound = hang_bound(STATEMENT_TIMEOUT)
     assert bound is not None
@@ -56,10 +56,15 @@ async def test_calls_on_connections_that_stopped_answering_fail_in_bounded_time_
                 for _ in range(POOL):
                     nursery.start_soon(hung_call)
         assert len(errors) == POOL, errors
-        for took, exc in errors:
+        # A call on a pooled connection is abandoned at the bound; one that found the pool
+        # still connecting its second connection (into the blackhole) times out waiting for it.
+        abandoned = [(took, exc) for took, exc in errors if "abandoned" in str(exc)]
+        assert abandoned, errors
+        for took, exc in abandoned:
             assert bound - 0.1 <= took <= bound + 3, (took, exc)
             assert "no answer within 1.5s" in str(exc)
-            assert "abandoned" in str(exc)
+        for took, exc in errors:
+            assert took <= max(bound, 2) + 3, (took, exc)
         proxy.passing()
         # Every worker thread and pooled connection is free again: POOL calls at once answer.
         with trio.fail_after(10):
