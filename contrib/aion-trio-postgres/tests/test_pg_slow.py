@@ -38,6 +38,8 @@ async def test_a_lease_stays_valid_through_renewals_at_200ms_per_round_trip(
 ) -> None:
     url = fresh_store_url(node="slow", lease_ttl=TTL)
     base, query = url.split("?", 1)
+    async with open_postgres_store(url):  # migrated at full speed: the slow opens only check it
+        pass
     proxy.passing(latency=LATENCY)
     async with open_postgres_store(f"{proxy.url(base)}?{query}", renew_every=None) as store:
         node = store.node
