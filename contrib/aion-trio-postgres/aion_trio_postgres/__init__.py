@@ -13,7 +13,8 @@ hold many isolated stores.  ``statement_timeout`` and ``lock_timeout``
 the *server* stops a statement or lock wait that takes too long; either
 surfaces as :class:`~aion_trio.BackendUnavailable`.  ``pool_size`` (default
 4) is both the connection pool's maximum and the number of worker threads the
-store uses at once; ``pool_timeout`` (seconds, default 30) bounds the wait
+store uses at once (a store with a ``node`` keeps one connection and thread
+more, for its lease renewals alone, so a busy node still renews on time); ``pool_timeout`` (seconds, default 30) bounds the wait
 for a pooled connection.  ``node`` and ``lease_ttl`` (seconds, default 30)
 turn on per-workflow ownership (below).  Every other option goes to libpq
 (``sslmode``, ``application_name``, ``connect_timeout``, which defaults to

@@ -210,6 +210,10 @@ class _Backend:
     url: PostgresUrl
     pool: psycopg_pool.ConnectionPool[Any]
     limiter: trio.CapacityLimiter
+    """The store's calls at once (``pool_size``)."""
+    lease_limiter: trio.CapacityLimiter
+    """The node lease's renewals, one at a time on the pool's one connection beyond
+    ``pool_size``: a renewal never waits behind the store's other calls."""
     node: NodeLease | None
     listener: Listener
     """The store's one LISTEN connection (its thread starts with the first subscriber)."""
@@ -226,8 +230,11 @@ class _Backend:
         """The NOTIFY channel of this schema (channels are database-wide)."""
         return notify_channel(self.url.schema)
 
-    async def run(self, doing: str, function: Callable[[Conn], T]) -> T:
-        """Run ``function(conn)`` in a worker thread on a pooled connection.
+    async def run(
+        self, doing: str, function: Callable[[Conn], T], *, limiter: trio.CapacityLimiter | None = None
+    ) -> T:
+        """Run ``function(conn)`` in a worker thread on a pooled connection, under ``limiter``
+        (default: the store's own).
 
         Never abandoned: a call cancelled before its thread started raised
         ``trio.Cancelled`` and did nothing; once started it finishes (every
@@ -235,7 +242,9 @@ class _Backend:
         and the cancellation arrives at the caller's next checkpoint.
         """
         with hold_mock_time():  # a MockClock's autojump waits for the database
-            return await trio.to_thread.run_sync(self._call, doing, function, limiter=self.limiter)
+            return await trio.to_thread.run_sync(
+                self._call, doing, function, limiter=self.limiter if limiter is None else limiter
+            )
 
     def _call(self, doing: str, function: Callable[[Conn], T]) -> T:
         abandoned: list[bool] = []
@@ -639,7 +648,9 @@ class PostgresStore:
             return None if found is None else _codec.utc(found[0])
 
         sent = time.monotonic()
-        expires = await self._backend.run("renewing the node lease", run)
+        # Its own worker slot and connection: a node busy with its workflows (every slot
+        # taken, calls queued) still renews on time instead of losing them all to a claim.
+        expires = await self._backend.run("renewing the node lease", run, limiter=self._backend.lease_limiter)
         if expires is None:
             node.superseded = True
             raise NotOwner(
@@ -1037,7 +1048,8 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
     pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
         url.conninfo,
         min_size=1,
-        max_size=url.pool_size,
+        # One connection beyond pool_size for the lease renewals (lease_limiter).
+        max_size=url.pool_size + (1 if node is not None else 0),
         kwargs={"autocommit": True},
         configure=lambda c: configure(c, url),
         timeout=url.pool_timeout,
@@ -1054,6 +1066,7 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
         url=url,
         pool=pool,
         limiter=trio.CapacityLimiter(url.pool_size),
+        lease_limiter=trio.CapacityLimiter(1),
         node=node,
         listener=Listener(url, node_id or url.location),
         hangs=HangWatch(hang_bound(url.statement_timeout), url.location),

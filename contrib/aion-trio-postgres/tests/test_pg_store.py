@@ -526,6 +526,53 @@ async def test_an_append_cancelled_before_its_thread_started_writes_nothing(
     assert [e.seq for e in await store.events.read_history("a")] == [1, 2]
 
 
+async def test_a_node_lease_is_renewed_while_every_worker_slot_is_taken(pg_url: str) -> None:
+    """pool_size=2 with a node id: two timer reads stalled in the database (another session
+    locks the timers table) hold both worker slots and a third call waits for one; the lease
+    renewal does not queue behind them (its own slot and connection), so a node busy with its
+    workflows keeps its lease instead of losing them all to a claim."""
+    schema = new_schema_name()
+    url = f"{pg_url}?schema={schema}&pool_size=2&node=busy&lease_ttl=30"
+    try:
+        async with open_postgres_store(url, renew_every=None) as store:
+            assert store.node is not None
+            before = store.node.expires_at
+            read: list[int] = []
+
+            async def stalled() -> None:
+                read.append(len(await store.events.expired_timers(T0)))
+
+            with psycopg.connect(pg_url) as locker:
+                locker.execute("SELECT set_config('search_path', %s, false)", (schema,))
+                locker.execute("LOCK TABLE timers IN ACCESS EXCLUSIVE MODE")
+                blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))"
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stalled)
+                    nursery.start_soon(stalled)
+                    with trio.fail_after(20):
+                        # An outside condition (the server's lock queue): polled, no event exists.
+                        params = (locker.info.backend_pid,)
+                        while True:
+                            if (await trio.to_thread.run_sync(query, pg_url, None, blocked, params))[0][
+                                0
+                            ] >= 2:
+                                break
+                            await trio.sleep(0.01)
+                    nursery.start_soon(stalled)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert store._backend.limiter.borrowed_tokens == 2
+                    assert store._backend.limiter.statistics().tasks_waiting == 1
+                    # Well inside lock_timeout (10 s), which would free a slot otherwise.
+                    with trio.fail_after(5):
+                        expires = await store.renew_lease()
+                    assert expires > before
+                    assert store.lease_valid()
+                    locker.rollback()
+            assert read == [0, 0, 0]
+    finally:
+        await trio.to_thread.run_sync(drop_schema, pg_url, schema)
+
+
 # --------------------------------------------------------------------------
 # What an append writes besides events
 # --------------------------------------------------------------------------
