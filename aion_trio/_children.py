@@ -69,7 +69,7 @@ from ._projections import (
     run_segment,
     workflow_status,
 )
-from ._retry import TransientBackoff
+from ._retry import TransientBackoff, until_available
 
 if TYPE_CHECKING:
     from ._engine import EngineCore
@@ -347,7 +347,27 @@ async def start_child_run(
             ]
             if timeout is not None:
                 bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + timeout))
-            await recorder.append(bodies, action="start a child workflow", run_id=run_id, at=now)
+
+            async def append_once() -> None:
+                core.epoch.gate(child_id, run_id, "start a child workflow")
+                if recorder.stale:  # an earlier try's outcome is unknown: look whether it landed
+                    landed = await recorder.current_history()
+                    if any(isinstance(e.body, WorkflowStarted) and e.body.run_id == run_id for e in landed):
+                        return
+                await recorder.append(bodies, action="start a child workflow", run_id=run_id, at=now)
+
+            # Retried here, under the lock, until the store answers: a try whose commit landed
+            # with its acknowledgement lost is then found, and this call runs the child it
+            # recorded (a later call finding the start recorded could not tell it from a child
+            # that something else runs).
+            ladder = core.config.completion_retry
+            await until_available(
+                "start a child workflow",
+                append_once,
+                (ladder.initial, ladder.ceiling),
+                logger,
+                {"workflow_id": child_id, "run_id": run_id, "parent_workflow_id": parent_workflow_id},
+            )
             lease = core.new_lease(recorder, run_id, child.started.workflow_type)
             core.spawn_run(lease)
             if timeout is not None:

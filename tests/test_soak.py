@@ -222,13 +222,6 @@ async def parent_of_chained(ctx: aion.WorkflowContext, n: int) -> int:
     return result + 100
 
 
-@pytest.mark.xfail(
-    reason="defect (issue 14, open): a child whose WorkflowStarted landed with its acknowledgement lost "
-    "is found started by the retried start_child_run, which then returns without running it; the "
-    "flaky soak (seed 2001) shows it. Calling resume_idle there races the recovery sweep (a child "
-    "driven twice), so the fix must tell its own lost append from a recovered child.",
-    strict=True,
-)
 async def test_a_child_whose_start_lost_its_acknowledgement_is_run_and_its_parent_completes(
     autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
 ) -> None:
