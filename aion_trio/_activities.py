@@ -1081,6 +1081,9 @@ class ActivityDriver:
                 outcome_ = await self._required(self._trail_failure(state.attempt, error, retry_at))
                 if outcome_ is not RecordOutcome.RECORDED:
                     return outcome_
+                # The backoff counts from the recorded failure, not from before its append
+                # (which may take a while, or be retried): the next start is never sooner.
+                due = trio.current_time() + delay
             logger.warning(
                 "failed (%s: %s); retrying in %.3fs",
                 error.type,
