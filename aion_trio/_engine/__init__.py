@@ -1,0 +1,20 @@
+"""The engine, as a package: configuration, the core, the client API and ``open_engine``.
+
+Modules import downwards only: ``config`` and ``log`` at the bottom, then
+``core``, ``describe``, ``client``, and ``wiring`` (``open_engine``) on top.
+This module re-exports the names the rest of ``aion_trio`` imports from the engine.
+"""
+
+from __future__ import annotations
+
+from .client import Engine as Engine, RunHandle as RunHandle
+from .config import (
+    EngineConfig as EngineConfig,
+    EngineStatistics as EngineStatistics,
+    IdReusePolicy as IdReusePolicy,
+    PendingActivity as PendingActivity,
+    WorkflowDescription as WorkflowDescription,
+)
+from .core import EngineCore as EngineCore
+from .describe import describe_history as describe_history
+from .wiring import open_engine as open_engine

@@ -1,0 +1,246 @@
+"""The engine's configuration and the small records it reports: settings, id reuse, descriptions, statistics."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, final
+
+import attrs
+
+from .._clock import EngineClock
+from .._completion import CompletionRetryConfig
+from .._epoch import EpochStatistics
+from .._events import (
+    ErrorInfo,
+    WorkflowStatus,
+)
+from .._ids import validate_task_queue
+from .._payload import PayloadCodec
+from .._retry import check_layer
+
+
+class IdReusePolicy(enum.Enum):
+    """What ``start`` does when the workflow id already exists.
+
+    * ``ALLOW_DUPLICATE`` (default): refuse while a run is active; once the
+      last run closed, start a new run under the same id.
+    * ``ALLOW_IF_FAILED``: like the default, but only if the last run failed,
+      was cancelled or timed out.
+    * ``REJECT_DUPLICATE``: refuse if the id was ever used.
+    * ``USE_EXISTING``: return the existing latest run (idempotent start).
+    """
+
+    ALLOW_DUPLICATE = "allow_duplicate"
+    ALLOW_IF_FAILED = "allow_if_failed"
+    REJECT_DUPLICATE = "reject_duplicate"
+    USE_EXISTING = "use_existing"
+
+
+def _defaults_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
+    return check_layer(layer, "EngineConfig.activity_defaults")
+
+
+def _check_setting_types(config: EngineConfig) -> None:
+    """Each setting's type, from its declared annotation, before any range check compares it.
+
+    Seconds (``float``) take an int or a float, finite, never a bool or a str;
+    counts (``int``) take an int (both ``ValueError``, as their range checks);
+    the rest their class (``TypeError``).  A new field is checked by declaring it.
+    """
+    for field in attrs.fields(type(config)):
+        value = getattr(config, field.name)
+        kind = str(field.type)
+        if value is None and kind.endswith("| None"):
+            continue
+        kind = kind.removesuffix(" | None")
+        where = f"EngineConfig.{field.name}"
+        if kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{where} must be a number of seconds (int or float), got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{where} must be a finite number of seconds, got {value!r}")
+        elif kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{where} must be an int, got {value!r}")
+        elif kind == "str":
+            if not isinstance(value, str):
+                raise TypeError(f"{where} must be a str, got {value!r}")
+        elif kind == "EngineClock":
+            if not all(callable(getattr(value, name, None)) for name in ("now", "trio_deadline")):
+                raise TypeError(
+                    f"{where} must be an EngineClock (with now() and trio_deadline()), got {value!r}"
+                )
+        elif kind in _SETTING_CLASSES and not isinstance(value, _SETTING_CLASSES[kind]):
+            raise TypeError(f"{where} must be a {kind}, got {value!r}")
+
+
+_SETTING_CLASSES: Mapping[str, type] = {
+    "CompletionRetryConfig": CompletionRetryConfig,
+    "PayloadCodec": PayloadCodec,
+}
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EngineConfig:
+    """Engine settings.
+
+    ``drain_timeout``: on graceful shutdown, seconds in-flight activity attempts
+    may run to finish and record their outcome; what still runs at the deadline
+    is parked (nothing recorded) and re-dispatched by the next engine.  ``None``
+    or 0: no drain.  ``clock``: inject an :class:`EngineClock` (default: wall
+    time advanced by Trio's clock, so ``MockClock`` drives durable time).
+    """
+
+    completion_retry: CompletionRetryConfig = attrs.field(factory=CompletionRetryConfig)
+    codec: PayloadCodec = attrs.field(factory=PayloadCodec)
+    drain_timeout: float | None = None
+    default_task_queue: str = "default"
+    clock: EngineClock | None = None
+    #: Worker threads for plain-``def`` activities.
+    max_activity_threads: int = 40
+    #: Seconds the visibility update after a recorded terminal may run on,
+    #: shielded from the shutdown's cancellation.
+    bookkeeping_timeout: float = 5.0
+    #: Engine-wide activity option defaults (``retry``, ``timeout``, ...), the
+    #: lowest layer under per-activity and per-call options.
+    activity_defaults: Mapping[str, Any] = attrs.field(factory=dict, converter=_defaults_layer)
+    #: Stores with the ownership capability (SQLite, memory): seconds of wall-clock
+    #: time between the engine's heartbeats on its claim.
+    owner_heartbeat: float = 5.0
+    #: How long the claim stays live without a heartbeat: after that another engine
+    #: may take the store over (at once if the owner's pid is gone on this host).
+    owner_stale_after: float = 30.0
+    #: Stores with a command inbox: seconds of wall-clock time between polls of the
+    #: inbox (commands from the CLI and other processes); ``None`` polls only at
+    #: open and on :meth:`Engine.drain_inbox`.
+    inbox_poll_interval: float | None = 1.0
+    #: Commands read from the inbox per store call while draining.
+    inbox_batch: int = 100
+    #: Cluster stores (:class:`~aion_trio.plugin.ClusterStore`): seconds of wall-clock
+    #: time between orphan sweeps, inbox polls and outcome polls of remote commands
+    #: (a store notification wakes them sooner).
+    sweep_interval: float = 1.0
+    #: Cluster stores: at most this many orphaned workflows claimed per sweep.
+    sweep_batch: int = 100
+    #: Cluster stores: seconds of wall-clock time a command sent to the node owning a
+    #: workflow may wait for its outcome (:class:`~aion_trio.CommandNotAnswered` then).
+    remote_command_timeout: float = 30.0
+    #: Seconds a just-scheduled activity's first records (``ActivityScheduled`` and
+    #: ``ActivityStarted``) may wait to share one append with its outcome.  An activity
+    #: that settles sooner costs one durable write instead of two; one still running
+    #: when the window closes is recorded then.  A crash inside the window leaves no
+    #: trace of the attempt, and replay schedules it again (activities run at least
+    #: once in any case).  ``None`` or 0: record the schedule before dispatching.
+    activity_schedule_window: float | None = 0.02
+    #: Seconds the Trio loop may stay blocked (an ``async def`` activity or workflow code
+    #: that does not yield, e.g. a ``time.sleep``) before a watchdog thread logs a
+    #: warning naming the activity or workflow and where it is blocked, and again how
+    #: long it lasted once the loop runs again.  ``None``: no watchdog.
+    loop_stall_warning: float | None = 1.0
+    #: Stores with :class:`~aion_trio.RecoveryCounts`: a run whose recovery began this
+    #: many times in a row without finishing (the process died while replaying it or
+    #: re-running its in-flight activities) is marked stuck instead of run again.
+    #: ``None``: no counting.
+    max_recovery_attempts: int | None = 5
+
+    def __attrs_post_init__(self) -> None:
+        _check_setting_types(self)
+        if self.max_recovery_attempts is not None and self.max_recovery_attempts < 1:
+            raise ValueError(
+                f"max_recovery_attempts must be an int >= 1 or None (no counting), got {self.max_recovery_attempts!r}"
+            )
+        validate_task_queue(self.default_task_queue, "EngineConfig.default_task_queue")
+        if self.loop_stall_warning is not None and not self.loop_stall_warning > 0:
+            raise ValueError(
+                f"loop_stall_warning must be > 0 seconds or None (no watchdog), got {self.loop_stall_warning!r}"
+            )
+        if self.drain_timeout is not None and (self.drain_timeout < 0):
+            raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout!r}")
+        if self.max_activity_threads < 1:
+            raise ValueError(f"max_activity_threads must be >= 1, got {self.max_activity_threads!r}")
+        if not self.owner_heartbeat > 0:
+            raise ValueError(f"owner_heartbeat must be > 0 seconds, got {self.owner_heartbeat!r}")
+        if not self.owner_stale_after >= 2 * self.owner_heartbeat:
+            raise ValueError(
+                f"owner_stale_after ({self.owner_stale_after!r}s) must be at least twice owner_heartbeat "
+                f"({self.owner_heartbeat!r}s), or a live owner could be taken for dead between two heartbeats"
+            )
+        if self.inbox_poll_interval is not None and not self.inbox_poll_interval > 0:
+            raise ValueError(
+                f"inbox_poll_interval must be > 0 seconds or None, got {self.inbox_poll_interval!r}"
+            )
+        window = self.activity_schedule_window
+        if window is not None and not (
+            isinstance(window, (int, float)) and not isinstance(window, bool) and 0 <= window < math.inf
+        ):
+            raise ValueError(
+                f"activity_schedule_window must be a finite number >= 0 seconds or None, got {window!r}"
+            )
+        if self.inbox_batch < 1:
+            raise ValueError(f"inbox_batch must be >= 1, got {self.inbox_batch!r}")
+        if not (isinstance(self.sweep_interval, (int, float)) and 0 < self.sweep_interval < math.inf):
+            raise ValueError(
+                f"sweep_interval must be a finite number > 0 seconds, got {self.sweep_interval!r}"
+            )
+        if (
+            isinstance(self.sweep_batch, bool)
+            or not isinstance(self.sweep_batch, int)
+            or self.sweep_batch < 1
+        ):
+            raise ValueError(f"sweep_batch must be an int >= 1, got {self.sweep_batch!r}")
+        if not (
+            isinstance(self.remote_command_timeout, (int, float))
+            and 0 < self.remote_command_timeout < math.inf
+        ):
+            raise ValueError(
+                f"remote_command_timeout must be a finite number > 0 seconds, got {self.remote_command_timeout!r}"
+            )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PendingActivity:
+    activity_id: int
+    activity_type: str
+    attempt: int
+    scheduled_at: datetime
+    task_queue: str
+
+
+@final
+@attrs.frozen(kw_only=True)
+class WorkflowDescription:
+    """A workflow's current state, projected from its history."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    status: WorkflowStatus
+    start_time: datetime
+    close_time: datetime | None
+    task_queue: str
+    search_attributes: Mapping[str, Any]
+    result: Any = None
+    error: ErrorInfo | None = None
+    failed_step: str | None = None
+    pending_activities: tuple[PendingActivity, ...] = ()
+    stuck_reason: str | None = None
+    history_length: int = 0
+    run_ids: tuple[str, ...] = ()
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EngineStatistics:
+    registered_leases: int
+    resident_runs: int
+    stuck_runs: int
+    loaded_recorders: int
+    epoch: EpochStatistics
+    #: Plain ``def`` activity threads the engine stopped waiting for (cancel, terminate, a
+    #: timeout) that have not returned yet: each holds a ``max_activity_threads`` slot.
+    abandoned_activity_threads: int = 0

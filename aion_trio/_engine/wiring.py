@@ -1,0 +1,212 @@
+"""``open_engine``: the one place the engine's services are built and wired together."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Iterable
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import trio
+
+from .._activities import (
+    ActivityDispatcher,
+    DelegatingDispatcher,
+    InProcessDispatcher,
+)
+from .._clock import TrioClock
+from .._cluster import ClusterServices, LeaseGatedDispatcher
+from .._definitions import ActivityDefinition, ActivityLoop, WorkflowDefinition, index_definitions
+from .._epoch import EngineEpoch
+from .._errors import AionInternalError
+from .._inbox import InboxDrainer, Ownership
+from .._observe import build_hub
+from .._ownership import OwnerIdentity, wall_now
+from .._plugins import default_plugin_manager, open_store
+from .._store import (
+    ClusterStore,
+    CommandInbox,
+    OwnedStore,
+    Store,
+)
+from .._watchdog import LoopWatchdog
+from .client import Engine, serve_inbox
+from .config import EngineConfig
+from .core import EngineCore
+from .log import logger
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+
+
+@contextlib.asynccontextmanager
+async def open_engine(
+    store: str | Store,
+    *,
+    workflows: Iterable[WorkflowDefinition[Any]] = (),
+    activities: Iterable[ActivityDefinition[Any]] = (),
+    config: EngineConfig | None = None,
+    dispatcher: ActivityDispatcher | None = None,
+    drain_timeout: float | None = None,
+    observers: Iterable[object] = (),
+) -> AsyncIterator[Engine]:
+    """Open an engine over ``store`` (a URL such as ``sqlite:///orders.db`` or an opened store).
+
+    The engine's epoch lives exactly as long as the ``async with`` block: every
+    background task runs in its nursery, so leaving the block cancels and
+    joins them all.  On normal exit the shutdown is graceful (stop admitting,
+    optional drain, close the latch, cancel, join, close the store); on an
+    exception the latch closes first.  A store given as an object is not
+    closed (its opener owns it).  ``drain_timeout`` overrides the config's:
+    seconds in-flight activity attempts may run on to record their outcome;
+    what still runs then is parked (nothing recorded) and re-dispatched by the
+    next engine on the store.
+
+    A store with the :class:`~aion_trio.OwnedStore` capability (SQLite,
+    memory) is claimed first: if another live engine owns it,
+    :class:`~aion_trio.StoreOwned` names it and nothing is written.  The claim
+    is renewed every ``config.owner_heartbeat`` seconds of wall-clock time and
+    released on exit; should another process take it over (this engine was
+    taken for dead), the engine stops and :class:`~aion_trio.NotOwner` is
+    raised.  A store with a :class:`~aion_trio.CommandInbox` is drained after
+    recovery and then every ``config.inbox_poll_interval`` seconds
+    (:meth:`Engine.drain_inbox` drains at once).
+    ``dispatcher``: runs activity attempts instead of this process (default:
+    the registered activities run here); one that is a
+    :class:`~aion_trio.DelegatingDispatcher` is handed the in-process
+    dispatcher for the work it keeps local.
+    ``observers``: callables ``observer(event)`` (or plugin objects implementing
+    ``aion_trio_observe``) handed each :class:`ObserverEvent`, after the
+    observers plugins registered through the ``aion_trio`` entry points.
+    """
+    if config is None:
+        config = EngineConfig()
+    elif not isinstance(config, EngineConfig):
+        raise TypeError(f"open_engine(config=...) takes an EngineConfig, got {config!r}")
+    if not isinstance(store, (str, Store)):
+        raise TypeError(f"open_engine's store is a URL (str) or an opened store, got {store!r}")
+    if drain_timeout is not None:
+        config = attrs.evolve(config, drain_timeout=drain_timeout)
+    workflow_map, activity_map = index_definitions(workflows, activities)
+    hub = build_hub(observers, default_plugin_manager())
+    clock = config.clock
+    async with contextlib.AsyncExitStack() as stack:
+        if config.loop_stall_warning is not None:
+            watchdog = LoopWatchdog(config.loop_stall_warning)
+            watchdog.start()
+            stack.callback(watchdog.stop)
+        if isinstance(store, str):
+            opened: Store = await stack.enter_async_context(open_store(store))
+        else:
+            opened = store
+        # One owner per store (DESIGN §4.5): claim it before anything is written;
+        # StoreOwned names the live owner.  Released after the epoch has joined.
+        service_threads = trio.CapacityLimiter(2)
+        ownership: Ownership | None = None
+        if isinstance(opened, OwnedStore):
+            claim = await opened.claim_owner(
+                OwnerIdentity.current(),
+                now=wall_now(),
+                stale_after=timedelta(seconds=config.owner_stale_after),
+            )
+            if claim.replaced is not None:
+                logger.warning(
+                    "took the store over from a dead owner: %s (its pid is gone or its heartbeat stopped)",
+                    claim.replaced.describe(),
+                )
+            ownership = Ownership(store=opened, claim=claim, heartbeat=config.owner_heartbeat)
+            stack.push_async_callback(ownership.release)
+        asyncio_loop = None
+        if any(a.loop is ActivityLoop.ASYNCIO for a in activity_map.values()):
+            import trio_asyncio
+
+            asyncio_loop = await stack.enter_async_context(trio_asyncio.open_loop())
+        limiter = trio.CapacityLimiter(config.max_activity_threads)
+        in_process = InProcessDispatcher(activity_map, config.codec, asyncio_loop, limiter)
+        # After the epoch has joined: name the activity threads still running.
+        stack.callback(in_process.log_unaccounted_threads)
+        delegating: object = dispatcher
+        if isinstance(delegating, DelegatingDispatcher):
+            delegating.use_in_process(in_process)
+        # Cluster mode (DESIGN §10): per-workflow ownership fenced by the store.
+        cluster = opened if isinstance(opened, ClusterStore) else None
+        chosen: ActivityDispatcher = dispatcher or in_process
+        if cluster is not None:
+            chosen = LeaseGatedDispatcher(chosen, cluster, service_threads)
+        try:
+            async with trio.open_nursery() as nursery:
+                epoch = EngineEpoch(nursery)
+                core = EngineCore(
+                    store=opened,
+                    epoch=epoch,
+                    workflows=workflow_map,
+                    activities=activity_map,
+                    config=config,
+                    clock=clock or TrioClock.start(),
+                    dispatcher=chosen,
+                    observers=hub,
+                    cluster=cluster,
+                    service_threads=service_threads,
+                )
+                services: ClusterServices | None = None
+                if cluster is not None:
+                    services = ClusterServices(
+                        core, cluster, opened if isinstance(opened, CommandInbox) else None
+                    )
+                    core.cluster_services = services
+                engine = Engine(core, ownership=ownership, threads=in_process)
+                if ownership is not None:
+                    core.on_store_fenced = ownership.fenced
+                try:
+                    if ownership is not None:
+                        # Not epoch.spawn: losing the claim must end the engine, not be logged.
+                        nursery.start_soon(ownership.keep_alive, epoch, name="owner-heartbeat")
+                    epoch.spawn(core.timer_service, name="timer-service")
+                    if config.activity_schedule_window:
+                        epoch.spawn(core.deferral_service, name="deferral-service")
+                    if services is not None:
+                        epoch.spawn(services.waker, name="cluster-waker")
+                        # Not epoch.spawn: a node fenced out of everything must end the engine.
+                        nursery.start_soon(services.until_fenced_out, name="cluster-fence-watch")
+                    await core.recover()
+                    if isinstance(opened, CommandInbox):
+                        drainer = InboxDrainer(
+                            engine=engine, inbox=opened, config=config, limiter=service_threads
+                        )
+                        serve_inbox(engine, drainer)
+                        await drainer.drain()
+                        if services is not None:
+                            services.drain = drainer.drain  # on every wake-up, after the sweep
+                        elif config.inbox_poll_interval is not None:
+                            epoch.spawn(drainer.poll_forever, name="inbox-poller")
+                    if services is not None:
+                        epoch.spawn(services.sweeper, name="cluster-sweeper")
+                    yield engine
+                except BaseException:
+                    epoch.begin_close()
+                    raise
+                else:
+                    epoch.stop_admitting()
+                    if config.drain_timeout:
+                        with trio.move_on_after(config.drain_timeout):
+                            await epoch.wait_attempts_idle()
+                    await core.write_all_deferred()
+                    if core.recovery_guard is not None:
+                        await core.recovery_guard.close()
+                    epoch.begin_close()
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # Background tasks never raise (their failures are logged), so a
+            # group here carries the body's own exception: re-raise it alone.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            if group.split(trio.Cancelled)[1] is None:
+                # Only cancellation (the caller's scope cancelled the engine, e.g. during
+                # the drain): let the cancel scope that owns it catch it.
+                raise
+            raise AionInternalError(
+                f"several errors escaped the engine epoch; please report this: {group!r}"
+            ) from group
