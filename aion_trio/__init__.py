@@ -19,7 +19,7 @@ from ._activities import (
     activity_info as activity_info,
     heartbeat as heartbeat,
 )
-from ._children import ParentClosePolicy as ParentClosePolicy
+from ._childspec import ParentClosePolicy as ParentClosePolicy
 from ._clock import EngineClock as EngineClock
 from ._commands import (
     CancelCommand as CancelCommand,
@@ -33,13 +33,7 @@ from ._commands import (
     TerminateCommand as TerminateCommand,
 )
 from ._completion import CompletionRetryConfig as CompletionRetryConfig
-from ._context import (
-    ActivityHandle as ActivityHandle,
-    ChildHandle as ChildHandle,
-    TimeoutScope as TimeoutScope,
-    TimerHandle as TimerHandle,
-    WorkflowContext as WorkflowContext,
-)
+from ._context import WorkflowContext as WorkflowContext
 from ._definitions import (
     ActivityDefinition as ActivityDefinition,
     WorkflowDefinition as WorkflowDefinition,
@@ -144,6 +138,12 @@ from ._events import (
     WorkflowStarted as WorkflowStarted,
     WorkflowStatus as WorkflowStatus,
     WorkflowTimedOut as WorkflowTimedOut,
+)
+from ._handles import (
+    ActivityHandle as ActivityHandle,
+    ChildHandle as ChildHandle,
+    TimeoutScope as TimeoutScope,
+    TimerHandle as TimerHandle,
 )
 from ._observe import (
     ActivityAttemptEnded as ActivityAttemptEnded,

@@ -31,15 +31,20 @@ whatever is left then is redone by the next engine's recovery.
 
 from __future__ import annotations
 
-import enum
-import hashlib
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
+from ._childspec import (
+    CHILD_MARKER_PREFIX,
+    STATUS_NOT_STARTED,
+    STATUS_TIMED_OUT,
+    ChildOptions,
+    ParentClosePolicy,
+    derive_child_run_id,
+)
 from ._errors import BackendUnavailable, EngineEpochClosed, NotRunning, WorkflowNotFound
 from ._events import (
     ChildWorkflowCancelled,
@@ -58,7 +63,7 @@ from ._events import (
     WorkflowStarted,
     WorkflowTimedOut,
 )
-from ._ids import MAX_WORKFLOW_ID_LENGTH, deadline_timer_id
+from ._ids import deadline_timer_id
 from ._logs import ContextLogger
 from ._payload import Payload
 from ._projections import (
@@ -76,76 +81,6 @@ if TYPE_CHECKING:
     from ._recorder import Recorder
 
 logger = ContextLogger("aion_trio.children")
-
-CHILD_MARKER_PREFIX = "child:"
-_RUN_ID_NAMESPACE = uuid.UUID("5b0c7d2e-6f1a-4c83-9a4e-2d1f0b7c9e61")
-
-#: ``ChildWorkflowFailed.error.details["status"]`` values other than a plain failure.
-STATUS_TIMED_OUT = "timed_out"
-STATUS_NOT_STARTED = "not_started"
-
-
-class ParentClosePolicy(enum.Enum):
-    """What happens to a child still running when its parent run ends (any terminal).
-
-    * ``CANCEL`` (default): the child is asked to cancel (as ``engine.cancel``);
-      its code sees :class:`aion_trio.WorkflowCancelled` and may compensate.
-    * ``TERMINATE``: the child is ended at once (as ``engine.terminate``).
-    * ``ABANDON``: the child runs on; its outcome is not recorded in the parent.
-    """
-
-    CANCEL = "cancel"
-    TERMINATE = "terminate"
-    ABANDON = "abandon"
-
-
-@final
-@attrs.frozen(kw_only=True)
-class ChildOptions:
-    """The options of one child command, recorded in the ``child:N`` marker."""
-
-    parent_close_policy: ParentClosePolicy
-    task_queue: str
-    timeout: float | None = None
-
-    def to_payload(self) -> Payload:
-        return Payload.of(
-            {
-                "parent_close_policy": self.parent_close_policy.value,
-                "task_queue": self.task_queue,
-                "timeout": self.timeout,
-            }
-        )
-
-    @classmethod
-    def from_payload(cls, payload: Payload | None, default_task_queue: str) -> ChildOptions:
-        data = payload.value() if payload is not None else None
-        if not isinstance(data, Mapping):
-            return cls(parent_close_policy=ParentClosePolicy.CANCEL, task_queue=default_task_queue)
-        timeout = data.get("timeout")
-        return cls(
-            parent_close_policy=ParentClosePolicy(data.get("parent_close_policy", "cancel")),
-            task_queue=str(data.get("task_queue") or default_task_queue),
-            timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
-        )
-
-
-def child_marker_name(ordinal: int) -> str:
-    return f"{CHILD_MARKER_PREFIX}{ordinal}"
-
-
-def derive_child_workflow_id(parent_workflow_id: str, parent_run_id: str, ordinal: int) -> str:
-    """The id of a child started without ``workflow_id`` (see the module docstring)."""
-    text = f"{parent_workflow_id}/{parent_run_id}/{ordinal}"
-    if len(text) <= MAX_WORKFLOW_ID_LENGTH:
-        return text
-    digest = hashlib.sha256(f"{parent_workflow_id}\x00{parent_run_id}\x00{ordinal}".encode()).hexdigest()
-    return f"child:{digest}"
-
-
-def derive_child_run_id(parent_workflow_id: str, parent_run_id: str, ordinal: int) -> str:
-    """The run id of the child's first run, derived from the command that starts it."""
-    return str(uuid.uuid5(_RUN_ID_NAMESPACE, f"{parent_workflow_id}\x00{parent_run_id}\x00{ordinal}"))
 
 
 @final

@@ -181,11 +181,11 @@ class RecoveryGuard:
             return True
         if lease.recorder.run_state(lease.run_id).ended is not None:
             return True
-        ctx = lease.context
-        return ctx is not None and not ctx.is_replaying
+        activation = lease.activation
+        return activation is not None and not activation.is_replaying
 
     async def _caught_up(self, lease: Lease) -> None:
-        lease.query_waiters += 1  # the context then wakes the recorder's waiters when it parks
+        lease.query_waiters += 1  # the run's port then wakes the recorder's waiters when it parks
         try:
             while not self._past_replay(lease):
                 await lease.recorder.wait_changed()

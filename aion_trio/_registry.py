@@ -19,7 +19,7 @@ import trio
 from ._events import Event, WorkflowStatus
 
 if TYPE_CHECKING:
-    from ._context import WorkflowContext
+    from ._ports import ActiveRun
     from ._recorder import Recorder
 
 
@@ -79,10 +79,10 @@ class Lease:
     #: The run's Trio task while its workflow code executes.
     task: trio.lowlevel.Task | None = None
     cancel_scope: trio.CancelScope | None = None
-    #: The run's workflow context while its code executes (queries read it).
-    context: WorkflowContext | None = None
+    #: The run's code while it executes (queries read it).
+    activation: ActiveRun | None = None
     #: Queries waiting for the run to park between steps; while non-zero, the
-    #: context wakes the recorder's waiters when it parks.
+    #: run's port wakes the recorder's waiters when it parks.
     query_waiters: int = 0
     extra: dict[str, Any] = attrs.field(factory=dict)
 

@@ -20,7 +20,7 @@ from _replay import assert_replays_cleanly
 
 import aion_trio as aion
 from aion_trio import events as ev
-from aion_trio._children import derive_child_run_id
+from aion_trio._childspec import derive_child_run_id
 from aion_trio._store import EventStore
 
 LIMIT = 40 * 86400

@@ -745,10 +745,10 @@ class Engine:
                     f"it is stuck, its code is not executing ({lease.stuck_reason}); deploy compatible "
                     "code and restart the engine, or terminate the run",
                 )
-            ctx = lease.context
-            if ctx is not None and ctx._answerable:
+            activation = lease.activation
+            if activation is not None and activation.answerable:
                 # Synchronous from here to the return: the run cannot take a step meanwhile.
-                value = ctx._answer_query(name, core.codec.decode(arguments))
+                value = activation.answer_query(name, core.codec.decode(arguments))
                 return core.codec.decode(core.codec.encode(value, what=f"result of query {name!r}"))
             if not core.epoch.admitting:
                 raise epoch_closed(workflow_id, run_id, f"answer query {name!r}")

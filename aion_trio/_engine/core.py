@@ -18,6 +18,7 @@ from .._activities import (
     ActivityDriver,
     ActivityRequest,
 )
+from .._childspec import child_marker_name
 from .._clock import EngineClock
 from .._cluster import ClusterServices
 from .._completion import (
@@ -28,15 +29,7 @@ from .._completion import (
     teardown_bodies,
 )
 from .._contain import is_structural
-from .._context import (
-    ContinueAsNew,
-    RunAborted,
-    WorkflowContext,
-    _PendingActivity,
-    _PendingChild,
-    _PendingTimer,
-    _PendingTimerCancel,
-)
+from .._context import ContinueAsNew, RunActivation
 from .._definitions import ActivityDefinition, WorkflowDefinition
 from .._epoch import EngineEpoch
 from .._errors import (
@@ -87,6 +80,7 @@ from .._ids import (
 from .._observe import ObserverHub, RecoveryFinished, WorkflowRelinquished
 from .._payload import Payload
 from .._poison import RecoveryGuard, poison_reason
+from .._ports import CancelTimer, RunAborted, ScheduleActivity, StartChild, StartTimer, WorkflowCommand
 from .._projections import (
     RunState,
     current_lease_terminal,
@@ -105,6 +99,7 @@ from .._projections import (
 from .._recorder import Recorder
 from .._registry import Lease, Registry, Residency
 from .._retry import TransientBackoff, resolve_options, until_available
+from .._run_port import LeasePort
 from .._store import (
     ClusterStore,
     EventStore,
@@ -118,7 +113,7 @@ from .config import EngineConfig
 from .log import logger
 
 
-def _schedule_bodies(p: _PendingActivity) -> tuple[ActivityScheduled, ActivityStarted]:
+def _schedule_bodies(p: ScheduleActivity) -> tuple[ActivityScheduled, ActivityStarted]:
     """A newly started activity's first records: scheduled, and its first attempt started."""
     return (
         ActivityScheduled(
@@ -541,22 +536,18 @@ class EngineCore:
                 "and restart, or terminate the run",
             )
             return
-        ctx = WorkflowContext(self, lease)
-        ctx._bind_task()
+        activation = RunActivation(LeasePort(self, lease))
         lease.task = trio.lowlevel.current_task()
-        lease.context = ctx
-        start = ctx._state.start
-        assert start is not None
-        assert isinstance(start.body, WorkflowStarted)
-        raw_args = self.codec.decode(start.body.input)
+        lease.activation = activation
+        raw_args = self.codec.decode(activation.input)
         args = raw_args if isinstance(raw_args, list) else [raw_args]
         intent: TerminalIntent
         try:
             try:
                 with trio.CancelScope() as scope:
                     lease.cancel_scope = scope
-                    value = await definition.fn(ctx, *args)
-                    await ctx._flush()
+                    value = await definition.fn(activation.context, *args)
+                    await activation.flush()
                 if scope.cancelled_caught:
                     # Ended from outside (terminate, deadline teardown): that path
                     # recorded the terminal and does the bookkeeping.
@@ -567,12 +558,14 @@ class EngineCore:
                 await self.mark_stuck(lease, str(exc))
                 return
             except WorkflowCancelled as cancelled:
-                if await self._stuck_at_exit(lease, ctx, "the workflow to end cancelled", CancelledEvent):
+                if await self._stuck_at_exit(
+                    lease, activation, "the workflow to end cancelled", CancelledEvent
+                ):
                     return
                 intent = TerminalIntent.cancelled(cancelled.reason, self.clock.now())
             except ContinueAsNew as request:
                 if await self._stuck_at_exit(
-                    lease, ctx, "the workflow to continue as new", WorkflowContinuedAsNew
+                    lease, activation, "the workflow to continue as new", WorkflowContinuedAsNew
                 ):
                     return
                 exit_time = self.clock.now()
@@ -587,11 +580,11 @@ class EngineCore:
                 if is_structural(exc):
                     raise
                 failing = f"the workflow to fail ({type(exc).__name__})"
-                if await self._stuck_at_exit(lease, ctx, failing, WorkflowFailed):
+                if await self._stuck_at_exit(lease, activation, failing, WorkflowFailed):
                     return
                 intent = TerminalIntent.failed(error_info(exc), self.clock.now())
             else:
-                if await self._stuck_at_exit(lease, ctx, "the workflow to return", WorkflowCompleted):
+                if await self._stuck_at_exit(lease, activation, "the workflow to return", WorkflowCompleted):
                     return
                 exit_time = self.clock.now()
                 try:
@@ -602,7 +595,11 @@ class EngineCore:
         finally:
             lease.task = None
             lease.cancel_scope = None
-            ctx._detach()
+            activation.detach()
+            if lease.activation is activation:
+                lease.activation = None
+            if lease.query_waiters:
+                lease.recorder.notify()
         try:
             await handle_run_exit(self, lease, intent)
         except EngineEpochClosed as exc:
@@ -616,15 +613,15 @@ class EngineCore:
             )
 
     async def _stuck_at_exit(
-        self, lease: Lease, ctx: WorkflowContext, exit: str, terminal: type[EventBody]
+        self, lease: Lease, activation: RunActivation, exit: str, terminal: type[EventBody]
     ) -> bool:
         """The code ended: mark the run stuck (``True``) if it diverged from history — a
         command of its own failed to match, history holds a command it never issued, or
         (replaying a finished run) the recorded end is of another kind than this exit."""
-        if ctx._poisoned is not None:
-            await self.mark_stuck(lease, str(ctx._poisoned))
+        if activation.poisoned is not None:
+            await self.mark_stuck(lease, str(activation.poisoned))
             return True
-        leftover = ctx.unissued_recorded_command(terminal)
+        leftover = activation.unissued_recorded_command(terminal)
         if leftover is None:
             return False
         family, ordinal, recorded = leftover
@@ -700,7 +697,7 @@ class EngineCore:
         self,
         lease: Lease,
         state: RunState,
-        pending: Sequence[_PendingActivity | _PendingTimer | _PendingTimerCancel | _PendingChild],
+        pending: Sequence[WorkflowCommand],
     ) -> None:
         """Record a run's pending commands as one batch, then start what they start."""
 
@@ -709,15 +706,15 @@ class EngineCore:
             bodies: list[Any] = []
             started_now: set[str] = set()
             for p in pending:
-                if isinstance(p, _PendingActivity):
+                if isinstance(p, ScheduleActivity):
                     if p.ordinal in state.scheduled:
                         continue
                     bodies.extend(_schedule_bodies(p))
-                elif isinstance(p, _PendingTimer):
+                elif isinstance(p, StartTimer):
                     if p.timer_id not in state.timers:
                         bodies.append(TimerStarted(timer_id=p.timer_id, fire_at=p.fire_at))
                         started_now.add(p.timer_id)
-                elif isinstance(p, _PendingChild):
+                elif isinstance(p, StartChild):
                     if p.ordinal not in state.children:
                         bodies.append(
                             ChildWorkflowStarted(
@@ -728,9 +725,7 @@ class EngineCore:
                             )
                         )
                         bodies.append(
-                            MarkerRecorded(
-                                name=children.child_marker_name(p.ordinal), value=p.options.to_payload()
-                            )
+                            MarkerRecorded(name=child_marker_name(p.ordinal), value=p.options.to_payload())
                         )
                 elif (p.timer_id in state.timers or p.timer_id in started_now) and (
                     p.timer_id not in state.timer_resolutions
@@ -739,22 +734,22 @@ class EngineCore:
             return bodies
 
         window = self.config.activity_schedule_window
-        if window and all(isinstance(p, _PendingActivity) for p in pending):
+        if window and all(isinstance(p, ScheduleActivity) for p in pending):
             at = await self._defer_schedules(lease, state, pending)
             if at is not None:
                 self._owe(lease.recorder, window)
                 for p in pending:
-                    assert isinstance(p, _PendingActivity)
+                    assert isinstance(p, ScheduleActivity)
                     self.dispatch(lease.recorder, self._first_request(lease, p, at))
                 return
         await self._append_with_retry(lease, "record workflow commands", build, keep_deferred=True)
         state.sync()
         for p in pending:
-            if isinstance(p, _PendingTimer):
+            if isinstance(p, StartTimer):
                 await self.arm_timer(lease.workflow_id, lease.run_id, p.timer_id, p.fire_at)
-            elif isinstance(p, _PendingTimerCancel):
+            elif isinstance(p, CancelTimer):
                 await self.forget_timer(lease.workflow_id, p.timer_id)
-            elif isinstance(p, _PendingChild):
+            elif isinstance(p, StartChild):
                 await self.start_recorded_child(lease, p.ordinal)
             else:
                 scheduled = state.scheduled.get(p.ordinal)
@@ -762,7 +757,7 @@ class EngineCore:
                 self.dispatch(lease.recorder, self._first_request(lease, p, at))
 
     @staticmethod
-    def _first_request(lease: Lease, p: _PendingActivity, scheduled_at: datetime | None) -> ActivityRequest:
+    def _first_request(lease: Lease, p: ScheduleActivity, scheduled_at: datetime | None) -> ActivityRequest:
         return ActivityRequest(
             workflow_id=lease.workflow_id,
             run_id=lease.run_id,

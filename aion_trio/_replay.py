@@ -1,0 +1,405 @@
+"""One execution of a run's code against its history: resolving commands, parking, poisoning.
+
+Commands take per-run ordinals by family in program order and resolve against
+the run's recorded command sequence as *Recorded* (replay: return it, append
+nothing), *ResumeLive* (history exhausted: do it for real and record it) or
+*NonDeterminism*.  Observations (activity outcomes, ...) are recorded before
+they are observed: the code only ever reads its run's segment of the
+recorder's history, a prefix that only grows, and consumes resolutions from
+it -- so replay takes the branch the live run took.
+
+:class:`Replay` holds that state for one execution and talks to the engine
+only through its :class:`~aion_trio._ports.WorkflowPort`.  The context, the
+handles and the query handlers are built on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar, final
+
+import attrs
+import trio
+
+from ._errors import NonDeterminismError, QueryReadOnly, Timeout, WorkflowCancelled, WorkflowCommandError
+from ._events import (
+    Event,
+    EventBody,
+    TimerCancelCause,
+    TimerCancelled,
+    TimerFired,
+    WorkflowCancelRequested,
+)
+from ._payload import Payload
+from ._ports import CancelTimer, RunAborted, StartTimer, WorkflowCommand, WorkflowPort
+from ._projections import COMMAND_TIMER, COMMAND_TIMER_CANCEL, CommandKey, command_key
+
+T = TypeVar("T")
+
+
+@final
+class Replay:
+    """Where one execution of a run's code stands against the run's history."""
+
+    def __init__(self, port: WorkflowPort) -> None:
+        self.port = port
+        self.workflow_id = port.workflow_id
+        self.run_id = port.run_id
+        self.state = port.run_state()
+        start = self.state.start
+        if start is None:
+            raise WorkflowCommandError(f"run {port.run_id} has no WorkflowStarted in history")
+        self.start_head = port.start_head
+        #: The replay position (``ctx.now()``): the start's time, advanced by each resolution consumed.
+        self.now: datetime = start.recorded_at
+        self.position = start.seq
+        # A run whose execution began with nothing after its start has nothing to replay.
+        self.caught_up = self.start_head <= start.seq
+        self.next_activity = 0
+        self.next_timer = 0
+        self.next_scope = 0
+        self.next_child = 0
+        #: Position in the run's recorded command sequence (``RunState.commands``): the
+        #: code's next command must match the one recorded there, of whatever kind.
+        self.next_command = 0
+        #: Timers whose cancel this execution issued (or found recorded as its own).
+        self.timers_retired: set[str] = set()
+        #: Ids of children this execution started and whose outcome it has not consumed.
+        self.unobserved_children: set[str] = set()
+        #: The timers of the timeout scopes entered and not left, outermost first.
+        self.scopes: list[str] = []
+        #: Commands issued and not yet recorded (the next await records them as one batch).
+        self.pending: list[WorkflowCommand] = []
+        #: The divergence that stopped this execution: every later command raises it again.
+        self.poisoned: BaseException | None = None
+        self.cleanup_depth = 0
+        #: The run's own task: the only one that may issue commands.
+        self.task: trio.lowlevel.Task = trio.lowlevel.current_task()
+        # True only while the run's task is parked between steps, caught up with history;
+        # parked_at is the history length it parked at (longer: it has something to consume).
+        self.parked = False
+        self.parked_at = 0
+        #: The query whose handler runs now (commands are refused meanwhile).
+        self.answering: str | None = None
+        self.query_violation: QueryReadOnly | None = None
+
+    # -- guards ----------------------------------------------------------------
+
+    def refuse_in_query(self, what: str) -> None:
+        if self.answering is not None:
+            error = QueryReadOnly(self.workflow_id, self.run_id, self.answering, what)
+            self.query_violation = error
+            raise error
+
+    def require_own_task(self, what: str) -> None:
+        self.refuse_in_query(what)
+        try:
+            current = trio.lowlevel.current_task()
+        except RuntimeError:
+            current = None
+        if current is not self.task:
+            raise WorkflowCommandError(
+                f"{what} was called from a task that is not workflow {self.workflow_id!r}'s own; "
+                "workflow commands must be issued by the workflow function itself — for concurrency "
+                "use handles: h = ctx.start(activity, ...), then await ctx.gather(h1, h2) or "
+                "ctx.wait_first(h1, h2) instead of a nursery"
+            )
+        if self.poisoned is not None:
+            raise self.poisoned
+
+    @property
+    def answerable(self) -> bool:
+        """Parked between steps with nothing new to consume: a query may read the state now.
+
+        Once history grew past where the run parked (a signal, an activity
+        result...), the run is due to take that step first, so a query asked
+        after e.g. ``engine.signal`` returned sees the state after the signal.
+        """
+        return (
+            self.parked
+            and self.caught_up
+            and self.poisoned is None
+            and self.port.history_length() == self.parked_at
+        )
+
+    # -- consuming history ---------------------------------------------------------
+
+    def consume(self, event: Event) -> None:
+        if event.seq > self.position:
+            self.position = event.seq
+        if event.recorded_at > self.now:
+            self.now = event.recorded_at
+
+    def poison(self, error: BaseException) -> BaseException:
+        self.poisoned = error
+        return error
+
+    def divergence(self, position: int, recorded: CommandKey, requested: str) -> BaseException:
+        return self.poison(
+            NonDeterminismError(
+                self.workflow_id, self.run_id, recorded.kind, position, recorded.describe(), requested
+            )
+        )
+
+    def recorded_end(self) -> Event | None:
+        """The run's terminal if it was recorded before this execution began: the code
+        replays a finished history, so going past its recorded commands is a divergence."""
+        ended = self.state.ended
+        return ended if ended is not None and ended.seq <= self.start_head else None
+
+    def past_the_end(self, requested: str) -> BaseException:
+        ended = self.state.ended
+        assert ended is not None
+        return self.poison(
+            NonDeterminismError(
+                self.workflow_id,
+                self.run_id,
+                "run end",
+                self.next_command,
+                f"the run's end ({type(ended.body).__name__}, seq {ended.seq})",
+                requested,
+            )
+        )
+
+    def resolve_command(self, requested: CommandKey, arguments: Payload | None = None) -> Event | None:
+        """Resolve the code's next command against the run's recorded command sequence.
+
+        Returns the recorded event (*Recorded*: replay, append nothing) or ``None``
+        (*ResumeLive*: the caller records it).  A recorded command of another kind,
+        name or arguments at this position is *NonDeterminism*.  One list index per
+        command: no scan of the history.
+        """
+        commands = self.state.commands
+        position = self.next_command
+        self.next_command = position + 1
+        if position < len(commands):
+            recorded, event = commands[position]
+            if not recorded.matches(requested):
+                self.next_command = position
+                wanted = requested.describe()
+                if attrs.evolve(recorded, digest=None) == attrs.evolve(requested, digest=None):
+                    wanted += f" with other arguments ({_argument_change(event, arguments)})"
+                raise self.divergence(position, recorded, wanted)
+            return event
+        if self.recorded_end() is not None:
+            self.next_command = position
+            raise self.past_the_end(requested.describe())
+        self.caught_up = True
+        return None
+
+    def resolve_cancel(self, requested: CommandKey, resolution: Event | None) -> str:
+        """The code cancels a timer, activity or child whose resolution so far is ``resolution``.
+
+        Returns ``"recorded"`` (replay: the cancel is in history here), ``"record"``
+        (live: the caller records it) or ``"none"`` (it was already resolved, so no
+        cancel is written).  Live, a thing resolved first needs no cancel (one that
+        resolves before the cancel is written is not cancelled either), so on replay
+        a recorded resolution that is not itself a command stands for the cancel the
+        live run did not write.
+        """
+        self.state.sync()
+        commands = self.state.commands
+        position = self.next_command
+        if position < len(commands):
+            recorded, _ = commands[position]
+            if recorded.matches(requested):
+                self.next_command = position + 1
+                return "recorded"
+            if resolution is not None and command_key(resolution.body) is None:
+                return "none"
+            raise self.divergence(position, recorded, requested.describe())
+        if resolution is not None:
+            return "none"
+        if self.recorded_end() is not None:
+            raise self.past_the_end(requested.describe())
+        self.next_command = position + 1
+        self.caught_up = True
+        return "record"
+
+    def unissued_recorded_command(
+        self, terminal: type[EventBody] | None = None
+    ) -> tuple[str, int, str] | None:
+        """The first command recorded in history that this execution never issued, if any:
+        ``(kind, position in the run's command sequence, description)``.  Replaying a
+        finished run, a recorded end of another kind than ``terminal`` counts too."""
+        self.state.sync()
+        position = self.next_command
+        if position < len(self.state.commands):
+            recorded, _ = self.state.commands[position]
+            return (recorded.kind, position, recorded.describe())
+        ended = self.recorded_end()
+        if terminal is not None and ended is not None and not isinstance(ended.body, terminal):
+            return ("run end", position, f"the run's end ({type(ended.body).__name__}, seq {ended.seq})")
+        return None
+
+    # -- timers --------------------------------------------------------------------
+
+    def issue_timer(self, timer_id: str, fire_at: datetime) -> Event | None:
+        """Issue the command starting ``timer_id``; returns its recorded ``TimerStarted`` on replay."""
+        recorded = self.resolve_command(CommandKey(COMMAND_TIMER, timer_id))
+        if recorded is None:
+            self.pending.append(StartTimer(timer_id=timer_id, fire_at=fire_at))
+        return recorded
+
+    def resolve_timer_cancel(self, timer_id: str) -> bool:
+        """The code retires timer ``timer_id``: ``True`` if the caller must record the cancel."""
+        self.state.sync()
+        verdict = self.resolve_cancel(
+            CommandKey(COMMAND_TIMER_CANCEL, timer_id), self.state.timer_resolutions.get(timer_id)
+        )
+        if verdict != "none":
+            self.timers_retired.add(timer_id)
+        return verdict == "record"
+
+    def retire_timer(self, timer_id: str) -> bool:
+        """Retire ``timer_id`` unless already retired; ``True`` if its cancel was queued."""
+        if timer_id not in self.timers_retired and self.resolve_timer_cancel(timer_id):
+            self.pending.append(CancelTimer(timer_id=timer_id))
+            return True
+        return False
+
+    async def await_timer_or_scope(self, timer_id: str) -> Event:
+        """Wait for the timer's resolution; a timeout scope expiring first cancels the timer.
+
+        That cancel is one of the code's commands: replay finds it recorded (and
+        consumes it) where the live run wrote it.
+        """
+
+        async def expire(scope_timer: str) -> Event:
+            if not self.resolve_timer_cancel(timer_id):
+                resolution = self.state.timer_resolutions.get(timer_id)
+                assert resolution is not None
+                return resolution
+            return await self.port.record_timer_scope_timeout(timer_id, scope_timer)
+
+        event = await self.wait_until(lambda: self.state.timer_resolutions.get(timer_id), expire)
+        body = event.body
+        if (
+            isinstance(body, TimerCancelled)
+            and body.cause is TimerCancelCause.WORKFLOW_INTENT
+            and timer_id not in self.timers_retired
+        ):
+            # Replay: the live run's scope expiry recorded this cancel here.
+            self.resolve_timer_cancel(timer_id)
+        return event
+
+    def expired_scope(self) -> str | None:
+        for timer_id in self.scopes:
+            resolution = self.state.timer_resolutions.get(timer_id)
+            if resolution is not None and isinstance(resolution.body, TimerFired):
+                return timer_id
+        return None
+
+    def fired_scopes(self, extra: str | None = None) -> list[Event]:
+        """The fires of the open scopes' timers (and of ``extra``) present in history."""
+        fired_events = []
+        for scope in [*self.scopes, *([extra] if extra else [])]:
+            fired = self.state.timer_resolutions.get(scope)
+            if fired is not None and isinstance(fired.body, TimerFired):
+                fired_events.append(fired)
+        return fired_events
+
+    # -- recording and waiting -----------------------------------------------------------
+
+    async def flush(self) -> bool:
+        """Record pending commands (one batch) and dispatch what they start.
+
+        Returns whether there were any (recording them passed a checkpoint).
+        """
+        if not self.pending:
+            return False
+        pending, self.pending = self.pending, []
+        await self.port.record_commands(pending)
+        return True
+
+    def cancel_in_force(self) -> Event | None:
+        """The cancel request this await must honour (none inside ``ctx.cleanup()``)."""
+        if self.cleanup_depth:
+            return None
+        return self.state.cancel_request
+
+    async def wait_until(
+        self,
+        check: Callable[[], T | None],
+        on_expiry: Callable[[str], Awaitable[T]] | None = None,
+        awaited_activities: Sequence[int] = (),
+    ) -> T:
+        """Flush commands, then park until ``check()`` finds a resolution in the snapshot.
+
+        Inside a timeout scope whose timer fired in this snapshot (and no
+        resolution is present), ``on_expiry`` records the timeout durably and
+        returns what was recorded (or what won the race under the lock).
+        """
+        self.require_own_task("awaiting a workflow handle")
+        if not await self.flush():
+            await trio.lowlevel.checkpoint()
+        while True:
+            self.state.sync()
+            ended = self.state.ended
+            if ended is not None and ended.seq > self.start_head:
+                # Ended from outside while this code ran (a finished history being
+                # replayed holds its own terminal at or below the execution's start head).
+                raise RunAborted()
+            found = check()
+            cancel = self.cancel_in_force()
+            if found is not None and (cancel is None or _resolution_seq(found) < cancel.seq):
+                return found
+            expired = self.expired_scope()
+            if cancel is not None:
+                fired = self.state.timer_resolutions.get(expired) if expired is not None else None
+                if fired is None or cancel.seq < fired.seq:
+                    # Recorded before whatever would have resolved this await: replay decides alike.
+                    body = cancel.body
+                    assert isinstance(body, WorkflowCancelRequested)
+                    if awaited_activities:
+                        # The workflow stops waiting: the awaited attempts stop too.
+                        await self.port.record_activities_cancelled(awaited_activities)
+                    raise WorkflowCancelled(body.reason)
+            if expired is not None:
+                if on_expiry is None:
+                    raise Timeout(expired)
+                return await on_expiry(expired)
+            if self.recorded_end() is not None:
+                # Nothing is appended to a finished run: this wait would never resolve.
+                raise self.past_the_end("a wait that history does not resolve")
+            self.caught_up = True
+            self.parked = True
+            self.parked_at = self.port.history_length()
+            self.port.parked()  # queries wait for this moment
+            try:
+                await self.port.wait_changed()
+            finally:
+                self.parked = False
+            if self.poisoned is not None:
+                raise self.poisoned
+
+
+def _argument_change(recorded: Event, arguments: Payload | None) -> str:
+    """Which argument differs between a recorded command's input and ``arguments``
+    (only on a mismatch: it decodes both)."""
+    before = getattr(recorded.body, "input", None)
+    if not isinstance(before, Payload) or arguments is None:
+        return "the arguments changed"
+    old, new = before.value(), arguments.value()
+    if not isinstance(old, list) or not isinstance(new, list):
+        return "the arguments changed"
+    if len(old) != len(new):
+        return f"{len(new)} argument(s) where {len(old)} were recorded"
+    changed = [str(i) for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
+    if not changed:
+        return "the arguments' encoding changed"
+    return (
+        f"argument {', '.join(changed)} changed"
+        if len(changed) == 1
+        else f"arguments {', '.join(changed)} changed"
+    )
+
+
+def _resolution_seq(found: Any) -> int:
+    """The seq at which an await's resolution became complete in history."""
+    if isinstance(found, Event):
+        return found.seq
+    if isinstance(found, tuple):
+        return _resolution_seq(found[-1])
+    return max(int(e.seq) for e in found)

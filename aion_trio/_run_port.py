@@ -1,0 +1,127 @@
+"""A run's :class:`~aion_trio._ports.WorkflowPort`, served through its lease.
+
+The context asks its port for a handful of things; :class:`LeasePort` answers
+them from the run's lease (identity, the recorder's history) and hands the
+writes to the engine's step recorder with the lease and the run's index
+attached.  It needs of the engine only :class:`StepRecorder`, so it never
+imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, final
+
+if TYPE_CHECKING:
+    from ._definitions import ActivityDefinition, WorkflowDefinition
+    from ._events import Event
+    from ._payload import Payload, PayloadCodec
+    from ._ports import WorkflowCommand
+    from ._projections import RunState
+    from ._registry import Lease
+
+
+class StepRecorder(Protocol):
+    """What a run's port asks of the engine: definitions, options and the recording of steps."""
+
+    @property
+    def codec(self) -> PayloadCodec: ...
+
+    @property
+    def workflows(self) -> Mapping[str, WorkflowDefinition[Any]]: ...
+
+    def activity_definition(self, activity: ActivityDefinition[Any] | str) -> ActivityDefinition[Any]: ...
+
+    def workflow_definition(self, workflow: WorkflowDefinition[Any] | str) -> WorkflowDefinition[Any]: ...
+
+    def resolved_activity_options(
+        self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
+    ) -> tuple[str, Payload]: ...
+
+    async def record_commands(
+        self, lease: Lease, state: RunState, pending: Sequence[WorkflowCommand]
+    ) -> None: ...
+
+    async def record_marker(self, lease: Lease, name: str, value: Payload) -> None: ...
+
+    async def record_activities_cancelled(
+        self, lease: Lease, state: RunState, activity_ids: Sequence[int], *, by_workflow: bool = False
+    ) -> None: ...
+
+    async def record_activity_scope_timeout(
+        self, lease: Lease, state: RunState, activity_id: int, scope_timer: str
+    ) -> Event: ...
+
+    async def record_timer_scope_timeout(
+        self, lease: Lease, state: RunState, timer_id: str, scope_timer: str
+    ) -> Event: ...
+
+    async def cancel_recorded_child(self, lease: Lease, ordinal: int) -> None: ...
+
+
+@final
+class LeasePort:
+    """The port of one execution of a run's code (its lease's)."""
+
+    def __init__(self, steps: StepRecorder, lease: Lease) -> None:
+        self._steps = steps
+        self._lease = lease
+        self._recorder = lease.recorder
+        self._state = lease.recorder.run_state(lease.run_id)
+        self.workflow_id = lease.workflow_id
+        self.run_id = lease.run_id
+        self.workflow_type = lease.workflow_type
+        self.start_head = lease.start_head
+        self.codec = steps.codec
+
+    def run_state(self) -> RunState:
+        self._state.sync()
+        return self._state
+
+    def history_length(self) -> int:
+        return len(self._recorder.history)
+
+    async def wait_changed(self) -> None:
+        await self._recorder.wait_changed()
+
+    def parked(self) -> None:
+        if self._lease.query_waiters:
+            self._recorder.notify()  # queries wait for this moment
+
+    def activity_definition(self, activity: ActivityDefinition[Any] | str) -> ActivityDefinition[Any]:
+        return self._steps.activity_definition(activity)
+
+    def workflow_definition(self, workflow: WorkflowDefinition[Any] | str) -> WorkflowDefinition[Any]:
+        return self._steps.workflow_definition(workflow)
+
+    def registered_workflow(self, workflow_type: str) -> WorkflowDefinition[Any] | None:
+        return self._steps.workflows.get(workflow_type)
+
+    def resolved_activity_options(
+        self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
+    ) -> tuple[str, Payload]:
+        return self._steps.resolved_activity_options(definition, call_layer)
+
+    async def record_commands(self, commands: Sequence[WorkflowCommand]) -> None:
+        await self._steps.record_commands(self._lease, self._state, commands)
+
+    async def record_marker(self, name: str, value: Payload) -> None:
+        await self._steps.record_marker(self._lease, name, value)
+
+    async def record_activities_cancelled(
+        self, activity_ids: Sequence[int], *, by_workflow: bool = False
+    ) -> None:
+        await self._steps.record_activities_cancelled(
+            self._lease, self._state, activity_ids, by_workflow=by_workflow
+        )
+
+    async def record_activity_scope_timeout(self, activity_id: int, scope_timer: str) -> Event:
+        return await self._steps.record_activity_scope_timeout(
+            self._lease, self._state, activity_id, scope_timer
+        )
+
+    async def record_timer_scope_timeout(self, timer_id: str, scope_timer: str) -> Event:
+        return await self._steps.record_timer_scope_timeout(self._lease, self._state, timer_id, scope_timer)
+
+    async def cancel_recorded_child(self, ordinal: int) -> None:
+        await self._steps.cancel_recorded_child(self._lease, ordinal)
