@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
+from ._chain import ChainState, follow_chain
 from ._childspec import (
     CHILD_MARKER_PREFIX,
     STATUS_NOT_STARTED,
@@ -134,41 +135,6 @@ def open_children(history: Sequence[Event], parent_workflow_id: str, run_id: str
     ]
 
 
-def _successor(history: Sequence[Event], run_id: str) -> str | None:
-    return next(
-        (
-            e.body.run_id
-            for e in history
-            if isinstance(e.body, WorkflowStarted) and e.body.parent_run_id == run_id
-        ),
-        None,
-    )
-
-
-def chain_position(history: Sequence[Event], first_run_id: str) -> tuple[str | None, Event | None]:
-    """Follow a child's runs from ``first_run_id`` through continue-as-new.
-
-    Returns ``(running_run_id, None)`` while a run of the chain runs,
-    ``(None, terminal)`` once the chain's final run ended, ``(None, None)`` if
-    the chain never started (or a successor's start is still owed).
-    """
-    current = first_run_id
-    for _ in range(len(history) + 1):
-        segment = run_segment(history, current)
-        if not segment:
-            return None, None
-        terminal = current_lease_terminal(segment)
-        if terminal is None:
-            return current, None
-        if not isinstance(terminal.body, WorkflowContinuedAsNew):
-            return None, terminal
-        successor = _successor(history, current)
-        if successor is None:
-            return None, None
-        current = successor
-    return None, None  # pragma: no cover - a chain longer than its history cannot exist
-
-
 def outcome_body(child_workflow_id: str, terminal: Event) -> EventBody:
     """What a child's final terminal is recorded as in its parent."""
     body = terminal.body
@@ -234,8 +200,9 @@ async def deliver_to_parent(core: EngineCore, parent_workflow_id: str, child_wor
     if child is None:
         return False
     recorder = await core.recorder_for(child_workflow_id)
-    _, terminal = chain_position(recorder.history, child.first_run_id)
-    if terminal is None:
+    position = follow_chain(recorder.history, child.first_run_id)
+    terminal = position.terminal
+    if position.state is not ChainState.SETTLED or terminal is None:
         return False
     return await settle_in_parent(
         core, parent_workflow_id, run_id, child_workflow_id, outcome_body(child_workflow_id, terminal)
@@ -343,8 +310,7 @@ async def _close_child(core: EngineCore, parent_workflow_id: str, child: OpenChi
         history: Sequence[Event] = await core.events.read_history(child.workflow_id)
     else:
         history = (await core.recorder_for(child.workflow_id)).history
-    running, _ = chain_position(history, child.first_run_id)
-    if running is None:
+    if follow_chain(history, child.first_run_id).state is not ChainState.RUNNING:
         return
     policy = child.options.parent_close_policy
     reason = f"parent workflow {parent_workflow_id!r} closed (parent_close_policy={policy.value})"

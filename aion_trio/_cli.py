@@ -66,6 +66,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ._chain import ChainState, follow_chain, settled_result
 from ._commands import (
     CancelCommand,
     Command,
@@ -106,7 +107,6 @@ from ._events import (
     SignalReceived,
     TimerStarted,
     WorkflowCompleted,
-    WorkflowContinuedAsNew,
     WorkflowFailed,
     WorkflowStarted,
     WorkflowStatus,
@@ -124,7 +124,7 @@ from ._plugins import (
     open_store,
     redact_url,
 )
-from ._projections import current_lease_terminal, outstanding_timers, run_segment, workflow_status
+from ._projections import outstanding_timers, run_segment
 from ._store import (
     CommandInbox,
     OwnedStore,
@@ -1047,45 +1047,14 @@ async def _apply_or_queue(
         )
 
 
-def _settled_result(history: Sequence[Event], workflow_id: str, run_id: str) -> tuple[bool, Any]:
-    """``(True, result)`` once the run (followed through continue-as-new) completed, ``(False,
-    None)`` while it runs; :class:`WorkflowFailure` if it ended without a result."""
-    while True:
-        segment = run_segment(history, run_id)
-        terminal = current_lease_terminal(segment) if segment else None
-        if terminal is None:
-            return False, None
-        body = terminal.body
-        if isinstance(body, WorkflowCompleted):
-            return True, body.result.value()
-        if isinstance(body, WorkflowContinuedAsNew):
-            successor = next(
-                (
-                    e.body.run_id
-                    for e in history
-                    if isinstance(e.body, WorkflowStarted) and e.body.parent_run_id == run_id
-                ),
-                None,
-            )
-            if successor is None:
-                return False, None
-            run_id = successor
-            continue
-        if isinstance(body, WorkflowFailed):
-            raise WorkflowFailure(workflow_id, run_id, "failed", error=body.error)
-        status = workflow_status(segment)
-        raise WorkflowFailure(
-            workflow_id, run_id, status.value if status else "closed", reason=getattr(body, "reason", "")
-        )
-
-
 async def _poll_result(url: str, workflow_id: str, run_id: str) -> Any:
     """Wait for a run another process executes, reading the store until it settles."""
     async with _open_for_reading(url) as opened:
         while True:
-            done, value = _settled_result(await opened.events.read_history(workflow_id), workflow_id, run_id)
-            if done:
-                return value
+            position = follow_chain(await opened.events.read_history(workflow_id), run_id)
+            if position.state is ChainState.SETTLED:
+                return settled_result(workflow_id, position).value()
+            run_id = position.run_id  # the chain stands there: look on from it
             await trio.sleep(_RESULT_POLL)
 
 

@@ -4,6 +4,7 @@ installed console script in a real subprocess."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
@@ -23,6 +24,7 @@ import pytest
 import trio
 import trio.testing
 from click.testing import CliRunner, Result
+from procs.relay_app import relay
 
 import aion_trio
 from aion_trio import _cli
@@ -1153,6 +1155,27 @@ def test_a_command_still_queued_at_the_timeout_is_applied_by_the_next_engine(
     applied = run_cli("start", "approval", "3", "--id", "ap", "--id-reuse", "use_existing")
     assert applied.exit_code == 0, everything(applied)
     assert json.loads(applied.stdout) == {"order": 3, "decision": True}
+
+
+async def test_a_start_queued_for_the_owner_waits_for_the_last_run_of_its_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``start`` queued for the store's owner reads the result from the store: it follows the run
+    through the continue-as-new successors the owner records to the chain's last run."""
+    _in_root(monkeypatch)
+    db = tmp_path / "relay.db"
+    start = functools.partial(
+        run_cli, "start", "relay", "2", "--id", "r", "-m", "tests.procs.relay_app:app", "--store", str(db)
+    )
+    config = aion_trio.EngineConfig(inbox_poll_interval=0.05)
+    async with aion_trio.open_engine(f"sqlite:///{db}", workflows=[relay], config=config) as engine:
+        with trio.fail_after(60):
+            # The CLI in a thread of its own (it runs its own trio loop) while this loop owns the store.
+            result = await trio.to_thread.run_sync(start, abandon_on_cancel=True)
+        assert len((await engine.describe("r")).run_ids) == 3
+    assert result.exit_code == 0, everything(result)
+    assert f"queued for the running worker (pid {os.getpid()} on {_host()}) as command #1" in result.stderr
+    assert result.stdout == '"finished in run 3"\n'
 
 
 def test_a_command_retried_with_its_request_id_records_once_direct_or_queued(

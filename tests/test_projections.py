@@ -30,6 +30,7 @@ from aion_trio import (
     ActivityFallbackRouted,
     ActivityScheduled,
     ActivityStarted,
+    AionInternalError,
     ErrorInfo,
     Event,
     EventBody,
@@ -46,11 +47,13 @@ from aion_trio import (
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
+    WorkflowFailure,
     WorkflowReopened,
     WorkflowStarted,
     WorkflowStatus,
     WorkflowTimedOut,
 )
+from aion_trio._chain import ChainPosition, ChainState, follow_chain, settled_result, successor_run_id
 from aion_trio._projections import RunState, activity_settled_or_run_ended
 from aion_trio.events import WorkflowCancelled
 from aion_trio.projections import (
@@ -1071,3 +1074,95 @@ def test_search_attributes_fold_start_then_upserts_per_run() -> None:
     assert search_attributes(events, rid(99)) == {}
     assert search_attributes([]) == {}
     assert type(search_attributes(events)) is dict
+
+
+# --------------------------------------------------------------------------
+# Following a continue-as-new chain
+# --------------------------------------------------------------------------
+
+R3 = rid(3)
+
+
+def continued(run_id: str, value: object = None) -> WorkflowContinuedAsNew:
+    return WorkflowContinuedAsNew(input=Payload.of(value), parent_run_id=run_id)
+
+
+def test_a_chain_of_three_runs_is_followed_to_its_last_run_at_every_step() -> None:
+    events = envelope(
+        [
+            start(R1),
+            continued(R1),
+            start(R2, parent_run_id=R1),
+            continued(R2),
+            start(R3, parent_run_id=R2),
+            WorkflowCompleted(result=Payload.of("done")),
+        ]
+    )
+    positions = [follow_chain(events[:n], R1) for n in range(1, len(events) + 1)]
+    assert [(p.state, p.run_id, p.status) for p in positions] == [
+        (ChainState.RUNNING, R1, WorkflowStatus.RUNNING),
+        (ChainState.SUCCESSOR_OWED, R1, WorkflowStatus.CONTINUED_AS_NEW),
+        (ChainState.RUNNING, R2, WorkflowStatus.RUNNING),
+        (ChainState.SUCCESSOR_OWED, R2, WorkflowStatus.CONTINUED_AS_NEW),
+        (ChainState.RUNNING, R3, WorkflowStatus.RUNNING),
+        (ChainState.SETTLED, R3, WorkflowStatus.COMPLETED),
+    ]
+    assert positions[1].terminal == events[1]
+    assert positions[-1].terminal == events[-1]
+    assert settled_result(WF, positions[-1]) == Payload.of("done")
+    # Followed from a later run of the chain, it stands at the same place.
+    assert follow_chain(events, R2) == follow_chain(events, R3) == positions[-1]
+    # Not following continue-as-new, the first run's own terminal settles it.
+    alone = follow_chain(events, R1, follow_continue_as_new=False)
+    assert (alone.state, alone.run_id, alone.terminal) == (ChainState.SETTLED, R1, events[1])
+    with pytest.raises(WorkflowFailure) as raised:
+        settled_result(WF, alone)
+    assert (raised.value.run_id, raised.value.status, raised.value.reason) == (R1, "continued_as_new", "")
+
+
+def test_a_chain_whose_successor_is_not_recorded_yet_is_owed_not_settled() -> None:
+    events = envelope([start(R1), continued(R1, 7)])
+    position = follow_chain(events, R1)
+    assert position == ChainPosition(
+        state=ChainState.SUCCESSOR_OWED,
+        run_id=R1,
+        terminal=events[1],
+        status=WorkflowStatus.CONTINUED_AS_NEW,
+    )
+    with pytest.raises(AionInternalError, match="not settled"):
+        settled_result(WF, position)
+    # A later run of the id that does not name R1 as its parent is not its successor.
+    later = envelope([start(R1), continued(R1), start(R2)])
+    assert follow_chain(later, R1).state is ChainState.SUCCESSOR_OWED
+    assert successor_run_id(later, R1) is None
+    assert follow_chain([], R1) == ChainPosition(state=ChainState.NOT_STARTED, run_id=R1)
+    assert follow_chain(events, R2) == ChainPosition(state=ChainState.NOT_STARTED, run_id=R2)
+
+
+def test_a_chain_broken_by_a_terminate_settles_there_until_a_reopen_runs_it_again() -> None:
+    events = envelope(
+        [
+            start(R1),
+            continued(R1),
+            start(R2, parent_run_id=R1),
+            WorkflowCancelled(reason="ops said stop", terminated=True),
+            WorkflowReopened(run_id=R2),
+            WF_FAILED,
+        ]
+    )
+    terminated = follow_chain(events[:4], R1)
+    assert (terminated.state, terminated.run_id, terminated.terminal) == (ChainState.SETTLED, R2, events[3])
+    with pytest.raises(WorkflowFailure) as raised:
+        settled_result(WF, terminated)
+    assert (raised.value.run_id, raised.value.status, raised.value.reason) == (
+        R2,
+        "cancelled",
+        "ops said stop",
+    )
+    reopened = follow_chain(events[:5], R1)
+    assert (reopened.state, reopened.run_id, reopened.terminal) == (ChainState.RUNNING, R2, None)
+    failed_again = follow_chain(events, R1)
+    assert (failed_again.state, failed_again.run_id) == (ChainState.SETTLED, R2)
+    with pytest.raises(WorkflowFailure) as raised:
+        settled_result(WF, failed_again)
+    assert (raised.value.status, raised.value.error) == ("failed", WF_FAILED.error)
