@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,15 @@ import aion_trio_memory
 
 STORE_ENV = "AION_TRIO_TEST_STORE"
 DEFAULT_STORE_KIND = "memory"
+
+
+# A run started with SIGINT ignored (a background job of a non-interactive shell, nohup)
+# passes that on to every process it starts, and Python keeps an inherited SIG_IGN: the
+# Ctrl-C tests (a real SIGINT to the engine, the CLI, the demo) would wait for an interrupt
+# that is never delivered.  Python's own handler is what a terminal gives; a child process
+# sees it as the default disposition.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _memory_url(directory: Path, n: int) -> str:
