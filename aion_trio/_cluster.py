@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import trio
 
+from . import _errors
 from ._activities import ActivityDispatcher, ActivityOutcome, ActivityRequest
 from ._commands import Command, CommandOutcome
 from ._errors import AionError, CommandNotAnswered, EngineEpochClosed, StoreError
@@ -76,10 +77,8 @@ def outcome_error(outcome: CommandOutcome, workflow_id: str) -> BaseException:
     / ``TypeError`` / ``LookupError`` and their builtin subclasses) carrying the
     message and ``workflow_id``.  An unknown name becomes :class:`AionError`.
     """
-    import aion_trio
-
     name = outcome.error_type or "AionError"
-    cls = getattr(aion_trio, name, None)
+    cls = getattr(_errors, name, None)  # every public aion_trio error is defined there
     if not (isinstance(cls, type) and issubclass(cls, AionError)):
         builtin = getattr(builtins, name, None)
         cls = (

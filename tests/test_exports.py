@@ -337,3 +337,17 @@ def test_relative_imports_are_resolved() -> None:
     files = _module_files()
     assert "aion_trio._errors" in _imports_of("aion_trio", files["aion_trio"])
     assert "aion_trio._plugins" in _imports_of("aion_trio.plugin", files["aion_trio.plugin"])
+
+
+def test_every_exported_error_is_defined_in_the_errors_module() -> None:
+    # A command refused on another node is rebuilt as the class the owner named,
+    # looked up in aion_trio._errors: an error exported from elsewhere would come back as AionError.
+    import aion_trio._errors as errors
+
+    exported = {
+        name: value
+        for name in public_names(aion_trio)
+        if isinstance(value := getattr(aion_trio, name), type) and issubclass(value, aion_trio.AionError)
+    }
+    assert len(exported) > 20
+    assert {name for name, cls in exported.items() if getattr(errors, name, None) is not cls} == set()
