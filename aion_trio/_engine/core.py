@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import collections
-import heapq
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -92,7 +91,6 @@ from .._projections import (
     run_segment,
     scheduled_activities,
     search_attributes,
-    timer_resolved,
     unsettled_activities,
     workflow_status,
 )
@@ -111,6 +109,7 @@ from .._store import (
 from .._watchdog import register_step
 from .config import EngineConfig
 from .log import logger
+from .timers import Timers
 
 
 def _schedule_bodies(p: ScheduleActivity) -> tuple[ActivityScheduled, ActivityStarted]:
@@ -179,9 +178,6 @@ class EngineCore:
         self.recovery_guard: RecoveryGuard | None = None
         self._recorders: dict[str, Recorder] = {}
         self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
-        self._timers: list[tuple[datetime, int, str, str, str]] = []
-        self._timer_seq = 0
-        self._timers_changed = trio.Event()
         self._loading: dict[str, trio.Event] = {}
         #: Workflows a :meth:`resume_idle` is looking at now (one at a time: no second run).
         self._resuming: set[str] = set()
@@ -194,6 +190,15 @@ class EngineCore:
         self._visibility_owed: dict[str, _Refresh] = {}
         #: Cluster mode: the store's node capability (``None``: a single-owner store).
         self.cluster = cluster
+        self.timers = Timers(
+            events=self.events,
+            clock=clock,
+            epoch=epoch,
+            config=config,
+            cluster_mode=cluster is not None,
+            recorder_for=self.recorder_for,
+            deadline_teardown=self.deadline_teardown,
+        )
         #: Threads for wall-clock waits of the engine's services.
         self.service_threads = service_threads or trio.CapacityLimiter(2)
         #: Cluster mode: workflows this engine stopped because another node claimed them.
@@ -382,11 +387,7 @@ class EngineCore:
         for key, scope in list(self.inflight.items()):
             if key[0] == workflow_id:
                 scope.cancel()
-        kept = [t for t in self._timers if t[2] != workflow_id]
-        if len(kept) != len(self._timers):
-            heapq.heapify(kept)
-            self._timers = kept
-            self._timers_changed.set()
+        self.timers.drop_workflow(workflow_id)
         self.stuck.pop(workflow_id, None)
         recorder.notify()
         return True
@@ -1025,76 +1026,16 @@ class EngineCore:
         and delivers a child's final outcome to its parent.  Idempotent; never raises."""
         await children.run_closed(self, workflow_id, run_id)
 
-    # -- the timer service ----------------------------------------------------
+    # -- the timer service (moved to ``timers``; these delegate) ---------------
 
     async def arm_timer(self, workflow_id: str, run_id: str, timer_id: str, fire_at: datetime) -> None:
-        """Make the timer service fire this timer at ``fire_at`` (and note it in the store's index)."""
-        self._timer_seq += 1
-        heapq.heappush(self._timers, (fire_at, self._timer_seq, workflow_id, run_id, timer_id))
-        self._timers_changed.set()
-        try:
-            await self.events.schedule_timer(workflow_id, timer_id, fire_at)
-        except StoreError as exc:
-            logger.warning(
-                "not written to the timer index (it fires anyway): %s",
-                exc,
-                extra={"workflow_id": workflow_id, "run_id": run_id, "timer": timer_id},
-            )
+        await self.timers.arm(workflow_id, run_id, timer_id, fire_at)
 
     async def timer_service(self) -> None:
-        """Fire due timers by appending ``TimerFired`` (history decides; the heap is a schedule)."""
-        while True:
-            self._timers_changed = trio.Event()
-            if not self._timers:
-                await self._timers_changed.wait()
-                continue
-            fire_at = self._timers[0][0]
-            with trio.move_on_at(self.clock.trio_deadline(fire_at)):
-                await self._timers_changed.wait()
-                continue
-            now = self.clock.now()
-            while self._timers and self._timers[0][0] <= now:
-                _, _, workflow_id, run_id, timer_id = heapq.heappop(self._timers)
-                await self.fire_timer(workflow_id, run_id, timer_id)
+        await self.timers.serve()
 
     async def fire_timer(self, workflow_id: str, run_id: str, timer_id: str) -> bool:
-        """Append ``TimerFired`` unless the timer fired, was cancelled or its run ended."""
-        fields = {"workflow_id": workflow_id, "run_id": run_id, "timer": timer_id}
-        try:
-            recorder = await self.recorder_for(workflow_id)
-            if timer_id == deadline_timer_id(run_id):
-                return await self.deadline_teardown(recorder, run_id)
-            async with recorder.lock:
-                self.epoch.gate(workflow_id, run_id, f"fire timer {timer_id}")
-                history = await recorder.current_history()
-                segment = run_segment(history, run_id)
-                if (
-                    current_lease_terminal(segment) is not None
-                    or timer_resolved(segment, timer_id) is not None
-                ) or not any(t.timer_id == timer_id for t in outstanding_timers(segment)):
-                    fired = False
-                else:
-                    await recorder.append(
-                        [TimerFired(timer_id=timer_id)], action=f"fire timer {timer_id}", run_id=run_id
-                    )
-                    fired = True
-        except EngineEpochClosed:
-            return False
-        except NotOwner as exc:
-            if self.cluster is None:
-                logger.error("could not fire timer: %s", exc, extra=fields)
-            return False  # cluster mode: the workflow was relinquished (logged there)
-        except BackendUnavailable as exc:
-            logger.warning("could not fire timer (retrying): %s", exc, extra=fields)
-            retry_at = self.clock.now() + timedelta(seconds=self.config.completion_retry.initial)
-            self._timer_seq += 1
-            heapq.heappush(self._timers, (retry_at, self._timer_seq, workflow_id, run_id, timer_id))
-            return False
-        except StoreError as exc:
-            logger.error("could not fire timer: %s", exc, extra=fields)
-            return False
-        await self.forget_timer(workflow_id, timer_id)
-        return fired
+        return await self.timers.fire(workflow_id, run_id, timer_id)
 
     async def record_marker(self, lease: Lease, name: str, value: Payload) -> None:
         def build(history: Sequence[Event]) -> list[Any]:
@@ -1199,17 +1140,8 @@ class EngineCore:
             count += 1
         return count
 
-    # -- timers (the index is a hint; history decides) ----------------------
-
     async def forget_timer(self, workflow_id: str, timer_id: str) -> None:
-        try:
-            await self.events.remove_timer(workflow_id, timer_id)
-        except StoreError as exc:
-            logger.warning(
-                "could not remove it from the timer index (harmless): %s",
-                exc,
-                extra={"workflow_id": workflow_id, "timer": timer_id},
-            )
+        await self.timers.forget(workflow_id, timer_id)
 
     # -- visibility --------------------------------------------------------
 
@@ -1503,6 +1435,7 @@ class EngineCore:
         except StoreError as exc:
             logger.warning("could not read the timer index to resume teardowns: %s", exc)
             return
+        resumed: list[tuple[datetime, str, str, str]] = []
         for entry in due:
             if entry.workflow_id in active or not entry.timer_id.startswith("deadline:"):
                 continue
@@ -1515,11 +1448,8 @@ class EngineCore:
                     logger.warning("could not tell who finishes a deadline teardown: %s", exc)
                     continue
             run_id = entry.timer_id.removeprefix("deadline:")
-            self._timer_seq += 1
-            heapq.heappush(
-                self._timers, (entry.fire_at, self._timer_seq, entry.workflow_id, run_id, entry.timer_id)
-            )
-        self._timers_changed.set()
+            resumed.append((entry.fire_at, entry.workflow_id, run_id, entry.timer_id))
+        self.timers.schedule_indexed(resumed)
 
     async def reconcile_visibility(self, active: set[str]) -> None:
         """Rows that still say Running for workflows history says are not active are rewritten

@@ -194,7 +194,7 @@ async def test_expired_lease_is_taken_over_and_the_stale_node_relinquishes(
             assert seen[0].node_id == "stale"
             assert stale._core.loaded_recorder("w") is None
             assert [lease for lease in stale._core.registry.leases() if lease.workflow_id == "w"] == []
-            assert not any(t[2] == "w" for t in stale._core._timers)
+            assert not stale._core.timers.armed_for("w")
             assert CALLS == ["once"]
     history = await _history(url, "w")
     assert sum(isinstance(e.body, TimerFired) for e in history) == 1
@@ -443,7 +443,7 @@ async def test_an_interrupted_deadline_teardown_is_finished_by_its_owner_only(
             assert await b._core.cluster.command_target("w") == "a"
             # (Asked again here, the heap is checked before the timer service can run.)
             await b._core.resume_teardowns(set())
-            assert not any(t[2] == "w" for t in b._core._timers)
+            assert not b._core.timers.armed_for("w")
             assert b._core.relinquished == 0
             assert await owner_of(pg_url, schema, "w") == "a"
         async with aion.open_engine(store_a, workflows=WORKFLOWS, activities=[note], config=FAST):
