@@ -78,7 +78,7 @@ from ._projections import (
 from ._retry import TransientBackoff, until_available
 
 if TYPE_CHECKING:
-    from ._engine import EngineCore
+    from ._hub import ChildrenHub
     from ._recorder import Recorder
 
 logger = ContextLogger("aion_trio.children")
@@ -161,7 +161,7 @@ def outcome_body(child_workflow_id: str, terminal: Event) -> EventBody:
 
 
 async def settle_in_parent(
-    core: EngineCore, parent_workflow_id: str, parent_run_id: str, child_workflow_id: str, body: EventBody
+    core: ChildrenHub, parent_workflow_id: str, parent_run_id: str, child_workflow_id: str, body: EventBody
 ) -> bool:
     """Record a child's outcome in the parent run: under the parent's lock, standing down
     (writing nothing) if the parent run is terminal or the child is already settled there."""
@@ -183,7 +183,7 @@ async def settle_in_parent(
         return True
 
 
-async def deliver_to_parent(core: EngineCore, parent_workflow_id: str, child_workflow_id: str) -> bool:
+async def deliver_to_parent(core: ChildrenHub, parent_workflow_id: str, child_workflow_id: str) -> bool:
     """If the child's chain ended, record its outcome in the parent's latest run (settle-checked)."""
     parent = await core.recorder_for(parent_workflow_id)
     run_id = latest_run_id(parent.history)
@@ -210,7 +210,7 @@ async def deliver_to_parent(core: EngineCore, parent_workflow_id: str, child_wor
 
 
 async def start_child_run(
-    core: EngineCore, parent_workflow_id: str, parent_run_id: str, child: OpenChild
+    core: ChildrenHub, parent_workflow_id: str, parent_run_id: str, child: OpenChild
 ) -> None:
     """Start the child's first run unless it started already (then append nothing).
 
@@ -303,7 +303,7 @@ async def start_child_run(
         await close_children(core, parent_workflow_id, parent_run_id)
 
 
-async def _close_child(core: EngineCore, parent_workflow_id: str, child: OpenChild) -> None:
+async def _close_child(core: ChildrenHub, parent_workflow_id: str, child: OpenChild) -> None:
     if core.cluster is not None and not core.drives(child.workflow_id):
         # Cluster mode, a child another node may drive: its history as the store holds it
         # (no local copy loaded for a workflow this node does not own).
@@ -317,10 +317,11 @@ async def _close_child(core: EngineCore, parent_workflow_id: str, child: OpenChi
     await _ask_child(core, child, reason, terminate=policy is ParentClosePolicy.TERMINATE)
 
 
-async def _ask_child(core: EngineCore, child: OpenChild, reason: str, *, terminate: bool) -> None:
-    from ._engine import Engine
+async def _ask_child(core: ChildrenHub, child: OpenChild, reason: str, *, terminate: bool) -> None:
+    from ._engine import Engine, EngineCore  # the one import of the engine left here (issue 16)
 
     # Through the client API, as any command: in cluster mode it reaches the node owning the child.
+    assert isinstance(core, EngineCore)
     client = Engine(core)
     try:
         if terminate:
@@ -331,12 +332,12 @@ async def _ask_child(core: EngineCore, child: OpenChild, reason: str, *, termina
         pass  # it ended meanwhile
 
 
-async def cancel_child(core: EngineCore, parent_workflow_id: str, child: OpenChild) -> None:
+async def cancel_child(core: ChildrenHub, parent_workflow_id: str, child: OpenChild) -> None:
     """The parent's code cancelled the child's handle: ask the child to cancel."""
     await _ask_child(core, child, f"cancelled by its parent workflow {parent_workflow_id!r}", terminate=False)
 
 
-async def close_children(core: EngineCore, parent_workflow_id: str, run_id: str) -> None:
+async def close_children(core: ChildrenHub, parent_workflow_id: str, run_id: str) -> None:
     """Apply the parent-close policy to every open child of an ended parent run."""
     recorder = await core.recorder_for(parent_workflow_id)
     history = recorder.history
@@ -359,7 +360,7 @@ async def close_children(core: EngineCore, parent_workflow_id: str, run_id: str)
 # -- hooks -----------------------------------------------------------------------
 
 
-async def run_closed(core: EngineCore, workflow_id: str, run_id: str) -> None:
+async def run_closed(core: ChildrenHub, workflow_id: str, run_id: str) -> None:
     """A run's terminal is durable: apply its children's parent-close policy, and if it is
     a child's final run, deliver its outcome to the parent.  Idempotent; never raises."""
     recorder = core.loaded_recorder(workflow_id)
@@ -388,7 +389,7 @@ async def run_closed(core: EngineCore, workflow_id: str, run_id: str) -> None:
         )
 
 
-async def repair_children(core: EngineCore, recorder: Recorder, run_id: str) -> None:
+async def repair_children(core: ChildrenHub, recorder: Recorder, run_id: str) -> None:
     """Recovery (and reopen) of a running parent run: start recorded children that never
     started, deliver outcomes of children that ended meanwhile.  Never raises."""
     workflow_id = recorder.workflow_id
@@ -408,7 +409,7 @@ async def repair_children(core: EngineCore, recorder: Recorder, run_id: str) -> 
         )
 
 
-async def close_if_orphaned(core: EngineCore, recorder: Recorder, run_id: str) -> None:
+async def close_if_orphaned(core: ChildrenHub, recorder: Recorder, run_id: str) -> None:
     """Recovery of a running child: if the parent run that started it has ended (the engine
     stopped before applying the policy), apply the parent-close policy now.  Never raises."""
     history = recorder.history
@@ -440,7 +441,7 @@ async def close_if_orphaned(core: EngineCore, recorder: Recorder, run_id: str) -
 
 
 async def _close_if_parent_ended(
-    core: EngineCore, parent_workflow_id: str, child_workflow_id: str, root: str
+    core: ChildrenHub, parent_workflow_id: str, child_workflow_id: str, root: str
 ) -> None:
     """Idempotent: the parent's history (loaded here, so a read fault is retried) says
     whether the child is still open under an ended run."""
@@ -456,7 +457,7 @@ async def _close_if_parent_ended(
 
 
 async def guarded(
-    core: EngineCore,
+    core: ChildrenHub,
     what: str,
     fields: Mapping[str, Any],
     fn: Callable[..., Awaitable[Any]],
@@ -487,7 +488,7 @@ async def guarded(
 
 
 async def _retry(
-    core: EngineCore,
+    core: ChildrenHub,
     what: str,
     fields: Mapping[str, Any],
     fn: Callable[..., Awaitable[Any]],

@@ -33,7 +33,7 @@ from ._projections import is_active_status, workflow_status
 from ._store import ClusterStore, CommandInbox
 
 if TYPE_CHECKING:
-    from ._engine import EngineConfig, EngineCore
+    from ._hub import ClusterHub, Settings
 
 logger = ContextLogger("aion_trio.cluster")
 
@@ -105,11 +105,11 @@ RECOVERY_CONCURRENCY = 16
 class ClusterServices:
     """The waker, the sweeper and remote commands of an engine in cluster mode."""
 
-    def __init__(self, core: EngineCore, cluster: ClusterStore, inbox: CommandInbox | None) -> None:
+    def __init__(self, core: ClusterHub, cluster: ClusterStore, inbox: CommandInbox | None) -> None:
         self.core = core
         self.cluster = cluster
         self.inbox = inbox
-        self.config: EngineConfig = core.config
+        self.config: Settings = core.config
         self._wake = trio.Event()
         self.sweeps = 0
         self._reconciled_at = 0  # the sweep count at the last visibility reconciliation

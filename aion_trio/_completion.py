@@ -45,7 +45,7 @@ from ._projections import (
 from ._registry import Lease, Residency
 
 if TYPE_CHECKING:
-    from ._engine import EngineCore
+    from ._hub import CompletionHub, Ladder
 
 logger = ContextLogger("aion_trio.completion")
 
@@ -202,7 +202,7 @@ def _log_fields(lease: Lease, **more: Any) -> dict[str, Any]:
     return {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id, **more}
 
 
-def stands_down(core: EngineCore, lease: Lease, progress: TerminalProgress) -> bool:
+def stands_down(core: CompletionHub, lease: Lease, progress: TerminalProgress) -> bool:
     """Exactly two disjuncts: this completion already recorded a terminal, or the
     registry positively holds a *different* lease for the run.  An absent entry
     does not stand down (absence of evidence is not a reopen)."""
@@ -218,7 +218,7 @@ def stands_down(core: EngineCore, lease: Lease, progress: TerminalProgress) -> b
     return False
 
 
-async def retire_deadline(core: EngineCore, lease: Lease, history: Any) -> None:
+async def retire_deadline(core: CompletionHub, lease: Lease, history: Any) -> None:
     """Append ``TimerCancelled`` for the run's outstanding deadline, if any.  Hold the lock."""
     deadline = deadline_timer_id(lease.run_id)
     segment = run_segment(history, lease.run_id)
@@ -249,7 +249,7 @@ def teardown_bodies(segment: Sequence[Event], run_id: str, *, retire_timers: boo
     return bodies
 
 
-async def forget_retired(core: EngineCore, lease_or_wid: Lease | str, bodies: Sequence[EventBody]) -> None:
+async def forget_retired(core: CompletionHub, lease_or_wid: Lease | str, bodies: Sequence[EventBody]) -> None:
     """After a teardown batch landed: drop its timers from the index and cancel its dispatches."""
     workflow_id = lease_or_wid if isinstance(lease_or_wid, str) else lease_or_wid.workflow_id
     for body in bodies:
@@ -263,7 +263,7 @@ class _Progress:
 
 
 async def run_exit_attempt(
-    core: EngineCore, lease: Lease, intent: TerminalIntent, progress: _Progress
+    core: CompletionHub, lease: Lease, intent: TerminalIntent, progress: _Progress
 ) -> None:
     """One attempt.  ``progress`` is set at the two instants a terminal is known durable."""
     recorder = lease.recorder
@@ -324,7 +324,7 @@ async def run_exit_attempt(
         await core.start_successor(lease, recorded.body)
 
 
-def reconcile_registry(core: EngineCore, lease: Lease) -> None:
+def reconcile_registry(core: CompletionHub, lease: Lease) -> None:
     """Status from history; residency Suspended; the entry is kept."""
     status = lease.recorder.run_state(lease.run_id).status
     if status is not None:
@@ -334,7 +334,7 @@ def reconcile_registry(core: EngineCore, lease: Lease) -> None:
 
 
 async def complete_run_exit(
-    core: EngineCore, lease: Lease, intent: TerminalIntent, prior: TerminalProgress
+    core: CompletionHub, lease: Lease, intent: TerminalIntent, prior: TerminalProgress
 ) -> TerminalProgress:
     """One attempt, seeded with earlier attempts' progress; raises :class:`CompletionFailure`."""
     progress = _Progress(prior)
@@ -347,7 +347,7 @@ async def complete_run_exit(
     return progress.value
 
 
-async def handle_run_exit(core: EngineCore, lease: Lease, intent: TerminalIntent) -> None:
+async def handle_run_exit(core: CompletionHub, lease: Lease, intent: TerminalIntent) -> None:
     """Record the run's terminal.  A transient failure arms a retry and returns at once;
     anything else is raised to the caller."""
     try:
@@ -360,7 +360,11 @@ async def handle_run_exit(core: EngineCore, lease: Lease, intent: TerminalIntent
 
 
 def arm_completion_retry(
-    core: EngineCore, lease: Lease, intent: TerminalIntent, cause: BaseException, progress: TerminalProgress
+    core: CompletionHub,
+    lease: Lease,
+    intent: TerminalIntent,
+    cause: BaseException,
+    progress: TerminalProgress,
 ) -> ArmOutcome:
     key = RetryKey(lease.workflow_id, lease.run_id, lease.lease_id)
     config = core.config.completion_retry
@@ -401,10 +405,10 @@ def arm_completion_retry(
 
 
 async def retry_run_exit(
-    core: EngineCore,
+    core: CompletionHub,
     lease: Lease,
     intent: TerminalIntent,
-    config: CompletionRetryConfig,
+    config: Ladder,
     arming_progress: TerminalProgress,
 ) -> None:
     """Retry until the terminal lands, the run is seen terminal or superseded, the epoch

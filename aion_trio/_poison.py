@@ -35,7 +35,7 @@ from ._store import RecoveryCounts
 
 if TYPE_CHECKING:
     from ._activities import ActivityRequest
-    from ._engine import EngineCore
+    from ._hub import RecoveryHub
     from ._recorder import Recorder
 
 logger = logging.getLogger("aion_trio.recovery")
@@ -67,7 +67,7 @@ def poison_reason(unfinished: int) -> str:
 class RecoveryGuard:
     """One sweep's poison-run bookkeeping (see the module notes)."""
 
-    core: EngineCore
+    core: RecoveryHub
     store: RecoveryCounts
     limit: int
     counts: dict[str, int] = attrs.Factory(dict)
@@ -80,7 +80,7 @@ class RecoveryGuard:
     poisoned_ids: set[str] = attrs.Factory(set)
 
     @classmethod
-    def for_core(cls, core: EngineCore) -> RecoveryGuard | None:
+    def for_core(cls, core: RecoveryHub) -> RecoveryGuard | None:
         limit = core.config.max_recovery_attempts
         store = core.store
         if limit is None or not isinstance(store, RecoveryCounts):
