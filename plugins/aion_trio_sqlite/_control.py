@@ -15,7 +15,7 @@ writes nothing.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import apsw
 
@@ -61,6 +61,12 @@ _SQL_COUNT_RECOVERY = (
 )
 _SQL_CLEAR_RECOVERY = "DELETE FROM recoveries WHERE workflow_id = ?"
 _SQL_RECOVERIES = "SELECT workflow_id, count FROM recoveries ORDER BY workflow_id"
+
+
+def _int(value: object) -> int:
+    """An INTEGER column's value (a command id, a count)."""
+    assert isinstance(value, int), value
+    return value
 
 
 def _decode_owner(row: Any, location: str) -> OwnerClaim:
@@ -193,7 +199,7 @@ class EnqueueOp(WriteOp):
         if self.request_id is not None:
             found = conn.execute(_SQL_COMMAND_OF_REQUEST, (self.request_id,)).fetchall()
             if found:
-                self.result = found[0][0]
+                self.result = _int(found[0][0])
                 return
         conn.execute(_SQL_ENQUEUE, (self.kind, self.data, self.request_id))
         self.result = conn.last_insert_rowid()
@@ -230,7 +236,7 @@ class CountRecoveriesOp(WriteOp):
     def apply(self, conn: apsw.Connection) -> None:
         self.error = None
         self.result = {
-            wid: conn.execute(_SQL_COUNT_RECOVERY, (wid,)).fetchall()[0][0] for wid in self.workflow_ids
+            wid: _int(conn.execute(_SQL_COUNT_RECOVERY, (wid,)).fetchall()[0][0]) for wid in self.workflow_ids
         }
 
 
@@ -280,7 +286,7 @@ def outcome_read(command_id: int, location: str) -> ReadOp[CommandOutcome | None
         if not acked:
             return None
         try:
-            return outcome_from_json(text)
+            return outcome_from_json(cast("str", text))  # an acknowledged row holds its outcome's JSON
         except CommandDecodeError as exc:
             raise SerializationError(
                 "(inbox)", None, f"command #{command_id}: {exc}", location=location

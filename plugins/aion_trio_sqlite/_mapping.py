@@ -128,7 +128,8 @@ def runtime_error(exc: apsw.Error, path: str, doing: str) -> Exception:
         )
     if isinstance(exc, apsw.FullError):
         return cause(BackendUnavailable(f"{path}: disk full while {doing}; free space and retry"), exc)
-    if isinstance(exc, apsw.ReadOnlyError) and exc.extendedresult == apsw.SQLITE_READONLY:
+    # apsw's stubs do not declare the extended code its exceptions carry.
+    if isinstance(exc, apsw.ReadOnlyError) and getattr(exc, "extendedresult", None) == apsw.SQLITE_READONLY:
         # Plain SQLITE_READONLY at run time: this connection was opened read-only (mode=ro);
         # a writer opened read-write is checked for a read-only file at open.
         return cause(

@@ -75,7 +75,7 @@ def check_mark(conn: apsw.Connection, db_path: str) -> None:
         logger.warning("%s: ignoring an unreadable mark file (%s)", mark_path(db_path), exc)
         return
     rows = conn.execute("SELECT max(seq) FROM events WHERE workflow_id = ?", (workflow_id,)).fetchall()
-    head = rows[0][0] or 0
+    head = int(rows[0][0] or 0)
     if head < seq:
         name = os.path.basename(db_path)
         raise DatabaseCorrupt(

@@ -705,9 +705,14 @@ class PostgresStore:
         if not ids:
             return {}
 
+        def count(conn: Conn, workflow_id: str) -> int:
+            row = conn.execute(_SQL_COUNT_RECOVERY, (workflow_id,)).fetchone()
+            assert row is not None  # an upsert RETURNING always returns its row
+            return int(row[0])
+
         def run(conn: Conn) -> dict[str, int]:
             with conn.transaction():
-                return {wid: int(conn.execute(_SQL_COUNT_RECOVERY, (wid,)).fetchone()[0]) for wid in ids}
+                return {wid: count(conn, wid) for wid in ids}
 
         return await self._backend.run("counting recoveries", run)
 
