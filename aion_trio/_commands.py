@@ -11,6 +11,7 @@ with a :class:`CommandOutcome`.
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Any, ClassVar, Union, final
 
@@ -23,7 +24,27 @@ from ._payload import NULL, Payload
 from ._wire import loads_strict, record_from_wire, record_to_wire, register_wire_record
 
 _SEPARATORS = (",", ":")
-ID_REUSE_VALUES = ("allow_duplicate", "allow_if_failed", "reject_duplicate", "use_existing")
+
+
+class IdReusePolicy(enum.Enum):
+    """What ``start`` does when the workflow id already exists.
+
+    * ``ALLOW_DUPLICATE`` (default): refuse while a run is active; once the
+      last run closed, start a new run under the same id.
+    * ``ALLOW_IF_FAILED``: like the default, but only if the last run failed,
+      was cancelled or timed out.
+    * ``REJECT_DUPLICATE``: refuse if the id was ever used.
+    * ``USE_EXISTING``: return the existing latest run (idempotent start).
+    """
+
+    ALLOW_DUPLICATE = "allow_duplicate"
+    ALLOW_IF_FAILED = "allow_if_failed"
+    REJECT_DUPLICATE = "reject_duplicate"
+    USE_EXISTING = "use_existing"
+
+
+#: The ``id_reuse`` values a start command may carry (an :class:`IdReusePolicy`'s value).
+ID_REUSE_VALUES = tuple(policy.value for policy in IdReusePolicy)
 
 
 def _workflow_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:

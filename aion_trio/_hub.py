@@ -57,6 +57,16 @@ class Settings(Protocol):
     def remote_command_timeout(self) -> float: ...
 
 
+class InboxSettings(Protocol):
+    """The engine settings the inbox drainer reads."""
+
+    @property
+    def inbox_batch(self) -> int: ...
+
+    @property
+    def inbox_poll_interval(self) -> float | None: ...
+
+
 class CompletionHub(Protocol):
     """What recording a run's terminal (``_completion``) asks of the engine."""
 

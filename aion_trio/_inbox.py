@@ -21,6 +21,7 @@ from ._commands import (
     CancelCommand,
     Command,
     CommandOutcome,
+    IdReusePolicy,
     QueryCommand,
     ReopenCommand,
     SignalCommand,
@@ -34,8 +35,9 @@ from ._ownership import OwnerClaim, wall_now
 from ._store import CommandInbox, OwnedStore, ThreadRenewal
 
 if TYPE_CHECKING:
-    from ._engine import Engine, EngineConfig
+    from ._engine import Engine
     from ._epoch import EngineEpoch
+    from ._hub import InboxSettings
 
 logger = logging.getLogger("aion_trio.engine")
 
@@ -158,8 +160,6 @@ async def apply_command(
     its effect in history, records nothing and answers with the first outcome.
     A query records nothing: delivered again, it is simply answered again.
     """
-    from ._engine import IdReusePolicy
-
     key = command.request_id
     if key is None and command_id is not None:
         key = inbox_request_id(command_id)
@@ -210,7 +210,7 @@ class InboxDrainer:
 
     engine: Engine
     inbox: CommandInbox
-    config: EngineConfig
+    config: InboxSettings
     limiter: trio.CapacityLimiter
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     applied: int = attrs.field(default=0, init=False)

@@ -7,11 +7,11 @@ This module re-exports the names the rest of ``aion_trio`` imports from the engi
 
 from __future__ import annotations
 
+from .._commands import IdReusePolicy as IdReusePolicy
 from .client import Engine as Engine, RunHandle as RunHandle
 from .config import (
     EngineConfig as EngineConfig,
     EngineStatistics as EngineStatistics,
-    IdReusePolicy as IdReusePolicy,
     PendingActivity as PendingActivity,
     WorkflowDescription as WorkflowDescription,
 )

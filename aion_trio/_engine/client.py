@@ -15,6 +15,7 @@ from .._commands import (
     CancelCommand,
     Command,
     CommandOutcome,
+    IdReusePolicy,
     QueryCommand,
     ReopenCommand,
     SignalCommand,
@@ -87,7 +88,7 @@ from .._store import (
     VisibilityFilter,
     VisibilityRow,
 )
-from .config import EngineStatistics, IdReusePolicy, WorkflowDescription
+from .config import EngineStatistics, WorkflowDescription
 from .core import EngineCore
 from .describe import describe_history
 from .log import logger

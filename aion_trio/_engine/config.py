@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping
 from datetime import datetime
@@ -20,23 +19,6 @@ from .._events import (
 from .._ids import validate_task_queue
 from .._payload import PayloadCodec
 from .._retry import check_layer
-
-
-class IdReusePolicy(enum.Enum):
-    """What ``start`` does when the workflow id already exists.
-
-    * ``ALLOW_DUPLICATE`` (default): refuse while a run is active; once the
-      last run closed, start a new run under the same id.
-    * ``ALLOW_IF_FAILED``: like the default, but only if the last run failed,
-      was cancelled or timed out.
-    * ``REJECT_DUPLICATE``: refuse if the id was ever used.
-    * ``USE_EXISTING``: return the existing latest run (idempotent start).
-    """
-
-    ALLOW_DUPLICATE = "allow_duplicate"
-    ALLOW_IF_FAILED = "allow_if_failed"
-    REJECT_DUPLICATE = "reject_duplicate"
-    USE_EXISTING = "use_existing"
 
 
 def _defaults_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
