@@ -14,7 +14,6 @@ import trio
 from .. import _children as children
 from .._activities import (
     ActivityDispatcher,
-    ActivityDriver,
     ActivityRequest,
 )
 from .._childspec import child_marker_name
@@ -89,14 +88,12 @@ from .._projections import (
     outstanding_timers,
     retry_trail,
     run_segment,
-    scheduled_activities,
     search_attributes,
-    unsettled_activities,
     workflow_status,
 )
 from .._recorder import Recorder
 from .._registry import Lease, Registry, Residency
-from .._retry import TransientBackoff, resolve_options, until_available
+from .._retry import TransientBackoff, until_available
 from .._run_port import LeasePort
 from .._store import (
     ClusterStore,
@@ -108,6 +105,7 @@ from .._store import (
 )
 from .._watchdog import register_step
 from .config import EngineConfig
+from .dispatch import ActivityDispatch
 from .log import logger
 from .timers import Timers
 
@@ -177,11 +175,9 @@ class EngineCore:
         #: The startup sweep's poison-run bookkeeping (``None``: the store cannot count).
         self.recovery_guard: RecoveryGuard | None = None
         self._recorders: dict[str, Recorder] = {}
-        self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
         self._loading: dict[str, trio.Event] = {}
         #: Workflows a :meth:`resume_idle` is looking at now (one at a time: no second run).
         self._resuming: set[str] = set()
-        self._default_options: dict[str, tuple[str, Payload]] = {}
         #: Cluster mode: the waker, sweeper and remote commands (set by ``open_engine``).
         self.cluster_services: ClusterServices | None = None
         #: Owned stores: told when the store's fence refused a write (the claim was taken over).
@@ -207,6 +203,18 @@ class EngineCore:
         #: must be written (FIFO: one window for all), served by :meth:`deferral_service`.
         self._owed: collections.deque[tuple[float, Recorder]] = collections.deque()
         self._owed_lot = trio.lowlevel.ParkingLot()
+        self.activity_dispatch = ActivityDispatch(
+            epoch=epoch,
+            config=config,
+            clock=clock,
+            dispatcher=dispatcher,
+            registry=self.registry,
+            cluster_mode=cluster is not None,
+            held=self._held_for_recovery,
+            mark_stuck=self.mark_stuck,
+        )
+        #: The running activity attempts' cancel scopes (the dispatch service's).
+        self.inflight = self.activity_dispatch.inflight
 
     # -- definitions -------------------------------------------------------
 
@@ -227,23 +235,7 @@ class EngineCore:
     def resolved_activity_options(
         self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
     ) -> tuple[str, Payload]:
-        """A call's resolved options: its task queue and the recorded form.
-
-        Calls passing no options of their own resolve alike for one activity,
-        so that result is computed once per activity type.
-        """
-        cached = None if call_layer else self._default_options.get(definition.name)
-        if cached is None:
-            options = resolve_options(
-                call_layer,
-                definition.options,
-                self.config.activity_defaults,
-                default_task_queue=self.config.default_task_queue,
-            )
-            cached = (options.task_queue, Payload.of(options.to_json()))
-            if not call_layer:
-                self._default_options[definition.name] = cached
-        return cached
+        return self.activity_dispatch.resolved_options(definition, call_layer)
 
     # -- recorders ---------------------------------------------------------
 
@@ -1048,97 +1040,17 @@ class EngineCore:
 
     # -- activities --------------------------------------------------------
 
-    def dispatch(self, recorder: Recorder, request: ActivityRequest, *, resume: bool = False) -> None:
-        if self.recovery_guard is not None and self.recovery_guard.hold(recorder, request, resume):
-            return  # the sweep dispatches it once its replays caught up
-        try:
-            self.epoch.spawn(
-                self._drive_activity,
-                recorder,
-                request,
-                resume,
-                name=f"activity:{request.workflow_id}:{request.activity_id}",
-                workflow_id=request.workflow_id,
-                run_id=request.run_id,
-            )
-        except EngineEpochClosed:
-            logger.info(
-                "not dispatched: the engine is shutting down; recovery re-dispatches it",
-                extra={
-                    "workflow_id": request.workflow_id,
-                    "run_id": request.run_id,
-                    "activity": request.activity_id,
-                    "activity_type": request.activity_type,
-                },
-            )
+    def _held_for_recovery(self, recorder: Recorder, request: ActivityRequest, resume: bool) -> bool:
+        return self.recovery_guard is not None and self.recovery_guard.hold(recorder, request, resume)
 
-    async def _drive_activity(self, recorder: Recorder, request: ActivityRequest, resume: bool) -> None:
-        key = (request.workflow_id, request.run_id, request.activity_id)
-        backoff = (self.config.completion_retry.initial, self.config.completion_retry.ceiling)
-        driver = ActivityDriver(recorder, self.dispatcher, request, clock=self.clock, record_backoff=backoff)
-        with trio.CancelScope() as scope:
-            self.inflight[key] = scope
-            try:
-                await driver.run(resume=resume)
-            except StoreError as exc:
-                # Not transient (those are retried until they land): the run cannot go on.
-                if isinstance(exc, (NotOwner, SequenceConflict)) and self.cluster is not None:
-                    return  # relinquished by the recorder's fence or stale-copy hook
-                reason = (
-                    f"could not record the outcome of activity:{request.activity_id} "
-                    f"{request.activity_type} (attempt {driver.last_attempt}): {type(exc).__name__}: {exc}"
-                )
-                lease = self.registry.get(request.workflow_id, request.run_id)
-                if lease is None:
-                    logger.error(
-                        "%s", reason, extra={"workflow_id": request.workflow_id, "run_id": request.run_id}
-                    )
-                else:
-                    await self.mark_stuck(lease, reason)
-            finally:
-                if self.inflight.get(key) is scope:
-                    del self.inflight[key]
+    def dispatch(self, recorder: Recorder, request: ActivityRequest, *, resume: bool = False) -> None:
+        self.activity_dispatch.dispatch(recorder, request, resume=resume)
 
     def cancel_inflight(self, workflow_id: str, run_id: str) -> int:
-        """Cancel the running dispatches of a run (its terminal already settled them)."""
-        keys = [k for k in self.inflight if k[0] == workflow_id and k[1] == run_id]
-        for key in keys:
-            self.inflight[key].cancel()
-        return len(keys)
+        return self.activity_dispatch.cancel_inflight(workflow_id, run_id)
 
     async def redispatch_unsettled(self, recorder: Recorder, run_id: str) -> int:
-        """Recovery: drive every scheduled, unsettled activity of the run from its recorded trail."""
-        segment = run_segment(recorder.history, run_id)
-        scheduled = scheduled_activities(segment)
-        scheduled_at: dict[int, datetime] = {}
-        for e in segment:
-            if isinstance(e.body, ActivityScheduled):
-                scheduled_at[e.body.activity_id] = e.recorded_at
-            elif isinstance(e.body, WorkflowReopened):
-                # A reopened activity's schedule_to_close counts from the reopen (a fresh budget).
-                for activity_id in e.body.reopened_activity_ids:
-                    scheduled_at[activity_id] = e.recorded_at
-        count = 0
-        for activity_id in unsettled_activities(segment):
-            trail = retry_trail(segment, activity_id)
-            sched = scheduled[activity_id]
-            self.dispatch(
-                recorder,
-                ActivityRequest(
-                    workflow_id=recorder.workflow_id,
-                    run_id=run_id,
-                    activity_id=activity_id,
-                    activity_type=sched.activity_type,
-                    input=sched.input,
-                    attempt=trail[-1].attempt if trail else 1,
-                    task_queue=sched.task_queue,
-                    options=sched.options,
-                    scheduled_at=scheduled_at[activity_id],
-                ),
-                resume=True,
-            )
-            count += 1
-        return count
+        return await self.activity_dispatch.redispatch_unsettled(recorder, run_id)
 
     async def forget_timer(self, workflow_id: str, timer_id: str) -> None:
         await self.timers.forget(workflow_id, timer_id)

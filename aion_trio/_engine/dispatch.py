@@ -1,0 +1,183 @@
+"""Activity dispatch: resolving a call's options, driving attempts, cancelling them.
+
+Each dispatched activity runs as an epoch task around an :class:`ActivityDriver`
+(attempts, retries, recording outcomes); its cancel scope is kept by
+``(workflow_id, run_id, activity_id)`` so the step recorder and the terminal
+path can stop the attempts of what they settled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import Any, final
+
+import trio
+
+from .._activities import ActivityDispatcher, ActivityDriver, ActivityRequest
+from .._clock import EngineClock
+from .._definitions import ActivityDefinition
+from .._epoch import EngineEpoch
+from .._errors import EngineEpochClosed, NotOwner, SequenceConflict, StoreError
+from .._events import ActivityScheduled, WorkflowReopened
+from .._payload import Payload
+from .._projections import retry_trail, run_segment, scheduled_activities, unsettled_activities
+from .._recorder import Recorder
+from .._registry import Lease, Registry
+from .._retry import resolve_options
+from .config import EngineConfig
+from .log import logger
+
+#: ``held(recorder, request, resume)``: whether the startup sweep keeps the dispatch back
+#: (it dispatches it itself once its replays caught up).
+HoldForRecovery = Callable[[Recorder, ActivityRequest, bool], bool]
+
+
+@final
+class ActivityDispatch:
+    """Dispatches a run's activities and tracks their running attempts."""
+
+    def __init__(
+        self,
+        *,
+        epoch: EngineEpoch,
+        config: EngineConfig,
+        clock: EngineClock,
+        dispatcher: ActivityDispatcher,
+        registry: Registry,
+        cluster_mode: bool,
+        held: HoldForRecovery,
+        mark_stuck: Callable[[Lease, str], Awaitable[None]],
+    ) -> None:
+        self.epoch = epoch
+        self.config = config
+        self.clock = clock
+        self.dispatcher = dispatcher
+        self.registry = registry
+        self.cluster_mode = cluster_mode
+        self.held = held
+        self.mark_stuck = mark_stuck
+        #: The running attempts' cancel scopes, by ``(workflow_id, run_id, activity_id)``.
+        self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
+        self._default_options: dict[str, tuple[str, Payload]] = {}
+
+    def resolved_options(
+        self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
+    ) -> tuple[str, Payload]:
+        """A call's resolved options: its task queue and the recorded form.
+
+        Calls passing no options of their own resolve alike for one activity,
+        so that result is computed once per activity type.
+        """
+        cached = None if call_layer else self._default_options.get(definition.name)
+        if cached is None:
+            options = resolve_options(
+                call_layer,
+                definition.options,
+                self.config.activity_defaults,
+                default_task_queue=self.config.default_task_queue,
+            )
+            cached = (options.task_queue, Payload.of(options.to_json()))
+            if not call_layer:
+                self._default_options[definition.name] = cached
+        return cached
+
+    def dispatch(self, recorder: Recorder, request: ActivityRequest, *, resume: bool = False) -> None:
+        if self.held(recorder, request, resume):
+            return  # the sweep dispatches it once its replays caught up
+        try:
+            self.epoch.spawn(
+                self._drive,
+                recorder,
+                request,
+                resume,
+                name=f"activity:{request.workflow_id}:{request.activity_id}",
+                workflow_id=request.workflow_id,
+                run_id=request.run_id,
+            )
+        except EngineEpochClosed:
+            logger.info(
+                "not dispatched: the engine is shutting down; recovery re-dispatches it",
+                extra={
+                    "workflow_id": request.workflow_id,
+                    "run_id": request.run_id,
+                    "activity": request.activity_id,
+                    "activity_type": request.activity_type,
+                },
+            )
+
+    async def _drive(self, recorder: Recorder, request: ActivityRequest, resume: bool) -> None:
+        key = (request.workflow_id, request.run_id, request.activity_id)
+        backoff = (self.config.completion_retry.initial, self.config.completion_retry.ceiling)
+        driver = ActivityDriver(recorder, self.dispatcher, request, clock=self.clock, record_backoff=backoff)
+        with trio.CancelScope() as scope:
+            self.inflight[key] = scope
+            try:
+                await driver.run(resume=resume)
+            except StoreError as exc:
+                # Not transient (those are retried until they land): the run cannot go on.
+                if isinstance(exc, (NotOwner, SequenceConflict)) and self.cluster_mode:
+                    return  # relinquished by the recorder's fence or stale-copy hook
+                reason = (
+                    f"could not record the outcome of activity:{request.activity_id} "
+                    f"{request.activity_type} (attempt {driver.last_attempt}): {type(exc).__name__}: {exc}"
+                )
+                lease = self.registry.get(request.workflow_id, request.run_id)
+                if lease is None:
+                    logger.error(
+                        "%s", reason, extra={"workflow_id": request.workflow_id, "run_id": request.run_id}
+                    )
+                else:
+                    await self.mark_stuck(lease, reason)
+            finally:
+                if self.inflight.get(key) is scope:
+                    del self.inflight[key]
+
+    def cancel_attempt(self, workflow_id: str, run_id: str, activity_id: int) -> bool:
+        """Cancel the running attempt of one activity (settled by the run); whether one ran."""
+        scope = self.inflight.get((workflow_id, run_id, activity_id))
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
+
+    def cancel_inflight(self, workflow_id: str, run_id: str) -> int:
+        """Cancel the running dispatches of a run (its terminal already settled them)."""
+        keys = [k for k in self.inflight if k[0] == workflow_id and k[1] == run_id]
+        for key in keys:
+            self.inflight[key].cancel()
+        return len(keys)
+
+    async def redispatch_unsettled(self, recorder: Recorder, run_id: str) -> int:
+        """Recovery: drive every scheduled, unsettled activity of the run from its recorded trail."""
+        segment = run_segment(recorder.history, run_id)
+        scheduled = scheduled_activities(segment)
+        scheduled_at: dict[int, datetime] = {}
+        for e in segment:
+            if isinstance(e.body, ActivityScheduled):
+                scheduled_at[e.body.activity_id] = e.recorded_at
+            elif isinstance(e.body, WorkflowReopened):
+                # A reopened activity's schedule_to_close counts from the reopen (a fresh budget).
+                for activity_id in e.body.reopened_activity_ids:
+                    scheduled_at[activity_id] = e.recorded_at
+        count = 0
+        for activity_id in unsettled_activities(segment):
+            trail = retry_trail(segment, activity_id)
+            sched = scheduled[activity_id]
+            self.dispatch(
+                recorder,
+                ActivityRequest(
+                    workflow_id=recorder.workflow_id,
+                    run_id=run_id,
+                    activity_id=activity_id,
+                    activity_type=sched.activity_type,
+                    input=sched.input,
+                    attempt=trail[-1].attempt if trail else 1,
+                    task_queue=sched.task_queue,
+                    options=sched.options,
+                    scheduled_at=scheduled_at[activity_id],
+                ),
+                resume=True,
+            )
+            count += 1
+        return count
