@@ -182,5 +182,7 @@ from ._taskqueues import ActivityTaskQueues as ActivityTaskQueues, run_activity_
 from ._util import fixup_module_metadata as _fixup_module_metadata
 from ._version import __version__ as __version__
 
-_fixup_module_metadata(__name__, globals())
+# The plugin surface is imported while this package is (open_store needs its manager):
+# what both export says aion_trio.
+_fixup_module_metadata(__name__, globals(), reclaim=("aion_trio.plugin",))
 del _fixup_module_metadata

@@ -116,14 +116,7 @@ from ._logs import ContextLogger
 from ._observe import ObserverEvent, WorkflowRunEnded, WorkflowRunStarted
 from ._ownership import claim_is_live, wall_now
 from ._payload import Payload, PayloadCodec
-from ._plugins import (
-    ENTRY_POINT_GROUP,
-    StoreRegistry,
-    build_registry,
-    make_plugin_manager,
-    open_store,
-    redact_url,
-)
+from ._plugins import open_store
 from ._projections import outstanding_timers, run_segment
 from ._store import (
     CommandInbox,
@@ -135,8 +128,10 @@ from ._store import (
     VisibilityRow,
 )
 from ._taskqueues import run_activity_worker
+from ._urls import redact_url
 from ._version import __version__
 from ._wire import body_to_wire, event_to_json, event_to_wire, format_datetime
+from .plugin import ENTRY_POINT_GROUP, StoreRegistry, build_registry, make_plugin_manager
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]

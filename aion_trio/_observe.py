@@ -33,6 +33,7 @@ from ._errors import PluginError
 from ._events import Event, WorkflowStarted, WorkflowStatus
 from ._projections import status_after
 from ._store import EventStore, TimerEntry, VisibilityFilter, VisibilityRow, VisibilityStore
+from .plugin import make_plugin_manager
 
 logger = logging.getLogger("aion_trio.observe")
 
@@ -478,8 +479,6 @@ def build_hub(direct: Iterable[object], plugin_manager: Any | None) -> ObserverH
     ``direct`` items are callables ``observer(event)`` or plugin objects
     implementing ``aion_trio_observe``.  ``None`` when nothing observes.
     """
-    from ._plugins import make_plugin_manager
-
     names: dict[str, int] = {}
     observers: list[tuple[str, Observer]] = []
     if plugin_manager is not None:

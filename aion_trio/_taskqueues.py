@@ -19,8 +19,9 @@ from ._activities import ActivityExecutor, InProcessDispatcher
 from ._definitions import ActivityDefinition, ActivityLoop, index_definitions
 from ._errors import NoTaskQueues
 from ._payload import PayloadCodec
-from ._plugins import open_store, redact_url
+from ._plugins import open_store
 from ._store import Store
+from ._urls import redact_url
 
 
 @runtime_checkable

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 
-def fixup_module_metadata(module_name: str, namespace: Mapping[str, object]) -> None:
+def _is_private(module: str) -> bool:
+    """``aion_trio._x`` and ``aion_trio.plugin._x``: a module no user should name."""
+    parts = module.split(".")
+    return parts[0] == "aion_trio" and any(part.startswith("_") for part in parts[1:])
+
+
+def fixup_module_metadata(
+    module_name: str, namespace: Mapping[str, object], *, reclaim: Collection[str] = ()
+) -> None:
     """Make re-exported objects say they live in ``module_name``.
 
     So tracebacks and reprs say ``aion_trio.SequenceConflict`` rather than
-    ``aion_trio._errors.SequenceConflict``.
+    ``aion_trio._errors.SequenceConflict``.  An object a public module in
+    ``reclaim`` already claimed is claimed again, so which of two surfaces
+    exporting it was imported first does not decide what it says.
     """
     seen: set[int] = set()
 
@@ -18,7 +28,7 @@ def fixup_module_metadata(module_name: str, namespace: Mapping[str, object]) -> 
             return
         seen.add(id(obj))
         mod = getattr(obj, "__module__", None)
-        if isinstance(mod, str) and mod.startswith("aion_trio._"):
+        if isinstance(mod, str) and (_is_private(mod) or mod in reclaim):
             try:
                 obj.__module__ = module_name
             except (AttributeError, TypeError):  # pragma: no cover - builtins, slots

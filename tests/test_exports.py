@@ -336,7 +336,7 @@ def test_relative_imports_are_resolved() -> None:
     }
     files = _module_files()
     assert "aion_trio._errors" in _imports_of("aion_trio", files["aion_trio"])
-    assert "aion_trio._plugins" in _imports_of("aion_trio.plugin", files["aion_trio.plugin"])
+    assert "aion_trio._urls" in _imports_of("aion_trio.plugin", files["aion_trio.plugin"])
 
 
 def test_every_exported_error_is_defined_in_the_errors_module() -> None:

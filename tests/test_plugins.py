@@ -27,7 +27,8 @@ from aion_trio import (
     open_store,
 )
 from aion_trio._events import make_batch
-from aion_trio._plugins import default_registry, url_scheme
+from aion_trio._plugins import default_registry
+from aion_trio._urls import url_scheme
 from aion_trio.plugin import (
     DISABLE_ENV,
     ENTRY_POINT_GROUP,
@@ -35,6 +36,7 @@ from aion_trio.plugin import (
     StoreRegistry,
     build_registry,
     hookimpl,
+    hookspec,
     make_plugin_manager,
 )
 
@@ -190,6 +192,59 @@ def test_registering_the_same_plugin_twice_is_a_plugin_load_error() -> None:
     plugin = make_plugin("once_plugin", "once")
     with pytest.raises(PluginLoadError, match="registered twice"):
         make_plugin_manager(load_entry_points=False, plugins=[plugin, plugin])
+
+
+def test_the_hook_specifications_are_one_public_module() -> None:
+    from aion_trio.plugin import hookspecs
+
+    specs = sorted(name for name in vars(hookspecs) if name.startswith("aion_trio_"))
+    assert specs == ["aion_trio_observe", "aion_trio_register_stores"]
+    assert all(getattr(hookspecs, name).__doc__ for name in specs)
+    # The manager's hooks are exactly the module's, with its markers.
+    pm = make_plugin_manager(load_entry_points=False)
+    assert sorted(name for name in vars(pm.hook) if not name.startswith("_")) == specs
+    assert (hookimpl, hookspec) == (hookspecs.hookimpl, hookspecs.hookspec)
+
+
+def test_the_registry_is_filled_through_pluggy_one_plugin_at_a_time() -> None:
+    pm = make_plugin_manager(
+        load_entry_points=False,
+        plugins=[make_plugin("alpha_plugin", "alpha"), make_plugin("beta_plugin", "beta")],
+    )
+    calls: list[tuple[str, list[str | None], list[str]]] = []
+
+    def before(name: str, impls: Any, kwargs: dict[str, Any]) -> None:
+        calls.append((name, [pm.get_name(impl.plugin) for impl in impls], sorted(kwargs)))
+
+    undo = pm.add_hookcall_monitoring(before, lambda *args: None)
+    try:
+        registry = build_registry(pm)
+    finally:
+        undo()
+    # pluggy makes each call (its monitoring sees them), narrowed to one plugin so
+    # what it adds is attributed to it.
+    assert calls == [
+        ("aion_trio_register_stores", ["alpha_plugin"], ["registry"]),
+        ("aion_trio_register_stores", ["beta_plugin"], ["registry"]),
+    ]
+    assert [(s.scheme, s.plugin) for s in registry.schemes()] == [
+        ("alpha", "alpha_plugin"),
+        ("beta", "beta_plugin"),
+    ]
+
+
+def test_an_unhashable_plugin_object_among_several_is_a_plugin_load_error() -> None:
+    class Unhashable:
+        __hash__ = None  # type: ignore[assignment]
+
+        @hookimpl
+        def aion_trio_register_stores(self, registry: StoreRegistry) -> None:
+            registry.add("unhashable", _opener, description="d")
+
+    with pytest.raises(PluginLoadError, match=r"cannot be called on its own.*must be hashable"):
+        registry_of(Unhashable(), make_plugin("other_plugin", "other"))
+    # Alone, it needs no narrowing.
+    assert "unhashable" in registry_of(Unhashable())
 
 
 def test_the_hook_receives_the_registry_by_keyword() -> None:

@@ -2,7 +2,8 @@
 
 Everything a store needs and nothing of the engine: the event model, the wire
 codec, the projections a store may use to keep a status column, the store
-protocols and errors, and the registration hook.
+protocols and errors, and the registration hook (its specification, and the
+other hooks', in :mod:`aion_trio.plugin.hookspecs`).
 """
 
 from __future__ import annotations
@@ -61,19 +62,6 @@ from .._ownership import (
     process_mark as process_mark,
     this_host as this_host,
 )
-from .._plugins import (
-    DISABLE_ENV as DISABLE_ENV,
-    ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,
-    PluginLoadError as PluginLoadError,
-    StoreOpener as StoreOpener,
-    StoreRegistry as StoreRegistry,
-    StoreScheme as StoreScheme,
-    build_registry as build_registry,
-    hookimpl as hookimpl,
-    hookspec as hookspec,
-    make_plugin_manager as make_plugin_manager,
-    redact_url as redact_url,
-)
 from .._projections import (
     is_active_status as is_active_status,
     status_after as status_after,
@@ -95,6 +83,7 @@ from .._store import (
     validate_batch as validate_batch,
     validate_workflow_ids as validate_workflow_ids,
 )
+from .._urls import redact_url as redact_url
 from .._util import fixup_module_metadata as _fixup_module_metadata
 from .._wire import (
     body_data_json as body_data_json,
@@ -104,6 +93,19 @@ from .._wire import (
     format_datetime as format_datetime,
     parse_datetime as parse_datetime,
 )
+from ._manager import (
+    DISABLE_ENV as DISABLE_ENV,
+    PluginLoadError as PluginLoadError,
+    build_registry as build_registry,
+    make_plugin_manager as make_plugin_manager,
+)
+from ._registry import (
+    ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,
+    StoreOpener as StoreOpener,
+    StoreRegistry as StoreRegistry,
+    StoreScheme as StoreScheme,
+)
+from .hookspecs import hookimpl as hookimpl, hookspec as hookspec
 
 _fixup_module_metadata(__name__, globals())
 del _fixup_module_metadata
