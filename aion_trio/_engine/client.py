@@ -10,6 +10,7 @@ import trio
 
 from .. import _children as children
 from .._activities import InProcessDispatcher
+from .._chain import ChainState, follow_chain, settled_result
 from .._cluster import ClusterServices, outcome_error, query_answer
 from .._commands import (
     CancelCommand,
@@ -34,7 +35,6 @@ from .._errors import (
     QueryUnavailable,
     SequenceConflict,
     WorkflowAlreadyStarted,
-    WorkflowFailure,
     WorkflowNotFound,
     epoch_closed,
 )
@@ -48,8 +48,6 @@ from .._events import (
     TimerStarted,
     WorkflowCancelled as CancelledEvent,
     WorkflowCancelRequested,
-    WorkflowCompleted,
-    WorkflowContinuedAsNew,
     WorkflowFailed,
     WorkflowReopened,
     WorkflowStarted,
@@ -376,39 +374,13 @@ class Engine:
                 fresh = await self._await_lifecycle(workflow_id, recorder)
                 continue
             checked = len(history)
-            segment = run_segment(history, current)
-            if not segment:
+            position = follow_chain(history, current, follow_continue_as_new=follow_continue_as_new)
+            if position.state is ChainState.NOT_STARTED:
                 raise WorkflowNotFound(workflow_id, current)
-            terminal = current_lease_terminal(segment)
-            if terminal is not None:
-                body = terminal.body
-                if isinstance(body, WorkflowCompleted):
-                    return self._core.codec.decode(body.result)
-                if isinstance(body, WorkflowContinuedAsNew):
-                    if not follow_continue_as_new:
-                        raise WorkflowFailure(workflow_id, current, "continued_as_new")
-                    successor = next(
-                        (
-                            e.body.run_id
-                            for e in history
-                            if isinstance(e.body, WorkflowStarted) and e.body.parent_run_id == current
-                        ),
-                        None,
-                    )
-                    if successor is not None:
-                        current = successor
-                        checked = 0  # look at the successor's segment now, not at new events
-                        continue
-                elif isinstance(body, WorkflowFailed):
-                    raise WorkflowFailure(workflow_id, current, "failed", error=body.error)
-                else:
-                    status = workflow_status(segment)
-                    raise WorkflowFailure(
-                        workflow_id,
-                        current,
-                        status.value if status else "closed",
-                        reason=getattr(body, "reason", ""),
-                    )
+            if position.state is ChainState.SETTLED:
+                return self._core.codec.decode(settled_result(workflow_id, position))
+            # Running, or its successor's start is owed: wait, following on from where it stands.
+            current = position.run_id
             fresh = await self._await_lifecycle(workflow_id, recorder)
 
     async def signal(
