@@ -147,7 +147,7 @@ async def test_observers_are_never_called_while_a_recorder_lock_is_held(
         nonlocal calls
         calls += 1
         me = trio.lowlevel.current_task()
-        for recorder in engines[0]._core._recorders.values() if engines else ():
+        for recorder in engines[0]._core.recorders.snapshot() if engines else ():
             if recorder._lock.statistics().owner is me:
                 under_lock.append(f"{type(event).__name__} under the lock of {recorder.workflow_id}")
 

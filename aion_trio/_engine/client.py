@@ -172,7 +172,7 @@ class Engine:
             registered_leases=len(leases),
             resident_runs=sum(1 for lease in leases if lease.task is not None),
             stuck_runs=sum(1 for lease in leases if lease.residency is Residency.STUCK),
-            loaded_recorders=len(self._core._recorders),
+            loaded_recorders=self._core.recorders.count,
             epoch=self._core.epoch.statistics(),
             abandoned_activity_threads=0 if self._threads is None else self._threads.abandoned_threads(),
         )

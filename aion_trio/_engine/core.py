@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -71,11 +71,10 @@ from .._events import (
     input_digest,
 )
 from .._ids import (
-    check_text,
     deadline_timer_id,
     new_run_id,
 )
-from .._observe import ObserverHub, RecoveryFinished, WorkflowRelinquished
+from .._observe import ObserverHub, RecoveryFinished
 from .._payload import Payload
 from .._poison import RecoveryGuard, poison_reason
 from .._ports import CancelTimer, RunAborted, ScheduleActivity, StartChild, StartTimer, WorkflowCommand
@@ -107,6 +106,7 @@ from .._watchdog import register_step
 from .config import EngineConfig
 from .dispatch import ActivityDispatch
 from .log import logger
+from .recorders import Recorders
 from .timers import Timers
 
 
@@ -174,14 +174,10 @@ class EngineCore:
         self.stuck: dict[str, str] = {}
         #: The startup sweep's poison-run bookkeeping (``None``: the store cannot count).
         self.recovery_guard: RecoveryGuard | None = None
-        self._recorders: dict[str, Recorder] = {}
-        self._loading: dict[str, trio.Event] = {}
         #: Workflows a :meth:`resume_idle` is looking at now (one at a time: no second run).
         self._resuming: set[str] = set()
         #: Cluster mode: the waker, sweeper and remote commands (set by ``open_engine``).
         self.cluster_services: ClusterServices | None = None
-        #: Owned stores: told when the store's fence refused a write (the claim was taken over).
-        self.on_store_fenced: Callable[[NotOwner], None] | None = None
         # Background visibility refreshes in flight, by workflow id.
         self._visibility_owed: dict[str, _Refresh] = {}
         #: Cluster mode: the store's node capability (``None``: a single-owner store).
@@ -197,8 +193,17 @@ class EngineCore:
         )
         #: Threads for wall-clock waits of the engine's services.
         self.service_threads = service_threads or trio.CapacityLimiter(2)
-        #: Cluster mode: workflows this engine stopped because another node claimed them.
-        self.relinquished = 0
+        #: The recorder cache and its fencing.
+        self.recorders = Recorders(
+            events=self.events,
+            epoch=epoch,
+            clock=clock,
+            registry=self.registry,
+            forget=self._forget_workflow,
+            recover=self.recover_one,
+            observers=observers,
+            cluster=cluster,
+        )
         #: Recorders holding deferred schedule records, with the Trio time by which they
         #: must be written (FIFO: one window for all), served by :meth:`deferral_service`.
         self._owed: collections.deque[tuple[float, Recorder]] = collections.deque()
@@ -237,141 +242,34 @@ class EngineCore:
     ) -> tuple[str, Payload]:
         return self.activity_dispatch.resolved_options(definition, call_layer)
 
-    # -- recorders ---------------------------------------------------------
+    # -- recorders (aion_trio/_engine/recorders.py) ---------------------------
 
     async def recorder_for(self, workflow_id: str) -> Recorder:
-        """This engine's one recorder for ``workflow_id`` (loaded from the store once)."""
-        while True:
-            found = self._recorders.get(workflow_id)
-            if found is not None:
-                await trio.lowlevel.checkpoint()
-                return found
-            loading = self._loading.get(workflow_id)
-            if loading is None:
-                break
-            await loading.wait()
-        # An id no store can hold (a lone surrogate): say so instead of asking the
-        # store, whose encoder would fail on it.
-        if not isinstance(workflow_id, str):
-            raise TypeError(f"workflow_id must be str, got {type(workflow_id).__name__}")
-        check_text(workflow_id, "workflow_id")
-        done = trio.Event()
-        self._loading[workflow_id] = done
-        try:
-            recorder = await Recorder.load(
-                workflow_id,
-                self.events,
-                self.epoch,
-                self.clock,
-                observers=self.observers,
-                on_fenced=self._on_fenced,
-                on_stale=self._on_stale,
-            )
-            self._recorders[workflow_id] = recorder
-            return recorder
-        finally:
-            del self._loading[workflow_id]
-            done.set()
-
-    @property
-    def _on_fenced(self) -> Callable[[Recorder, NotOwner], None] | None:
-        if self.cluster is not None:
-            return self.relinquish
-        return self._store_fenced if self.on_store_fenced is not None else None
-
-    @property
-    def _on_stale(self) -> Callable[[Recorder, SequenceConflict], None] | None:
-        return self.relinquish_stale if self.cluster is not None else None
-
-    def _store_fenced(self, recorder: Recorder, error: NotOwner) -> None:
-        # An owned store refused a write: the engine lost the store, not one workflow.
-        assert self.on_store_fenced is not None
-        self.on_store_fenced(error)
-
-    def relinquish(self, recorder: Recorder, error: NotOwner) -> None:
-        """Cluster mode's one choke point for a fenced workflow: stop it on this node.
-
-        Called by the recorder when the store refuses an append with
-        ``NotOwner`` (another node claimed the workflow).  No checkpoint: the
-        run's task and in-flight activity attempts are cancelled (parked, they
-        record nothing), its timers leave the heap, its recorder and leases
-        leave the registry, and it is logged once and reported to observers.
-        Never retried here: the new owner's recovery carries the workflow on.
-        """
-        if not self._stop_locally(recorder):
-            return  # a recorder already dropped (another of its tasks was fenced first)
-        self._report_relinquished(
-            recorder.workflow_id,
-            "workflow relinquished: another node claimed it, so this node stopped it (nothing retried "
-            "here): %s",
-            error,
-        )
-
-    def _report_relinquished(self, workflow_id: str, message: str, error: StoreError) -> None:
-        """Count a workflow this node stopped running, log ``message`` (``%s``: ``error``) and
-        tell the observers."""
-        self.relinquished += 1
-        node = self.cluster.node_id if self.cluster is not None else ""
-        logger.warning(message, error, extra={"workflow_id": workflow_id, "node": node, "reason": str(error)})
-        if self.observers is not None:
-            self.observers.emit(
-                WorkflowRelinquished(workflow_id=workflow_id, node_id=node, reason=str(error))
-            )
-
-    def relinquish_stale(self, recorder: Recorder, error: SequenceConflict) -> None:
-        """Cluster mode: an append found another head than this node's copy holds (another
-        node appended meanwhile, e.g. while this one was fenced and before it claimed the
-        workflow back).  Not a reason to mark the run stuck: the stale copy is dropped like
-        a fenced workflow's, and if this node owns the workflow it recovers it from the store."""
-        if not self._stop_locally(recorder):
-            return
-        workflow_id = recorder.workflow_id
-        self._report_relinquished(
-            workflow_id,
-            "workflow relinquished: this node's copy of its history was stale (%s); it is recovered "
-            "from the store by its owner",
-            error,
-        )
-        try:
-            self.epoch.spawn(self._recover_if_owned, workflow_id, name=f"recover-stale:{workflow_id}")
-        except EngineEpochClosed:
-            pass  # shutting down: the next engine recovers it
-
-    async def _recover_if_owned(self, workflow_id: str) -> None:
-        assert self.cluster is not None
-        if await self.cluster.command_target(workflow_id) is not None:
-            return  # another node owns it (its recovery carries it on)
-        if workflow_id in self._recorders or workflow_id in self._loading:
-            return  # recovered meanwhile (a sweep claimed it back): that copy is fresh
-        await self.recover_one(workflow_id)
+        return await self.recorders.recorder_for(workflow_id)
 
     async def take_fresh(self, workflow_id: str) -> None:
-        """Cluster mode, before recovering a workflow this node has just claimed: forget
-        what this node held of it.
+        await self.recorders.take_fresh(workflow_id)
 
-        A node that was stopped (or cut off) past its lease can claim back a
-        workflow another node owned meanwhile; its in-memory run and recorder
-        are then stale, and its recovery must start from the store.  The old
-        run and its attempts are cancelled (recording nothing) and an append
-        already in flight under the recorder's lock is waited out."""
-        recorder = self._recorders.get(workflow_id)
-        if recorder is None:
-            return
-        if self._stop_locally(recorder):
-            logger.info(
-                "re-claimed a workflow this node was running: its run restarts from the store",
-                extra={"workflow_id": workflow_id},
-            )
-        async with recorder.lock:
-            pass
+    def loaded_recorder(self, workflow_id: str) -> Recorder | None:
+        return self.recorders.loaded_recorder(workflow_id)
 
-    def _stop_locally(self, recorder: Recorder) -> bool:
-        """Drop ``recorder``'s workflow from this node: cancel its runs and attempts, drop
-        its timers, leases and recorder.  ``False``: it was already dropped."""
-        workflow_id = recorder.workflow_id
-        if self._recorders.get(workflow_id) is not recorder:
-            return False
-        del self._recorders[workflow_id]
+    def drives(self, workflow_id: str) -> bool:
+        return self.recorders.drives(workflow_id)
+
+    def claim_unloaded(self, workflow_id: str) -> Recorder | None:
+        return self.recorders.claim_unloaded(workflow_id)
+
+    def release_unloaded(self, recorder: Recorder, *, adopt: bool) -> None:
+        self.recorders.release_unloaded(recorder, adopt=adopt)
+
+    @property
+    def relinquished(self) -> int:
+        """Cluster mode: workflows this engine stopped because another node claimed them."""
+        return self.recorders.relinquished
+
+    def _forget_workflow(self, workflow_id: str) -> None:
+        """A workflow's recorder was dropped: cancel its runs and attempts, drop its timers,
+        leases and stuck mark.  No checkpoint."""
         for lease in self.registry.leases_of(workflow_id):
             self.registry.remove(workflow_id, lease.run_id)
             if lease.cancel_scope is not None:
@@ -381,45 +279,6 @@ class EngineCore:
                 scope.cancel()
         self.timers.drop_workflow(workflow_id)
         self.stuck.pop(workflow_id, None)
-        recorder.notify()
-        return True
-
-    def loaded_recorder(self, workflow_id: str) -> Recorder | None:
-        return self._recorders.get(workflow_id)
-
-    def drives(self, workflow_id: str) -> bool:
-        """Whether a run of ``workflow_id`` is registered here (this engine drives it)."""
-        return bool(self.registry.leases_of(workflow_id))
-
-    def claim_unloaded(self, workflow_id: str) -> Recorder | None:
-        """An empty recorder for an id this engine has neither loaded nor is loading, or ``None``.
-
-        For a start that expects a brand-new id: it appends at expected seq 0
-        instead of reading a history that is almost always empty.  Until
-        :meth:`release_unloaded`, :meth:`recorder_for` callers wait as for a load.
-        """
-        if workflow_id in self._recorders or workflow_id in self._loading:
-            return None
-        self._loading[workflow_id] = trio.Event()
-        return Recorder(
-            workflow_id,
-            self.events,
-            self.epoch,
-            self.clock,
-            observers=self.observers,
-            on_fenced=self._on_fenced,
-            # A conflict before release_unloaded (the id has history) drops nothing: not installed.
-            on_stale=self._on_stale,
-        )
-
-    def release_unloaded(self, recorder: Recorder, *, adopt: bool) -> None:
-        """End a :meth:`claim_unloaded`: install the recorder (its append landed) or drop it.
-
-        Dropped, the next :meth:`recorder_for` loads the stored history.
-        """
-        if adopt:
-            self._recorders[recorder.workflow_id] = recorder
-        self._loading.pop(recorder.workflow_id).set()
 
     # -- appends of unknown outcome ------------------------------------------
 

@@ -158,7 +158,7 @@ async def open_engine(
                     core.cluster_services = services
                 engine = Engine(core, ownership=ownership, threads=in_process)
                 if ownership is not None:
-                    core.on_store_fenced = ownership.fenced
+                    core.recorders.on_store_fenced = ownership.fenced
                 try:
                     if ownership is not None:
                         # Not epoch.spawn: losing the claim must end the engine, not be logged.

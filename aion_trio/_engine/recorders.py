@@ -1,0 +1,247 @@
+"""The recorder cache and its fencing: one recorder per workflow this engine holds.
+
+:class:`Recorders` loads each workflow's history once and hands every caller
+the same :class:`~aion_trio._recorder.Recorder` (its lock serialises the
+workflow's appends).  It is also where a workflow leaves this engine: a store
+fence refusing an append (another node claimed it), a stale copy (another node
+appended meanwhile) and a re-claim that must start from the store all drop the
+recorder here, and the engine's ``forget`` callback stops what else runs of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import final
+
+import trio
+
+from .._clock import EngineClock
+from .._epoch import EngineEpoch
+from .._errors import EngineEpochClosed, NotOwner, SequenceConflict, StoreError
+from .._ids import check_text
+from .._observe import ObserverHub, WorkflowRelinquished
+from .._recorder import Recorder
+from .._registry import Registry
+from .._store import ClusterStore, EventStore
+from .log import logger
+
+
+@final
+class Recorders:
+    """This engine's recorders by workflow id, and the one way a workflow is dropped from it.
+
+    ``forget(workflow_id)`` stops what else this engine runs of a dropped
+    workflow (its runs, in-flight attempts, timers, stuck mark); ``recover``
+    recovers a workflow from the store (a stale copy this node still owns).
+    Both are called without the recorder lock and ``forget`` without a checkpoint.
+    """
+
+    def __init__(
+        self,
+        *,
+        events: EventStore,
+        epoch: EngineEpoch,
+        clock: EngineClock,
+        registry: Registry,
+        forget: Callable[[str], None],
+        recover: Callable[[str], Awaitable[object]],
+        observers: ObserverHub | None = None,
+        cluster: ClusterStore | None = None,
+    ) -> None:
+        self._events = events
+        self._epoch = epoch
+        self._clock = clock
+        self._registry = registry
+        self._forget = forget
+        self._recover = recover
+        self._observers = observers
+        self._cluster = cluster
+        self._recorders: dict[str, Recorder] = {}
+        self._loading: dict[str, trio.Event] = {}
+        #: Owned stores: told when the store's fence refused a write (the claim was taken over).
+        self.on_store_fenced: Callable[[NotOwner], None] | None = None
+        #: Cluster mode: workflows this engine stopped because another node claimed them.
+        self.relinquished = 0
+
+    @property
+    def count(self) -> int:
+        """How many recorders this engine holds now."""
+        return len(self._recorders)
+
+    def snapshot(self) -> tuple[Recorder, ...]:
+        """The recorders this engine holds now."""
+        return tuple(self._recorders.values())
+
+    async def recorder_for(self, workflow_id: str) -> Recorder:
+        """This engine's one recorder for ``workflow_id`` (loaded from the store once)."""
+        while True:
+            found = self._recorders.get(workflow_id)
+            if found is not None:
+                await trio.lowlevel.checkpoint()
+                return found
+            loading = self._loading.get(workflow_id)
+            if loading is None:
+                break
+            await loading.wait()
+        # An id no store can hold (a lone surrogate): say so instead of asking the
+        # store, whose encoder would fail on it.
+        if not isinstance(workflow_id, str):
+            raise TypeError(f"workflow_id must be str, got {type(workflow_id).__name__}")
+        check_text(workflow_id, "workflow_id")
+        done = trio.Event()
+        self._loading[workflow_id] = done
+        try:
+            recorder = await Recorder.load(
+                workflow_id,
+                self._events,
+                self._epoch,
+                self._clock,
+                observers=self._observers,
+                on_fenced=self._on_fenced,
+                on_stale=self._on_stale,
+            )
+            self._recorders[workflow_id] = recorder
+            return recorder
+        finally:
+            del self._loading[workflow_id]
+            done.set()
+
+    @property
+    def _on_fenced(self) -> Callable[[Recorder, NotOwner], None] | None:
+        if self._cluster is not None:
+            return self.relinquish
+        return self._store_fenced if self.on_store_fenced is not None else None
+
+    @property
+    def _on_stale(self) -> Callable[[Recorder, SequenceConflict], None] | None:
+        return self.relinquish_stale if self._cluster is not None else None
+
+    def _store_fenced(self, recorder: Recorder, error: NotOwner) -> None:
+        # An owned store refused a write: the engine lost the store, not one workflow.
+        assert self.on_store_fenced is not None
+        self.on_store_fenced(error)
+
+    def relinquish(self, recorder: Recorder, error: NotOwner) -> None:
+        """Cluster mode's one choke point for a fenced workflow: stop it on this node.
+
+        Called by the recorder when the store refuses an append with
+        ``NotOwner`` (another node claimed the workflow).  No checkpoint: the
+        run's task and in-flight activity attempts are cancelled (parked, they
+        record nothing), its timers leave the heap, its recorder and leases
+        leave the registry, and it is logged once and reported to observers.
+        Never retried here: the new owner's recovery carries the workflow on.
+        """
+        if not self._stop_locally(recorder):
+            return  # a recorder already dropped (another of its tasks was fenced first)
+        self._report_relinquished(
+            recorder.workflow_id,
+            "workflow relinquished: another node claimed it, so this node stopped it (nothing retried "
+            "here): %s",
+            error,
+        )
+
+    def _report_relinquished(self, workflow_id: str, message: str, error: StoreError) -> None:
+        """Count a workflow this node stopped running, log ``message`` (``%s``: ``error``) and
+        tell the observers."""
+        self.relinquished += 1
+        node = self._cluster.node_id if self._cluster is not None else ""
+        logger.warning(message, error, extra={"workflow_id": workflow_id, "node": node, "reason": str(error)})
+        if self._observers is not None:
+            self._observers.emit(
+                WorkflowRelinquished(workflow_id=workflow_id, node_id=node, reason=str(error))
+            )
+
+    def relinquish_stale(self, recorder: Recorder, error: SequenceConflict) -> None:
+        """Cluster mode: an append found another head than this node's copy holds (another
+        node appended meanwhile, e.g. while this one was fenced and before it claimed the
+        workflow back).  Not a reason to mark the run stuck: the stale copy is dropped like
+        a fenced workflow's, and if this node owns the workflow it recovers it from the store."""
+        if not self._stop_locally(recorder):
+            return
+        workflow_id = recorder.workflow_id
+        self._report_relinquished(
+            workflow_id,
+            "workflow relinquished: this node's copy of its history was stale (%s); it is recovered "
+            "from the store by its owner",
+            error,
+        )
+        try:
+            self._epoch.spawn(self._recover_if_owned, workflow_id, name=f"recover-stale:{workflow_id}")
+        except EngineEpochClosed:
+            pass  # shutting down: the next engine recovers it
+
+    async def _recover_if_owned(self, workflow_id: str) -> None:
+        assert self._cluster is not None
+        if await self._cluster.command_target(workflow_id) is not None:
+            return  # another node owns it (its recovery carries it on)
+        if workflow_id in self._recorders or workflow_id in self._loading:
+            return  # recovered meanwhile (a sweep claimed it back): that copy is fresh
+        await self._recover(workflow_id)
+
+    async def take_fresh(self, workflow_id: str) -> None:
+        """Cluster mode, before recovering a workflow this node has just claimed: forget
+        what this node held of it.
+
+        A node that was stopped (or cut off) past its lease can claim back a
+        workflow another node owned meanwhile; its in-memory run and recorder
+        are then stale, and its recovery must start from the store.  The old
+        run and its attempts are cancelled (recording nothing) and an append
+        already in flight under the recorder's lock is waited out."""
+        recorder = self._recorders.get(workflow_id)
+        if recorder is None:
+            return
+        if self._stop_locally(recorder):
+            logger.info(
+                "re-claimed a workflow this node was running: its run restarts from the store",
+                extra={"workflow_id": workflow_id},
+            )
+        async with recorder.lock:
+            pass
+
+    def _stop_locally(self, recorder: Recorder) -> bool:
+        """Drop ``recorder``'s workflow from this node: its recorder, and (``forget``) its
+        runs, attempts and timers.  ``False``: it was already dropped."""
+        workflow_id = recorder.workflow_id
+        if self._recorders.get(workflow_id) is not recorder:
+            return False
+        del self._recorders[workflow_id]
+        self._forget(workflow_id)
+        recorder.notify()
+        return True
+
+    def loaded_recorder(self, workflow_id: str) -> Recorder | None:
+        return self._recorders.get(workflow_id)
+
+    def drives(self, workflow_id: str) -> bool:
+        """Whether a run of ``workflow_id`` is registered here (this engine drives it)."""
+        return bool(self._registry.leases_of(workflow_id))
+
+    def claim_unloaded(self, workflow_id: str) -> Recorder | None:
+        """An empty recorder for an id this engine has neither loaded nor is loading, or ``None``.
+
+        For a start that expects a brand-new id: it appends at expected seq 0
+        instead of reading a history that is almost always empty.  Until
+        :meth:`release_unloaded`, :meth:`recorder_for` callers wait as for a load.
+        """
+        if workflow_id in self._recorders or workflow_id in self._loading:
+            return None
+        self._loading[workflow_id] = trio.Event()
+        return Recorder(
+            workflow_id,
+            self._events,
+            self._epoch,
+            self._clock,
+            observers=self._observers,
+            on_fenced=self._on_fenced,
+            # A conflict before release_unloaded (the id has history) drops nothing: not installed.
+            on_stale=self._on_stale,
+        )
+
+    def release_unloaded(self, recorder: Recorder, *, adopt: bool) -> None:
+        """End a :meth:`claim_unloaded`: install the recorder (its append landed) or drop it.
+
+        Dropped, the next :meth:`recorder_for` loads the stored history.
+        """
+        if adopt:
+            self._recorders[recorder.workflow_id] = recorder
+        self._loading.pop(recorder.workflow_id).set()
