@@ -33,7 +33,6 @@ from ._commands import (
     StartCommand as StartCommand,
     TerminateCommand as TerminateCommand,
 )
-from ._completion import CompletionRetryConfig as CompletionRetryConfig
 from ._context import WorkflowContext as WorkflowContext
 from ._definitions import (
     ActivityDefinition as ActivityDefinition,
@@ -152,6 +151,7 @@ from ._observe import (
     ObserverEvent as ObserverEvent,
     RecoveryFinished as RecoveryFinished,
     StoreOperation as StoreOperation,
+    TransientRetry as TransientRetry,
     WorkflowRelinquished as WorkflowRelinquished,
     WorkflowRunEnded as WorkflowRunEnded,
     WorkflowRunStarted as WorkflowRunStarted,
@@ -179,6 +179,7 @@ from ._store import (
     VisibilityStore as VisibilityStore,
 )
 from ._taskqueues import ActivityTaskQueues as ActivityTaskQueues, run_activity_worker as run_activity_worker
+from ._transient import CompletionRetryConfig as CompletionRetryConfig
 from ._util import fixup_module_metadata as _fixup_module_metadata
 from ._version import __version__ as __version__
 

@@ -56,7 +56,8 @@ from ._logs import ContextLogger
 from ._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from ._payload import Payload, PayloadCodec
 from ._projections import retry_trail, run_segment
-from ._retry import ActivityOptions, until_available
+from ._retry import ActivityOptions
+from ._transient import CompletionRetryConfig, Transient
 from ._watchdog import register_step
 
 if TYPE_CHECKING:
@@ -1144,7 +1145,11 @@ async def _record_retrying(
             recorder, request.run_id, request.activity_id, body, retried=tries > 1
         )
 
-    return await until_available(what, record, record_backoff, logger, log_extra)
+    initial, ceiling = record_backoff
+    transient = Transient(
+        CompletionRetryConfig(initial=initial, ceiling=ceiling), observers=recorder.observers
+    )
+    return await transient.call(what, record, logger, log_extra)
 
 
 async def _record_outcome(

@@ -46,7 +46,7 @@ from ._childspec import (
     ParentClosePolicy,
     derive_child_run_id,
 )
-from ._errors import BackendUnavailable, EngineEpochClosed, NotRunning, WorkflowNotFound
+from ._errors import NotRunning, WorkflowNotFound
 from ._events import (
     ChildWorkflowCancelled,
     ChildWorkflowCompleted,
@@ -75,7 +75,7 @@ from ._projections import (
     run_segment,
     workflow_status,
 )
-from ._retry import TransientBackoff, until_available
+from ._transient import Transient
 
 if TYPE_CHECKING:
     from ._hub import ChildrenHub
@@ -262,11 +262,9 @@ async def start_child_run(
             # with its acknowledgement lost is then found, and this call runs the child it
             # recorded (a later call finding the start recorded could not tell it from a child
             # that something else runs).
-            ladder = core.config.completion_retry
-            await until_available(
+            await _transient(core).call(
                 "start a child workflow",
                 append_once,
-                (ladder.initial, ladder.ceiling),
                 logger,
                 {"workflow_id": child_id, "run_id": run_id, "parent_workflow_id": parent_workflow_id},
             )
@@ -456,6 +454,10 @@ async def _close_if_parent_ended(
 # -- retrying transient failures in the epoch ---------------------------------------
 
 
+def _transient(core: ChildrenHub) -> Transient:
+    return Transient(core.config.completion_retry, core.epoch, core.observers)
+
+
 async def guarded(
     core: ChildrenHub,
     what: str,
@@ -466,46 +468,8 @@ async def guarded(
     """One attempt of an idempotent child step.  A transient failure retries it in the
     epoch (backoff doubling up to the completion-retry ceiling, until it lands or the
     epoch closes); anything else is logged and left to the next engine's recovery."""
-    try:
+
+    async def attempt() -> None:
         await fn(*args)
-    except BackendUnavailable as exc:
-        try:
-            core.epoch.spawn(_retry, core, what, fields, fn, args, exc, name=f"child-step:{what}")
-        except EngineEpochClosed:
-            logger.warning(
-                "could not %s (the engine is shutting down; recovery redoes it): %s", what, exc, extra=fields
-            )
-    except EngineEpochClosed:
-        logger.info("did not %s: the engine is shutting down; recovery redoes it", what, extra=fields)
-    except Exception as exc:
-        logger.error(
-            "could not %s (not retried here; the next engine's recovery redoes it): %s: %s",
-            what,
-            type(exc).__name__,
-            exc,
-            extra=fields,
-        )
 
-
-async def _retry(
-    core: ChildrenHub,
-    what: str,
-    fields: Mapping[str, Any],
-    fn: Callable[..., Awaitable[Any]],
-    args: tuple[Any, ...],
-    first: BaseException,
-) -> None:
-    ladder = core.config.completion_retry
-    backoff = TransientBackoff(ladder.initial, ladder.ceiling, logger, fields)
-    await backoff.failed(what, first)
-    while True:
-        try:
-            await fn(*args)
-            return
-        except BackendUnavailable as exc:
-            await backoff.failed(what, exc)
-        except EngineEpochClosed:
-            return
-        except Exception as exc:
-            logger.error("could not %s: %s: %s", what, type(exc).__name__, exc, extra=dict(fields))
-            return
+    await _transient(core).now_or_in_background(what, attempt, logger, fields)

@@ -10,7 +10,6 @@ a retry in the engine epoch and returns at once.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, final
@@ -19,7 +18,7 @@ import attrs
 import trio
 
 from ._epoch import ArmOutcome, RetryKey, RetrySlot
-from ._errors import BackendUnavailable
+from ._errors import EngineEpochClosed
 from ._events import (
     ActivityCancelled,
     ErrorInfo,
@@ -43,39 +42,18 @@ from ._projections import (
     unsettled_activities,
 )
 from ._registry import Lease, Residency
+from ._transient import (
+    Ladder,
+    RetryAbandoned,
+    Transient,
+    failure_discriminant,
+    is_transient,
+)
 
 if TYPE_CHECKING:
-    from ._hub import CompletionHub, Ladder
+    from ._hub import CompletionHub
 
 logger = ContextLogger("aion_trio.completion")
-
-
-@final
-@attrs.frozen(kw_only=True)
-class CompletionRetryConfig:
-    """The completion retry's backoff ladder: sleep ``initial``, doubling up to ``ceiling``.
-
-    Refused at construction if it cannot climb: ``initial`` must be positive
-    and finite, ``ceiling`` at least ``initial``.  The ceiling is also the
-    log rate of a stuck retry (every attempt at the ceiling logs once).
-    """
-
-    initial: float = 0.1
-    ceiling: float = 30.0
-
-    def __attrs_post_init__(self) -> None:
-        for name in ("initial", "ceiling"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"completion retry {name} must be a finite number of seconds, got {value!r}")
-        if self.initial <= 0:
-            raise ValueError(
-                f"completion retry initial backoff must be > 0 (a ladder from 0 cannot climb), got {self.initial!r}"
-            )
-        if self.ceiling < self.initial:
-            raise ValueError(
-                f"completion retry ceiling ({self.ceiling!r}) must be at least the initial backoff ({self.initial!r})"
-            )
 
 
 class TerminalKind(enum.Enum):
@@ -157,45 +135,6 @@ class CompletionFailure(Exception):
         self.error = error
         self.progress = progress
         self.retryable = retryable
-
-
-def is_transient(error: BaseException) -> bool:
-    """Only unavailability clears by waiting.
-
-    ``SequenceConflict`` (a second writer), ``NotOwner`` (this node lost the
-    workflow: re-resolving the owner is not this loop's job), ``NotFound``,
-    serialization, non-determinism and a closed epoch are all reported, never
-    retried: the loop has no attempt budget and must not spin on them.
-    """
-    return isinstance(error, BackendUnavailable)
-
-
-def failure_discriminant(error: BaseException) -> str:
-    """The retry's log dedup key: the error's type, never its rendered message."""
-    cls = type(error)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-@final
-class FaultReporter:
-    """When an unbounded retry states its fault: when a fault is first seen, and
-    whenever the attempt count reaches the next power of two.  A new fault does
-    not push the escalation point out."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-        self._report_at = 1
-
-    def should_report(self, fault: str, attempts: int) -> bool:
-        unseen = fault not in self._seen
-        escalated = attempts >= self._report_at
-        if not unseen and not escalated:
-            return False
-        if unseen:
-            self._seen.add(fault)
-        if escalated:
-            self._report_at = attempts * 2
-        return True
 
 
 def _log_fields(lease: Lease, **more: Any) -> dict[str, Any]:
@@ -370,7 +309,7 @@ def arm_completion_retry(
     config = core.config.completion_retry
 
     async def body(slot: RetrySlot) -> None:
-        await retry_run_exit(core, lease, intent, config, progress)
+        await retry_run_exit(core, lease, intent, config, progress, cause)
 
     outcome = core.epoch.arm_completion_retry(key, body)
     fields = _log_fields(lease, error=repr(cause), terminal_recorded=progress is TerminalProgress.RECORDED)
@@ -410,68 +349,65 @@ async def retry_run_exit(
     intent: TerminalIntent,
     config: Ladder,
     arming_progress: TerminalProgress,
+    cause: BaseException,
 ) -> None:
     """Retry until the terminal lands, the run is seen terminal or superseded, the epoch
-    closes, or an unretryable failure is hit.  No attempt budget: its price is loudness."""
-    backoff = config.initial
-    attempts = 0
-    reporter = FaultReporter()
-    started = trio.current_time()
-    progress = arming_progress
-    while True:
-        await trio.sleep(backoff)
-        backoff = min(backoff * 2, config.ceiling)
-        attempts += 1
+    closes, the workflow is relinquished, or an unretryable failure is hit.  No attempt
+    budget: its price is loudness (the arming failure was stated by the arm)."""
+    progress = _Progress(arming_progress)
+    fields = _log_fields(lease, terminal_recorded=arming_progress is TerminalProgress.RECORDED)
+
+    async def attempt() -> None:
         try:
-            progress = await complete_run_exit(core, lease, intent, progress)
-        except CompletionFailure as failure:
-            progress = failure.progress
-            fields = _log_fields(
-                lease,
-                attempts=attempts,
-                elapsed_seconds=round(trio.current_time() - started, 3),
-                error=repr(failure.error),
-                fault=failure_discriminant(failure.error),
-                terminal_recorded=progress is TerminalProgress.RECORDED,
-            )
-            if not failure.retryable:
-                if progress is TerminalProgress.RECORDED:
-                    logger.error(
-                        "workflow completion hit an unretryable failure AFTER its terminal was durably "
-                        "recorded; the run is terminal, but the bookkeeping that follows did not complete: %s",
-                        failure.error,
-                        extra=fields,
-                    )
-                else:
-                    logger.error(
-                        "workflow completion hit an unretryable failure; the run stays Running until the "
-                        "next engine's recovery or an operator acts: %s",
-                        failure.error,
-                        extra=fields,
-                    )
-                return
-            at_ceiling = backoff >= config.ceiling
-            fields["at_ceiling"] = at_ceiling
-            # Always consult the reporter, so its first-sight bookkeeping sees every fault.
-            first_sight = reporter.should_report(fields["fault"], attempts)
-            if at_ceiling or first_sight:
-                logger.warning(
-                    "workflow completion retry failed transiently; retrying with backoff: %s",
-                    failure.error,
-                    extra=fields,
-                )
-            continue
-        if progress is TerminalProgress.RECORDED:
-            logger.info(
-                "workflow completion is durable after a transient failure: the terminal is in history "
-                "(visibility is refreshed by the attempt that ran the bookkeeping; if this attempt stood "
-                "down on an already-durable terminal, a visibility row may lag until the next reconcile)",
-                extra=_log_fields(lease, attempts=attempts),
+            await run_exit_attempt(core, lease, intent, progress)
+        finally:
+            fields["terminal_recorded"] = progress.value is TerminalProgress.RECORDED
+
+    def relinquished() -> str | None:
+        if core.loaded_recorder(lease.workflow_id) is lease.recorder:
+            return None
+        return "the workflow was relinquished here; its owner's recovery records the terminal"
+
+    retry = Transient(config, core.epoch, core.observers).retrying(
+        "record the workflow terminal", logger, fields
+    )
+    try:
+        await retry.run(attempt, after=cause, reported=True, stop=relinquished)
+    except (EngineEpochClosed, RetryAbandoned):
+        return
+    except Exception as exc:
+        fields = {
+            **fields,
+            "attempts": retry.attempts,
+            "elapsed_seconds": round(retry.elapsed, 3),
+            "error": repr(exc),
+            "fault": failure_discriminant(exc),
+        }
+        if progress.value is TerminalProgress.RECORDED:
+            logger.error(
+                "workflow completion hit an unretryable failure AFTER its terminal was durably "
+                "recorded; the run is terminal, but the bookkeeping that follows did not complete: %s",
+                exc,
+                extra=fields,
             )
         else:
-            logger.info(
-                "workflow completion retry stood down without recording: the terminal is no longer this "
-                "lease's to write",
-                extra=_log_fields(lease, attempts=attempts),
+            logger.error(
+                "workflow completion hit an unretryable failure; the run stays Running until the "
+                "next engine's recovery or an operator acts: %s",
+                exc,
+                extra=fields,
             )
         return
+    if progress.value is TerminalProgress.RECORDED:
+        logger.info(
+            "workflow completion is durable after a transient failure: the terminal is in history "
+            "(visibility is refreshed by the attempt that ran the bookkeeping; if this attempt stood "
+            "down on an already-durable terminal, a visibility row may lag until the next reconcile)",
+            extra=_log_fields(lease, attempts=retry.attempts),
+        )
+    else:
+        logger.info(
+            "workflow completion retry stood down without recording: the terminal is no longer this "
+            "lease's to write",
+            extra=_log_fields(lease, attempts=retry.attempts),
+        )

@@ -20,19 +20,11 @@ if TYPE_CHECKING:
     from ._clock import EngineClock
     from ._epoch import EngineEpoch
     from ._events import WorkflowContinuedAsNew
+    from ._observe import ObserverHub
     from ._recorder import Recorder
     from ._registry import Lease, Registry
     from ._store import ClusterStore, EventStore, Store
-
-
-class Ladder(Protocol):
-    """A backoff ladder: sleep ``initial`` seconds, doubling up to ``ceiling``."""
-
-    @property
-    def initial(self) -> float: ...
-
-    @property
-    def ceiling(self) -> float: ...
+    from ._transient import Ladder
 
 
 class Settings(Protocol):
@@ -77,6 +69,11 @@ class CompletionHub(Protocol):
     def epoch(self) -> EngineEpoch: ...
 
     @property
+    def observers(self) -> ObserverHub | None: ...
+
+    def loaded_recorder(self, workflow_id: str) -> Recorder | None: ...
+
+    @property
     def registry(self) -> Registry: ...
 
     def cancel_inflight(self, workflow_id: str, run_id: str) -> int: ...
@@ -101,6 +98,9 @@ class RecoveryHub(Protocol):
 
     @property
     def epoch(self) -> EngineEpoch: ...
+
+    @property
+    def observers(self) -> ObserverHub | None: ...
 
     def dispatch(self, recorder: Recorder, request: ActivityRequest, *, resume: bool = False) -> None: ...
 
@@ -137,6 +137,9 @@ class ChildrenHub(Protocol):
 
     @property
     def epoch(self) -> EngineEpoch: ...
+
+    @property
+    def observers(self) -> ObserverHub | None: ...
 
     @property
     def clock(self) -> EngineClock: ...

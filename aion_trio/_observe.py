@@ -45,6 +45,7 @@ __all__ = [
     "ObserverHub",
     "RecoveryFinished",
     "StoreOperation",
+    "TransientRetry",
     "WorkflowRelinquished",
     "WorkflowRunEnded",
     "WorkflowRunStarted",
@@ -157,6 +158,30 @@ class WorkflowRelinquished(ObserverEvent):
     workflow_id: str
     node_id: str
     reason: str
+
+
+@final
+@attrs.frozen(kw_only=True)
+class TransientRetry(ObserverEvent):
+    """A store call failed transiently (``BackendUnavailable``) and is retried, or such a
+    retry ended.
+
+    ``what`` names the operation (``fire timer t1``).  ``outcome``: ``retrying`` (the
+    call failed; the next try is in ``delay`` seconds, ``error_type`` names the
+    fault), ``recovered`` (it succeeded) or ``gave_up`` (the engine shut down, or the
+    work was no longer this retry's to do).  ``attempts``: retries made so far (the
+    failure that began the outage is not one); ``seconds``: since that failure, on
+    Trio's clock.
+    """
+
+    what: str
+    outcome: str
+    attempts: int
+    seconds: float
+    delay: float | None = None
+    error_type: str | None = None
+    workflow_id: str | None = None
+    run_id: str | None = None
 
 
 Observer = Callable[[ObserverEvent], None]

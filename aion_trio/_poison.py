@@ -30,8 +30,8 @@ import trio
 from ._errors import StoreError
 from ._events import ActivityCancelled, ActivityCompleted, ActivityFailed, ActivityFallbackRouted
 from ._registry import Lease, Residency
-from ._retry import until_available
 from ._store import RecoveryCounts
+from ._transient import Transient
 
 if TYPE_CHECKING:
     from ._activities import ActivityRequest
@@ -92,18 +92,15 @@ class RecoveryGuard:
         if not workflow_ids:
             return
         try:
-            known = await until_available(
-                "read the recovery counts", self.store.recovery_counts, self._ladder, logger
-            )
+            known = await self._transient.call("read the recovery counts", self.store.recovery_counts, logger)
             # A run already past the limit is not counted again: it stays at limit + 1
             # until an operator clears it (or it is terminated).
             sweep = set(workflow_ids)
             over = {wid: n for wid, n in known.items() if n > self.limit and wid in sweep}
             ids = [wid for wid in workflow_ids if wid not in over]
-            counted = await until_available(
+            counted = await self._transient.call(
                 "count the recoveries of the active workflows",
                 lambda: self.store.count_recoveries(ids),
-                self._ladder,
                 logger,
             )
         except StoreError as exc:
@@ -213,10 +210,9 @@ class RecoveryGuard:
         if not ids:
             return
         try:
-            await until_available(
+            await self._transient.call(
                 "clear the recovery counts of recovered workflows",
                 lambda: self.store.clear_recoveries(ids),
-                self._ladder,
                 logger,
             )
         except StoreError as exc:
@@ -225,6 +221,5 @@ class RecoveryGuard:
         self.counted.difference_update(ids)
 
     @property
-    def _ladder(self) -> tuple[float, float]:
-        ladder = self.core.config.completion_retry
-        return ladder.initial, ladder.ceiling
+    def _transient(self) -> Transient:
+        return Transient(self.core.config.completion_retry, self.core.epoch, self.core.observers)

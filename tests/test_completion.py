@@ -27,13 +27,10 @@ import aion_trio as aion
 from aion_trio import projections
 from aion_trio._completion import (
     CompletionFailure,
-    CompletionRetryConfig,
-    FaultReporter,
     TerminalIntent,
     TerminalProgress,
     _Progress,
     complete_run_exit,
-    failure_discriminant,
     handle_run_exit,
     run_exit_attempt,
 )
@@ -49,6 +46,7 @@ from aion_trio._events import (
 )
 from aion_trio._ids import deadline_timer_id, new_run_id
 from aion_trio._registry import Lease, Residency
+from aion_trio._transient import CompletionRetryConfig, FaultReporter, failure_discriminant
 from aion_trio.testing import FlakyStoreBundle
 
 # Every async test takes ``autojump_clock`` directly (pytest-trio only honours a
@@ -473,6 +471,25 @@ async def test_a_retrying_completion_returns_with_the_retry_still_armed(
         h.flaky.events.fail_next_reads(200)
         await handle_run_exit(h.core, lease, completed("stalled", h))
         assert h.core.epoch.armed_completion_retry_count() == 1
+
+
+async def test_a_retry_stops_once_its_workflow_is_relinquished(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its recorder dropped (another node claimed the workflow), the retry gives up instead
+    of retrying until the store answers only to be refused: the new owner records the terminal."""
+    async with harness() as h:
+        lease = await active_workflow(h)
+        h.flaky.events.fail_next_appends(1)
+        h.flaky.events.fail_next_reads(10_000)
+        await handle_run_exit(h.core, lease, completed("r", h))
+        await trio.sleep(1)
+        assert h.core.epoch.armed_completion_retry_count() == 1, "control: the retry is still at it"
+        h.core.relinquish(lease.recorder, aion.NotOwner(lease.workflow_id))
+        await trio.sleep(1)  # the ceiling is 5 ms: one more rung, then the hook is asked
+        assert h.core.epoch.armed_completion_retry_count() == 0
+        assert h.flaky.events.faults["read_history"] < 10_000
+        assert await h.completed_count(lease) == 0
 
 
 async def test_notify_precedes_bookkeeping_so_a_failed_upsert_strands_no_waiter(

@@ -57,7 +57,7 @@ AION_TRIO_NAMES = [
     "SignalCommand", "SignalReceived", "StartCommand", "Store", "StoreError", "StoreOpenError",
     "StoreOperation", "StoreOwned", "StorePathError", "StoreSchemeConflict", "TerminalError",
     "TerminateCommand", "Timeout", "TimeoutKind", "TimeoutScope", "TimerCancelCause", "TimerCancelled",
-    "TimerFired", "TimerHandle", "TimerStarted", "UnknownActivityType", "UnknownQuery", "UnknownStoreScheme",
+    "TimerFired", "TimerHandle", "TimerStarted", "TransientRetry", "UnknownActivityType", "UnknownQuery", "UnknownStoreScheme",
     "UnknownWorkflowType", "VisibilityFilter", "VisibilityRow", "VisibilityStore", "WorkerLost",
     "WorkflowAlreadyStarted", "WorkflowCancelRequested", "WorkflowCancelled", "WorkflowCommandError",
     "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew", "WorkflowDefinition",

@@ -10,7 +10,6 @@ from typing import Any, final
 import attrs
 
 from .._clock import EngineClock
-from .._completion import CompletionRetryConfig
 from .._epoch import EpochStatistics
 from .._events import (
     ErrorInfo,
@@ -19,6 +18,7 @@ from .._events import (
 from .._ids import validate_task_queue
 from .._payload import PayloadCodec
 from .._retry import check_layer
+from .._transient import CompletionRetryConfig
 
 
 def _defaults_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
