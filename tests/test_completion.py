@@ -485,7 +485,7 @@ async def test_a_retry_stops_once_its_workflow_is_relinquished(
         await handle_run_exit(h.core, lease, completed("r", h))
         await trio.sleep(1)
         assert h.core.epoch.armed_completion_retry_count() == 1, "control: the retry is still at it"
-        h.core.relinquish(lease.recorder, aion.NotOwner(lease.workflow_id))
+        h.core.recorders.relinquish(lease.recorder, aion.NotOwner(lease.workflow_id))
         await trio.sleep(1)  # the ceiling is 5 ms: one more rung, then the hook is asked
         assert h.core.epoch.armed_completion_retry_count() == 0
         assert h.flaky.events.faults["read_history"] < 10_000
