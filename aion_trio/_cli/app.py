@@ -1,0 +1,96 @@
+"""The ``aion-trio`` command group: one ``Error: ...`` line for every error, and the
+commands of the other modules added to it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from .._demo import demo_command
+from .._version import __version__
+from .errors import EXIT_INTERRUPTED, fail
+from .options import DEFAULT_STORE, STORE_ENV
+from .read import history, list_, show, stores
+from .worker import worker
+from .writes import cancel, query, reopen, signal, start, terminate
+
+PROG_NAME = "aion-trio"
+
+
+class Cli(click.Group):
+    """click's group, except that every error is one ``Error: ...`` line on stderr.
+
+    click prints usage errors as usage text plus a hint plus the error; here the
+    hint is folded into the one line, so scripts and people read the same thing.
+    """
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            hint = f"; see '{exc.ctx.command_path} --help'" if exc.ctx is not None else ""
+            fail(f"{exc.format_message().rstrip('.')}{hint}", exc.exit_code)
+        except click.ClickException as exc:
+            fail(exc.format_message(), exc.exit_code)
+        except click.Abort as exc:
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                fail("interrupted", EXIT_INTERRUPTED)
+            fail("aborted", 1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=Cli, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name=PROG_NAME, message="%(prog)s %(version)s")
+@click.option(
+    "--store",
+    "store",
+    envvar=STORE_ENV,
+    default=DEFAULT_STORE,
+    show_default=True,
+    metavar="URL",
+    help=f"Store URL, or a path to a SQLite file (env: {STORE_ENV}); commands also take --store.",
+)
+@click.pass_context
+def cli(ctx: click.Context, store: str) -> None:
+    """aion-trio: durable, event-sourced workflows embedded in Trio applications.
+
+    Commands work on the store given by --store URL or $AION_TRIO_STORE
+    (default sqlite:///aion.db, i.e. ./aion.db); a plain path is a SQLite file.
+    """
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+# click lists a group's commands sorted by name: the order here is free.
+for _command in (
+    stores,
+    list_,
+    show,
+    history,
+    start,
+    signal,
+    query,
+    cancel,
+    terminate,
+    reopen,
+    worker,
+    demo_command,
+):
+    cli.add_command(_command)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``aion-trio`` console script."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name=PROG_NAME)

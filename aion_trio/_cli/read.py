@@ -1,0 +1,213 @@
+"""The read-only commands: ``stores``, ``list``, ``show`` and ``history``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from .._engine import describe_history
+from .._errors import InvalidQuery
+from .._events import Event, WorkflowStatus
+from .._payload import PayloadCodec
+from .._store import VisibilityFilter, VisibilityRow
+from .._urls import redact_url
+from .._wire import event_to_json
+from ..plugin import ENTRY_POINT_GROUP
+from .errors import UsageProblem, run
+from .options import parse_attr, parse_time, resolve_store, store_option
+from .render import history_table, make_console, print_show, row_json, short, show_json, status_text, when
+from .stores import load_registry, open_for_reading, read_history
+
+DEFAULT_LIST_LIMIT = 100
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table.")
+def stores(as_json: bool) -> None:
+    """List the store URL schemes that installed plugins register.
+
+    Plugins are found through the 'aion_trio' entry-point group; set
+    AION_TRIO_DISABLE_PLUGINS=name[,name...] (or '*') to skip some.
+    """
+    schemes = load_registry().schemes()
+    if as_json:
+        data = [{"scheme": s.scheme, "plugin": s.plugin, "description": s.description} for s in schemes]
+        click.echo(json.dumps(data, indent=2))
+        return
+    console = make_console()
+    if not schemes:
+        console.print(
+            Text(
+                f"No store plugins are registered (entry-point group {ENTRY_POINT_GROUP!r}).", style="yellow"
+            )
+        )
+        return
+    table = Table(title="Store schemes")
+    table.add_column("Scheme", no_wrap=True, style="bold")
+    table.add_column("Plugin", no_wrap=True)
+    table.add_column("Description")
+    for s in schemes:
+        # Text, not markup: a description is plugin-supplied and may contain '[...]'.
+        table.add_row(Text(f"{s.scheme}://"), Text(s.plugin), Text(s.description))
+    console.print(table)
+
+
+_STATUS_CHOICES = [s.value for s in WorkflowStatus]
+
+
+@click.command("list")
+@store_option
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(_STATUS_CHOICES, case_sensitive=False),
+    help="Only workflows in this status (repeatable: any of them).",
+)
+@click.option("--type", "workflow_type", metavar="TYPE", help="Only workflows of this type.")
+@click.option("--task-queue", metavar="QUEUE", help="Only workflows on this task queue.")
+@click.option(
+    "--started-after", metavar="TIME", help="Started at or after TIME (ISO-8601; UTC if no offset)."
+)
+@click.option("--started-before", metavar="TIME", help="Started at or before TIME.")
+@click.option("--closed-after", metavar="TIME", help="Closed at or after TIME (excludes open workflows).")
+@click.option("--closed-before", metavar="TIME", help="Closed at or before TIME (excludes open workflows).")
+@click.option(
+    "--attr",
+    "attrs_",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Search attribute filter (repeatable, all must hold): KEY=VALUE equals, KEY>VALUE, KEY<VALUE, "
+    "KEY~TEXT contains. VALUE is JSON when it parses (3, 2.5, true, '\"007\"'), else a string.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=DEFAULT_LIST_LIMIT,
+    show_default=True,
+    help="At most this many rows.",
+)
+@click.option(
+    "--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many rows."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table.")
+def list_(
+    store: str | None,
+    statuses: tuple[str, ...],
+    workflow_type: str | None,
+    task_queue: str | None,
+    started_after: str | None,
+    started_before: str | None,
+    closed_after: str | None,
+    closed_before: str | None,
+    attrs_: tuple[str, ...],
+    limit: int,
+    offset: int,
+    as_json: bool,
+) -> None:
+    """List workflows, newest first, with filters.
+
+    \b
+    Examples:
+      aion-trio list --status running --type checkout
+      aion-trio list --started-after 2026-11-30T08:00 --attr region=eu --attr 'amount>100'
+    """
+    url = resolve_store(store)
+    criteria: dict[str, Any] = {
+        "workflow_type": workflow_type,
+        "task_queue": task_queue,
+        "status": frozenset(WorkflowStatus(s.lower()) for s in statuses) if statuses else None,
+        "started_after": parse_time(started_after, "--started-after"),
+        "started_before": parse_time(started_before, "--started-before"),
+        "closed_after": parse_time(closed_after, "--closed-after"),
+        "closed_before": parse_time(closed_before, "--closed-before"),
+        "search": tuple(parse_attr(a) for a in attrs_),
+    }
+    try:
+        page = VisibilityFilter(**criteria, limit=limit, offset=offset, newest_first=True)
+    except InvalidQuery as exc:
+        raise UsageProblem(f"bad filter: {exc}") from None
+
+    async def query() -> tuple[list[VisibilityRow], int]:
+        async with open_for_reading(url) as opened:
+            return await opened.visibility.list(page), await opened.visibility.count(page)
+
+    rows, total = run(url, query)
+    if as_json:
+        click.echo(json.dumps([row_json(r) for r in rows], indent=2, ensure_ascii=False))
+        return
+    console = make_console()
+    if not rows:
+        console.print(f"No workflows match ({total} in total match the filters; offset {offset}).")
+        return
+    table = Table(title=f"Workflows in {redact_url(url)}", title_justify="left")
+    # Narrow output (PIPED_WIDTH) wraps the times and folds the type; an id stays whole.
+    table.add_column("Workflow ID", no_wrap=True, style="bold")
+    table.add_column("Type", overflow="fold")
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Started (UTC)", overflow="fold")
+    table.add_column("Closed (UTC)", overflow="fold")
+    table.add_column("Note", overflow="fold")
+    for row in rows:
+        note = row.stuck_reason and f"stuck: {row.stuck_reason}"
+        if note is None and row.failure_reason:
+            note = f"{row.failed_step}: {row.failure_reason}" if row.failed_step else row.failure_reason
+        table.add_row(
+            Text(row.workflow_id),
+            Text(row.workflow_type),
+            status_text(row.status),
+            when(row.start_time),
+            when(row.close_time),
+            Text(short(note or "", 80)),
+        )
+    console.print(table)
+    console.print(f"{offset + 1}-{offset + len(rows)} of {total} matching workflows")
+
+
+@click.command()
+@store_option
+@click.argument("workflow_id")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object (the summary, and the history's events)."
+)
+def show(store: str | None, workflow_id: str, as_json: bool) -> None:
+    """Show one workflow: summary, pending work, failure, and its history."""
+    url = resolve_store(store)
+
+    async def read() -> tuple[list[Event], VisibilityRow | None]:
+        async with open_for_reading(url) as opened:
+            events = await read_history(opened, workflow_id)
+            return events, await opened.visibility.get(workflow_id)
+
+    events, row = run(url, read)
+    description = describe_history(
+        workflow_id, events, codec=PayloadCodec(), stuck_reason=row.stuck_reason if row else None
+    )
+    if as_json:
+        click.echo(json.dumps(show_json(events, description), indent=2, ensure_ascii=False))
+        return
+    print_show(make_console(), events, description)
+
+
+@click.command()
+@store_option
+@click.argument("workflow_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the events as JSON lines (the wire form).")
+def history(store: str | None, workflow_id: str, as_json: bool) -> None:
+    """Print a workflow's event history (a table, or JSON lines with --json)."""
+    url = resolve_store(store)
+
+    async def read() -> list[Event]:
+        async with open_for_reading(url) as opened:
+            return await read_history(opened, workflow_id)
+
+    events = run(url, read)
+    if as_json:
+        for event in events:
+            click.echo(event_to_json(event))
+        return
+    make_console().print(history_table(events, f"History of {workflow_id}"))

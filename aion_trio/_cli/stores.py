@@ -1,0 +1,40 @@
+"""Opening stores: the plugin registry, and read-only access for the reading commands."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from .._errors import PluginError, WorkflowNotFound
+from .._events import Event
+from .._plugins import open_store
+from .._store import Store
+from ..plugin import StoreRegistry, build_registry, make_plugin_manager
+from .errors import PluginsUnavailable
+from .options import read_only
+
+
+def load_registry() -> StoreRegistry:
+    """A fresh registry from the installed entry points (a CLI run is one-shot: no cache)."""
+    try:
+        return build_registry(make_plugin_manager())
+    except PluginError as exc:
+        raise PluginsUnavailable(f"cannot load the store plugins: {exc}") from exc
+    except Exception as exc:
+        # Whatever a plugin raised while loading or registering, the user's fix is
+        # the same: repair, uninstall or disable that plugin.
+        raise PluginsUnavailable(f"cannot load the store plugins: {type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.asynccontextmanager
+async def open_for_reading(store: str) -> AsyncIterator[Store]:
+    registry = load_registry()
+    async with open_store(read_only(store), registry=registry) as opened:
+        yield opened
+
+
+async def read_history(opened: Store, workflow_id: str) -> list[Event]:
+    events = await opened.events.read_history(workflow_id)
+    if not events:
+        raise WorkflowNotFound(workflow_id)
+    return events
