@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import traceback
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -47,8 +46,6 @@ from .._events import (
     ActivityCancelled,
     ActivityError,
     ActivityFailed,
-    ActivityScheduled,
-    ActivityStarted,
     ChildWorkflowStarted,
     ErrorInfo,
     Event,
@@ -108,21 +105,7 @@ from .dispatch import ActivityDispatch
 from .log import logger
 from .recorders import Recorders
 from .timers import Timers
-
-
-def _schedule_bodies(p: ScheduleActivity) -> tuple[ActivityScheduled, ActivityStarted]:
-    """A newly started activity's first records: scheduled, and its first attempt started."""
-    return (
-        ActivityScheduled(
-            activity_id=p.ordinal,
-            activity_type=p.definition.name,
-            input=p.input,
-            task_queue=p.task_queue,
-            options=p.options,
-            input_digest=input_digest(p.input),
-        ),
-        ActivityStarted(activity_id=p.ordinal, attempt=1),
-    )
+from .window import ScheduleWindow, schedule_bodies
 
 
 @attrs.define(eq=False)
@@ -204,10 +187,6 @@ class EngineCore:
             observers=observers,
             cluster=cluster,
         )
-        #: Recorders holding deferred schedule records, with the Trio time by which they
-        #: must be written (FIFO: one window for all), served by :meth:`deferral_service`.
-        self._owed: collections.deque[tuple[float, Recorder]] = collections.deque()
-        self._owed_lot = trio.lowlevel.ParkingLot()
         self.activity_dispatch = ActivityDispatch(
             epoch=epoch,
             config=config,
@@ -220,6 +199,13 @@ class EngineCore:
         )
         #: The running activity attempts' cancel scopes (the dispatch service's).
         self.inflight = self.activity_dispatch.inflight
+        self.window = ScheduleWindow(
+            clock=clock,
+            epoch=epoch,
+            config=config,
+            cluster_mode=cluster is not None,
+            park_if_closing=self._park_if_closing,
+        )
 
     # -- definitions -------------------------------------------------------
 
@@ -561,7 +547,7 @@ class EngineCore:
                 if isinstance(p, ScheduleActivity):
                     if p.ordinal in state.scheduled:
                         continue
-                    bodies.extend(_schedule_bodies(p))
+                    bodies.extend(schedule_bodies(p))
                 elif isinstance(p, StartTimer):
                     if p.timer_id not in state.timers:
                         bodies.append(TimerStarted(timer_id=p.timer_id, fire_at=p.fire_at))
@@ -622,95 +608,21 @@ class EngineCore:
             scheduled_at=scheduled_at,
         )
 
+    # -- the schedule window (moved to ``window``; these delegate) -------------
+
     async def _defer_schedules(
         self, lease: Lease, state: RunState, pending: Sequence[Any]
     ) -> datetime | None:
-        """Hold back the schedule records of freshly started activities (they are written
-        with the first outcome, or by :meth:`deferral_service` when the window closes).
-
-        Returns the schedule time, or ``None`` when the ordinary path must record them
-        (a stale history to re-read first).  Nothing here writes or fails transiently.
-        """
-        self._park_if_closing(lease, "record workflow commands")
-        recorder = lease.recorder
-        async with recorder.hold():
-            if recorder.stale:
-                return None
-            state.sync()
-            if state.ended is not None:
-                raise RunAborted()  # ended elsewhere (terminate, deadline): record nothing more
-            bodies = [body for p in pending for body in _schedule_bodies(p)]
-            at = self.clock.now()
-            recorder.defer(bodies, at=at)
-        return at
+        return await self.window.defer(lease, state, pending)
 
     def _owe(self, recorder: Recorder, window: float) -> None:
-        self._owed.append((trio.current_time() + window, recorder))
-        if len(self._owed) == 1:
-            self._owed_lot.unpark_all()
+        self.window.owe(recorder, window)
 
     async def deferral_service(self) -> None:
-        """Write deferred schedule records whose window closed while their activity still runs.
-
-        Wakes at most about four times per window: whatever came due meanwhile is
-        handled in one pass (a record may so wait up to 1.25 windows, longer only
-        while an append on its recorder is in progress, which writes it).
-        """
-        window = self.config.activity_schedule_window or 0.0
-        owed = self._owed
-        while True:
-            if not owed:
-                await self._owed_lot.park()
-                continue
-            await trio.sleep_until(owed[0][0] + window / 4)
-            now = trio.current_time()
-            while owed and owed[0][0] <= now:
-                _, recorder = owed.popleft()
-                if recorder.deferred and recorder.busy:
-                    # The holder's append writes them (or the holder decides, which writes
-                    # them first): look again a window later rather than queue behind it.
-                    owed.append((now + window, recorder))
-                elif recorder.deferred:
-                    try:
-                        self.epoch.spawn(
-                            self._write_deferred,
-                            recorder,
-                            name=f"deferred-records:{recorder.workflow_id}",
-                            workflow_id=recorder.workflow_id,
-                        )
-                    except EngineEpochClosed:
-                        return
+        await self.window.serve()
 
     async def write_all_deferred(self) -> None:
-        """Graceful shutdown: write every deferred schedule record (concurrently, so a
-        group-committing store takes them in one transaction), so that history shows
-        the attempts that were in flight."""
-        owing = {id(r): r for _, r in self._owed if r.deferred}
-        self._owed.clear()
-        if owing:
-            async with trio.open_nursery() as nursery:
-                for recorder in owing.values():
-                    nursery.start_soon(self._write_deferred, recorder)
-
-    async def _write_deferred(self, recorder: Recorder) -> None:
-        fields = {"workflow_id": recorder.workflow_id}
-        try:
-            async with recorder.lock:
-                await recorder.flush_deferred()
-        except EngineEpochClosed:
-            pass  # replay schedules the activity again
-        except BackendUnavailable as exc:
-            logger.warning(
-                "could not write deferred schedule records (retried with the next record): %s",
-                exc,
-                extra=fields,
-            )
-            self._owe(recorder, self.config.completion_retry.initial)
-        except NotOwner as exc:
-            if self.cluster is None:
-                logger.error("could not write deferred schedule records: %s", exc, extra=fields)
-        except StoreError as exc:
-            logger.error("could not write deferred schedule records: %s", exc, extra=fields)
+        await self.window.write_all()
 
     async def _decide_under_lock(self, lease: Lease, what: str, decide: Any) -> Event:
         """Run ``decide(history) -> (existing_event | None, body_to_append)`` under the lock,
