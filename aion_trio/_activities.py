@@ -57,7 +57,7 @@ from ._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from ._payload import Payload, PayloadCodec
 from ._projections import retry_trail, run_segment
 from ._retry import ActivityOptions
-from ._transient import CompletionRetryConfig, Transient
+from ._transient import Transient
 from ._watchdog import register_step
 
 if TYPE_CHECKING:
@@ -747,14 +747,15 @@ class ActivityDriver:
         request: ActivityRequest,
         *,
         clock: Any,
-        record_backoff: tuple[float, float],
+        transient: Transient,
     ) -> None:
         self.recorder = recorder
         self.dispatcher = dispatcher
         self.request = request
         self.options = request.resolved_options()
         self.clock = clock
-        self.record_backoff = record_backoff
+        #: How a record that fails transiently is retried (until it lands or the epoch closes).
+        self.transient = transient
         self.log = {
             "workflow_id": request.workflow_id,
             "run_id": request.run_id,
@@ -769,9 +770,7 @@ class ActivityDriver:
         failures like the settling record; any other store failure raises RecordFailed."""
         what = f"record {type(body).__name__}"  # the line's prefix names the activity
         try:
-            return await _record_retrying(
-                self.recorder, self.request, body, self.record_backoff, self.log, what
-            )
+            return await _record_retrying(self.recorder, self.request, body, self.transient, self.log, what)
         except StoreError as exc:
             raise RecordFailed(f"{type(exc).__name__}: {exc}") from exc
 
@@ -780,7 +779,7 @@ class ActivityDriver:
         request = (
             self.request if self.request.attempt == attempt else attrs.evolve(self.request, attempt=attempt)
         )
-        return await _record_outcome(self.recorder, request, body, self.record_backoff, self.log)
+        return await _record_outcome(self.recorder, request, body, self.transient, self.log)
 
     async def _advisory(self, attempt: int, reason: str) -> None:
         if not self.options.advisory:
@@ -1130,12 +1129,13 @@ async def _record_retrying(
     recorder: Recorder,
     request: ActivityRequest,
     body: EventBody,
-    record_backoff: tuple[float, float],
+    transient: Transient,
     log_extra: dict[str, Any],
     what: str,
 ) -> RecordOutcome:
     """``record_activity_event``, retried on ``BackendUnavailable`` until it lands
-    (a try whose commit landed unacknowledged is found, not written twice)."""
+    (a try whose commit landed unacknowledged is found, not written twice) or the
+    epoch closes."""
     tries = 0
 
     async def record() -> RecordOutcome:
@@ -1145,22 +1145,21 @@ async def _record_retrying(
             recorder, request.run_id, request.activity_id, body, retried=tries > 1
         )
 
-    initial, ceiling = record_backoff
-    transient = Transient(
-        CompletionRetryConfig(initial=initial, ceiling=ceiling), observers=recorder.observers
-    )
-    return await transient.call(what, record, logger, log_extra)
+    try:
+        return await transient.call(what, record, logger, log_extra)
+    except EngineEpochClosed:
+        return RecordOutcome.EPOCH_CLOSED
 
 
 async def _record_outcome(
     recorder: Recorder,
     request: ActivityRequest,
     body: EventBody,
-    record_backoff: tuple[float, float],
+    transient: Transient,
     log_extra: dict[str, Any],
 ) -> RecordOutcome:
     what = f"record the outcome of attempt {request.attempt}"  # the line's prefix names the activity
-    result = await _record_retrying(recorder, request, body, record_backoff, log_extra, what)
+    result = await _record_retrying(recorder, request, body, transient, log_extra, what)
     if result is RecordOutcome.EPOCH_CLOSED:
         logger.info(
             "outcome not recorded: the engine is shutting down; recovery re-dispatches it",

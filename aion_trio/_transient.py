@@ -170,10 +170,11 @@ class Transient:
         log: logging.Logger | ContextLogger,
         fields: Mapping[str, Any] | None = None,
         *,
+        after: BaseException | None = None,
         stop: Callable[[], str | None] | None = None,
     ) -> T:
         """``await attempt()``, retried while it fails transiently (see :meth:`Retry.run`)."""
-        return await self.retrying(what, log, fields).run(attempt, stop=stop)
+        return await self.retrying(what, log, fields).run(attempt, after=after, stop=stop)
 
     async def now_or_in_background(
         self,

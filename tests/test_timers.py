@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 import aion_trio as aion
+import aion_trio.testing
 
 CANCELLED: list[str] = []
 
@@ -309,3 +310,32 @@ async def test_a_named_timer_due_while_the_engine_was_down_fires_at_recovery(
         history = await engine.history("down")
     fired = [e for e in history if isinstance(e.body, aion.TimerFired)]
     assert [e.body.timer_id for e in fired] == ["named:wake"]
+
+
+@aion.workflow
+async def sleeps_ten_seconds(ctx: aion.WorkflowContext) -> str:
+    await ctx.sleep(10)
+    return "woke"
+
+
+async def test_a_fire_that_fails_transiently_is_retried_along_the_ladder(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The fire's appends fail three times: it is retried in the background after 1, 2 and
+    4 s (the completion_retry ladder, doubling) and lands once."""
+    config = aion.EngineConfig(completion_retry=aion.CompletionRetryConfig(initial=1.0, ceiling=8.0))
+    async with aion.open_store(url()) as inner:
+        flaky = aion.testing.FlakyStoreBundle(inner)
+        async with aion.open_engine(flaky, workflows=[sleeps_ten_seconds], config=config) as engine:
+            start = trio.current_time()
+            slow_run = await engine.start(sleeps_ten_seconds, workflow_id="flaky-fire")
+            await trio.sleep(9)
+            flaky.events.fail_next_appends(3)
+            with trio.fail_after(60):
+                assert await slow_run.result() == "woke"
+                woke_at = trio.current_time() - start
+            history = await engine.history("flaky-fire")
+    assert flaky.events.faults["append"] == 3, "control: the fire's appends really failed"
+    # Fired at 10 s (failed), retried at 11, 13 and 17 s (1, 2, 4 s of backoff): lands at 17 s.
+    assert 17 <= woke_at < 18
+    assert sum(1 for e in history if isinstance(e.body, aion.TimerFired)) == 1

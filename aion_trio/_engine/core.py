@@ -99,6 +99,7 @@ from .._store import (
     VisibilityRow,
     VisibilityStore,
 )
+from .._transient import Transient
 from .._watchdog import register_step
 from .config import EngineConfig
 from .dispatch import ActivityDispatch
@@ -165,11 +166,13 @@ class EngineCore:
         self._visibility_owed: dict[str, _Refresh] = {}
         #: Cluster mode: the store's node capability (``None``: a single-owner store).
         self.cluster = cluster
+        #: How every path of this engine retries a transient store fault.
+        self.transient = Transient(config.completion_retry, epoch, observers)
         self.timers = Timers(
             events=self.events,
             clock=clock,
             epoch=epoch,
-            config=config,
+            transient=self.transient,
             cluster_mode=cluster is not None,
             recorder_for=self.recorder_for,
             deadline_teardown=self.deadline_teardown,
@@ -192,6 +195,7 @@ class EngineCore:
             config=config,
             clock=clock,
             dispatcher=dispatcher,
+            transient=self.transient,
             registry=self.registry,
             cluster_mode=cluster is not None,
             held=self._held_for_recovery,

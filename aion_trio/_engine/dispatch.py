@@ -25,6 +25,7 @@ from .._projections import retry_trail, run_segment, scheduled_activities, unset
 from .._recorder import Recorder
 from .._registry import Lease, Registry
 from .._retry import resolve_options
+from .._transient import Transient
 from .config import EngineConfig
 from .log import logger
 
@@ -44,6 +45,7 @@ class ActivityDispatch:
         config: EngineConfig,
         clock: EngineClock,
         dispatcher: ActivityDispatcher,
+        transient: Transient,
         registry: Registry,
         cluster_mode: bool,
         held: HoldForRecovery,
@@ -53,6 +55,7 @@ class ActivityDispatch:
         self.config = config
         self.clock = clock
         self.dispatcher = dispatcher
+        self.transient = transient
         self.registry = registry
         self.cluster_mode = cluster_mode
         self.held = held
@@ -108,8 +111,9 @@ class ActivityDispatch:
 
     async def _drive(self, recorder: Recorder, request: ActivityRequest, resume: bool) -> None:
         key = (request.workflow_id, request.run_id, request.activity_id)
-        backoff = (self.config.completion_retry.initial, self.config.completion_retry.ceiling)
-        driver = ActivityDriver(recorder, self.dispatcher, request, clock=self.clock, record_backoff=backoff)
+        driver = ActivityDriver(
+            recorder, self.dispatcher, request, clock=self.clock, transient=self.transient
+        )
         with trio.CancelScope() as scope:
             self.inflight[key] = scope
             try:
