@@ -40,11 +40,15 @@ from aion_trio.testing import (
     COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS,
+    RECOVERY_COUNTS_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS,
     ConformanceError,
+    EventStoreSuite,
+    RecoveryCountsSuite,
     check_command_inbox,
     check_event_store,
     check_owned_store,
+    check_recovery_counts,
     check_visibility_store,
 )
 
@@ -636,6 +640,15 @@ class ControlProxy:
     async def command_outcome(self, command_id: int) -> CommandOutcome | None:
         return await self.inner.command_outcome(command_id)
 
+    async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]:
+        return await self.inner.count_recoveries(workflow_ids)
+
+    async def clear_recoveries(self, workflow_ids: Sequence[str]) -> None:
+        await self.inner.clear_recoveries(workflow_ids)
+
+    async def recovery_counts(self) -> dict[str, int]:
+        return await self.inner.recovery_counts()
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 
@@ -918,6 +931,62 @@ class InboxSilentAfterClose(ControlProxy):
         return await self.inner.enqueue_command(command)
 
 
+class CountsEachMention(ControlProxy):
+    """Counts an id given twice in one call twice."""
+
+    async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for workflow_id in workflow_ids:
+            counts.update(await self.inner.count_recoveries([workflow_id]))
+        return counts
+
+
+class RecoveriesNotDurable(ControlProxy):
+    """Keeps the counts in the handle, so a reopened store has forgotten them."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.counts: dict[str, int] = {}
+
+    async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]:
+        await trio.lowlevel.checkpoint()
+        for workflow_id in dict.fromkeys(workflow_ids):
+            self.counts[workflow_id] = self.counts.get(workflow_id, 0) + 1
+        return {workflow_id: self.counts[workflow_id] for workflow_id in workflow_ids}
+
+    async def recovery_counts(self) -> dict[str, int]:
+        await trio.lowlevel.checkpoint()
+        return dict(self.counts)
+
+
+class CountsTheLettersOfOneId(ControlProxy):
+    """Takes any iterable: one id passed as a str counts each of its letters."""
+
+    async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]:
+        return await self.inner.count_recoveries(list(workflow_ids))
+
+
+class RecoveriesNotACheckpoint(ControlProxy):
+    async def recovery_counts(self) -> dict[str, int]:
+        return dict(_stored(self.inner).recoveries)
+
+
+class RecoveriesSilentAfterClose(ControlProxy):
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.inner.aclose()
+
+    async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]:
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            return {}
+        return await self.inner.count_recoveries(workflow_ids)
+
+
 OWNER_CASES = [
     pytest.param(ClaimNeverRefused, "owner_live_owner_refuses", id="claim-never-refused"),
     pytest.param(NeverTakesOver, "owner_dead_pid_taken_over", id="never-takes-over"),
@@ -948,6 +1017,19 @@ INBOX_CASES = [
 ]
 
 
+RECOVERY_CASES = [
+    pytest.param(CountsEachMention, "recoveries_count_and_clear", id="counts-each-mention"),
+    pytest.param(RecoveriesNotDurable, "recoveries_survive_reopen", id="recoveries-not-durable"),
+    pytest.param(CountsTheLettersOfOneId, "recoveries_bad_ids_refused", id="counts-the-letters-of-one-id"),
+    pytest.param(
+        RecoveriesNotACheckpoint, "recoveries_every_method_is_a_checkpoint", id="recoveries-not-a-checkpoint"
+    ),
+    pytest.param(
+        RecoveriesSilentAfterClose, "recoveries_use_after_close", id="recoveries-silent-after-close"
+    ),
+]
+
+
 @pytest.mark.parametrize(("broken", "scenario"), OWNER_CASES)
 async def test_broken_owned_store_is_caught_by_its_scenario(
     broken: Callable[[Any], Any], scenario: str
@@ -968,11 +1050,42 @@ async def test_broken_command_inbox_is_caught_by_its_scenario(
     await check_command_inbox(keyed_factory_of(ControlProxy), scenarios=[scenario])
 
 
-def test_every_ownership_and_inbox_scenario_has_a_broken_store_it_catches() -> None:
+@pytest.mark.parametrize(("broken", "scenario"), RECOVERY_CASES)
+async def test_broken_recovery_counts_are_caught_by_their_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
+    with pytest.raises(ConformanceError) as info:
+        await check_recovery_counts(keyed_factory_of(broken), scenarios=[scenario])
+    assert info.value.scenario == scenario
+    await check_recovery_counts(keyed_factory_of(ControlProxy), scenarios=[scenario])
+
+
+def test_every_ownership_inbox_and_recovery_scenario_has_a_broken_store_it_catches() -> None:
     assert set(OWNED_STORE_SCENARIOS) - {p.values[1] for p in OWNER_CASES} == set()
     assert set(COMMAND_INBOX_SCENARIOS) - {p.values[1] for p in INBOX_CASES} == set()
+    assert set(RECOVERY_COUNTS_SCENARIOS) - {p.values[1] for p in RECOVERY_CASES} == set()
 
 
-async def test_unbroken_memory_store_passes_the_ownership_and_inbox_kit() -> None:
+async def test_unbroken_memory_store_passes_the_ownership_inbox_and_recovery_kit() -> None:
     await check_owned_store(keyed_factory_of(ControlProxy))
     await check_command_inbox(keyed_factory_of(ControlProxy))
+    await check_recovery_counts(keyed_factory_of(ControlProxy))
+
+
+# --------------------------------------------------------------------------
+# The suites' methods are the scenarios: called directly, they catch the same stores
+# --------------------------------------------------------------------------
+
+
+async def test_a_suite_method_called_directly_catches_its_broken_store() -> None:
+    # What pytest runs for a suite subclass, without pytest: one visible method per scenario.
+    events = EventStoreSuite()
+    with pytest.raises(ConformanceError) as info:
+        await events.test_timer_due_boundary_inclusive(factory_of(TimerBoundaryExclusive, "events"))
+    assert info.value.scenario == "timer_due_boundary_inclusive"
+    await events.test_timer_due_boundary_inclusive(factory_of(EventsProxy, "events"))
+    recoveries = RecoveryCountsSuite()
+    with pytest.raises(ConformanceError) as info:
+        await recoveries.test_recoveries_survive_reopen(keyed_factory_of(RecoveriesNotDurable))
+    assert info.value.scenario == "recoveries_survive_reopen"
+    await recoveries.test_recoveries_survive_reopen(keyed_factory_of(ControlProxy))

@@ -16,8 +16,10 @@ A store author proves a store correct without reading aion_trio's tests:
   with :class:`~aion_trio.RecoveryCounts` ``check_recovery_counts(open_keyed)``;
 
 * with pytest: subclass :class:`EventStoreSuite` / :class:`VisibilityStoreSuite`
-  (and :class:`OwnedStoreSuite` / :class:`CommandInboxSuite`)
-  (one ``test_<scenario>`` per scenario) and enable the plugin with
+  (and :class:`OwnedStoreSuite` / :class:`CommandInboxSuite` /
+  :class:`RecoveryCountsSuite`), whose ``test_<scenario>`` methods are the
+  scenarios (the checkers above run the same methods), provide the factory
+  as a fixture and enable the plugin with
   ``pytest_plugins = ["aion_trio.testing.pytest_plugin"]``.
 
 :class:`FlakyStore` and friends wrap a store and inject faults for engine

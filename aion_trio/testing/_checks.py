@@ -1,40 +1,45 @@
-"""The pytest-free entry points: ``await check_event_store(open_store)`` and friends."""
+"""The pytest-free entry points: ``await check_event_store(open_store)`` and friends.
+
+Each runs the test methods of its suite (:class:`~aion_trio.testing.EventStoreSuite`, ...):
+the same scenarios, in the same order, as the pytest form.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from . import (
-    _control_scenarios as _control_scenarios,
-    _event_scenarios as _event_scenarios,
-    _visibility_scenarios as _visibility_scenarios,
-)
-from ._kit import (
-    EVENT_REGISTRY,
-    INBOX_REGISTRY,
-    OWNER_REGISTRY,
-    RECOVERY_REGISTRY,
-    VISIBILITY_REGISTRY,
-    OpenKeyedStore,
-    OpenStore,
-    run_scenario,
-    select,
+from ._kit import OpenKeyedStore, OpenStore, select
+from ._suite import (
+    CommandInboxSuite,
+    EventStoreSuite,
+    OwnedStoreSuite,
+    RecoveryCountsSuite,
+    VisibilityStoreSuite,
+    scenario_names,
 )
 
-EVENT_STORE_SCENARIOS: tuple[str, ...] = tuple(EVENT_REGISTRY)
+EVENT_STORE_SCENARIOS: tuple[str, ...] = scenario_names(EventStoreSuite)
 """Names of the event-store scenarios, in the order :func:`check_event_store` runs them."""
 
-VISIBILITY_STORE_SCENARIOS: tuple[str, ...] = tuple(VISIBILITY_REGISTRY)
+VISIBILITY_STORE_SCENARIOS: tuple[str, ...] = scenario_names(VisibilityStoreSuite)
 """Names of the visibility-store scenarios, in the order :func:`check_visibility_store` runs them."""
 
-OWNED_STORE_SCENARIOS: tuple[str, ...] = tuple(OWNER_REGISTRY)
+OWNED_STORE_SCENARIOS: tuple[str, ...] = scenario_names(OwnedStoreSuite)
 """Names of the ownership scenarios, in the order :func:`check_owned_store` runs them."""
 
-COMMAND_INBOX_SCENARIOS: tuple[str, ...] = tuple(INBOX_REGISTRY)
+COMMAND_INBOX_SCENARIOS: tuple[str, ...] = scenario_names(CommandInboxSuite)
 """Names of the command-inbox scenarios, in the order :func:`check_command_inbox` runs them."""
 
-RECOVERY_COUNTS_SCENARIOS: tuple[str, ...] = tuple(RECOVERY_REGISTRY)
+RECOVERY_COUNTS_SCENARIOS: tuple[str, ...] = scenario_names(RecoveryCountsSuite)
 """Names of the recovery-count scenarios, in the order :func:`check_recovery_counts` runs them."""
+
+
+async def _run_suite(
+    suite: type, known: tuple[str, ...], open_store: object, scenarios: Iterable[str] | None, what: str
+) -> None:
+    tests = suite()
+    for name in select(known, scenarios, what):
+        await getattr(tests, f"test_{name}")(open_store)
 
 
 async def check_event_store(open_store: OpenStore, *, scenarios: Iterable[str] | None = None) -> None:
@@ -53,8 +58,7 @@ async def check_event_store(open_store: OpenStore, *, scenarios: Iterable[str] |
     the wall clock except to bound the large-history scenario's duration, so
     they also run under ``trio.testing.MockClock``.
     """
-    for found in select(EVENT_REGISTRY, scenarios, "event store"):
-        await run_scenario(found, open_store)
+    await _run_suite(EventStoreSuite, EVENT_STORE_SCENARIOS, open_store, scenarios, "event store")
 
 
 async def check_visibility_store(open_store: OpenStore, *, scenarios: Iterable[str] | None = None) -> None:
@@ -66,8 +70,9 @@ async def check_visibility_store(open_store: OpenStore, *, scenarios: Iterable[s
     reference semantics for ``list``/``count`` are
     :meth:`aion_trio.VisibilityFilter.apply` and ``.matches``.
     """
-    for found in select(VISIBILITY_REGISTRY, scenarios, "visibility store"):
-        await run_scenario(found, open_store)
+    await _run_suite(
+        VisibilityStoreSuite, VISIBILITY_STORE_SCENARIOS, open_store, scenarios, "visibility store"
+    )
 
 
 async def check_owned_store(open_store: OpenKeyedStore, *, scenarios: Iterable[str] | None = None) -> None:
@@ -87,8 +92,7 @@ async def check_owned_store(open_store: OpenKeyedStore, *, scenarios: Iterable[s
     ``elsewhere.invalid``.  Raises :class:`ConformanceError` for the first
     scenario that fails.
     """
-    for found in select(OWNER_REGISTRY, scenarios, "owned store"):
-        await run_scenario(found, open_store)
+    await _run_suite(OwnedStoreSuite, OWNED_STORE_SCENARIOS, open_store, scenarios, "owned store")
 
 
 async def check_command_inbox(open_store: OpenKeyedStore, *, scenarios: Iterable[str] | None = None) -> None:
@@ -97,8 +101,7 @@ async def check_command_inbox(open_store: OpenKeyedStore, *, scenarios: Iterable
     ``open_store`` is a keyed factory as for :func:`check_owned_store`;
     ``scenarios`` selects from :data:`COMMAND_INBOX_SCENARIOS`.
     """
-    for found in select(INBOX_REGISTRY, scenarios, "command inbox"):
-        await run_scenario(found, open_store)
+    await _run_suite(CommandInboxSuite, COMMAND_INBOX_SCENARIOS, open_store, scenarios, "command inbox")
 
 
 async def check_recovery_counts(
@@ -109,5 +112,4 @@ async def check_recovery_counts(
     ``open_store`` is a keyed factory as for :func:`check_owned_store`;
     ``scenarios`` selects from :data:`RECOVERY_COUNTS_SCENARIOS`.
     """
-    for found in select(RECOVERY_REGISTRY, scenarios, "recovery counts"):
-        await run_scenario(found, open_store)
+    await _run_suite(RecoveryCountsSuite, RECOVERY_COUNTS_SCENARIOS, open_store, scenarios, "recovery counts")

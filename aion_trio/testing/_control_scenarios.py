@@ -32,11 +32,7 @@ from .._errors import NotFound, NotOwner, StoreOwned
 from .._ownership import OwnerClaim, OwnerIdentity, pid_alive, this_host
 from .._payload import Payload
 from . import _samples as s
-from ._kit import ScenarioContext, scenario, short
-
-_owner = scenario("owner")
-_inbox = scenario("inbox")
-_recoveries = scenario("recoveries")
+from ._kit import ScenarioContext, short
 
 DEAD_PID = 2**31 - 1
 """A pid no process has (beyond every kernel's pid range)."""
@@ -105,8 +101,7 @@ async def _no_dead_pid(ctx: ScenarioContext) -> AsyncIterator[None]:
 # --------------------------------------------------------------------------
 
 
-@_owner
-async def _owner_claim_round_trip(ctx: ScenarioContext) -> None:
+async def owner_claim_round_trip(ctx: ScenarioContext) -> None:
     """No owner at first; a claim is returned with now as since and renewed_at, and current_owner reads it."""
     async with ctx.open() as store:
         await _expect_owner(ctx, store, None, "current_owner() of a fresh store")
@@ -118,8 +113,7 @@ async def _owner_claim_round_trip(ctx: ScenarioContext) -> None:
         await _expect_owner(ctx, store, claim, "current_owner() after the claim")
 
 
-@_owner
-async def _owner_live_owner_refuses(ctx: ScenarioContext) -> None:
+async def owner_live_owner_refuses(ctx: ScenarioContext) -> None:
     """A live owner's claim refuses every other claimant with StoreOwned naming it, and stays."""
     async with ctx.open() as store:
         a = _identity("a")
@@ -131,8 +125,7 @@ async def _owner_live_owner_refuses(ctx: ScenarioContext) -> None:
         await _expect_owner(ctx, store, claim, "current_owner() after refused claims")
 
 
-@_owner
-async def _owner_reclaim_by_same_token_refreshes(ctx: ScenarioContext) -> None:
+async def owner_reclaim_by_same_token_refreshes(ctx: ScenarioContext) -> None:
     """The owner claiming again (same token) succeeds, keeps since and moves renewed_at."""
     async with ctx.open() as store:
         a = _identity("a")
@@ -142,8 +135,7 @@ async def _owner_reclaim_by_same_token_refreshes(ctx: ScenarioContext) -> None:
         await _expect_owner(ctx, store, again, "current_owner() after the re-claim")
 
 
-@_owner
-async def _owner_dead_pid_taken_over(ctx: ScenarioContext) -> None:
+async def owner_dead_pid_taken_over(ctx: ScenarioContext) -> None:
     """A same-host owner whose pid is gone is taken over at once, heartbeat fresh or not."""
     async with _no_dead_pid(ctx), ctx.open() as store:
         dead = _identity("dead", pid=DEAD_PID)
@@ -154,8 +146,7 @@ async def _owner_dead_pid_taken_over(ctx: ScenarioContext) -> None:
         await _expect_owner(ctx, store, claim, "current_owner() after the takeover")
 
 
-@_owner
-async def _owner_stale_heartbeat_taken_over(ctx: ScenarioContext) -> None:
+async def owner_stale_heartbeat_taken_over(ctx: ScenarioContext) -> None:
     """An owner on another host is live until now - renewed_at reaches stale_after, then taken over."""
     async with ctx.open() as store:
         far = _identity("far", host=OTHER_HOST, pid=1)
@@ -166,8 +157,7 @@ async def _owner_stale_heartbeat_taken_over(ctx: ScenarioContext) -> None:
         await _expect_owner(ctx, store, claim, "current_owner() after taking over a stale claim")
 
 
-@_owner
-async def _owner_renew_extends_the_claim(ctx: ScenarioContext) -> None:
+async def owner_renew_extends_the_claim(ctx: ScenarioContext) -> None:
     """renew_owner moves renewed_at (durably), so the claim stays live stale_after past the renewal."""
     async with ctx.open() as store:
         far = _identity("far", host=OTHER_HOST, pid=1)
@@ -180,8 +170,7 @@ async def _owner_renew_extends_the_claim(ctx: ScenarioContext) -> None:
         await _claim_ok(ctx, store, b, 18)
 
 
-@_owner
-async def _owner_renew_after_takeover_is_not_owner(ctx: ScenarioContext) -> None:
+async def owner_renew_after_takeover_is_not_owner(ctx: ScenarioContext) -> None:
     """An owner taken over (or released) gets NotOwner from renew_owner, and the new claim stays."""
     async with ctx.open() as store:
         far = _identity("far", host=OTHER_HOST, pid=1)
@@ -197,8 +186,7 @@ async def _owner_renew_after_takeover_is_not_owner(ctx: ScenarioContext) -> None
         await _expect_owner(ctx, store, None, "current_owner() after the refused renewal")
 
 
-@_owner
-async def _owner_release_frees_the_store(ctx: ScenarioContext) -> None:
+async def owner_release_frees_the_store(ctx: ScenarioContext) -> None:
     """release_owner drops only its own claim; afterwards anyone may claim at once; it is idempotent."""
     async with ctx.open() as store:
         a, b = _identity("a"), _identity("b")
@@ -212,8 +200,7 @@ async def _owner_release_frees_the_store(ctx: ScenarioContext) -> None:
         await _claim_ok(ctx, store, b, 1)
 
 
-@_owner
-async def _owner_claim_survives_reopen(ctx: ScenarioContext) -> None:
+async def owner_claim_survives_reopen(ctx: ScenarioContext) -> None:
     """A claim left behind (the owner never released) is still there after closing and reopening."""
     a = _identity("a")
     async with ctx.open() as store:
@@ -223,8 +210,7 @@ async def _owner_claim_survives_reopen(ctx: ScenarioContext) -> None:
         await _expect_refused(ctx, store, _identity("b"), 1, a, "a claimant after reopening")
 
 
-@_owner
-async def _owner_concurrent_takeover_one_winner(ctx: ScenarioContext) -> None:
+async def owner_concurrent_takeover_one_winner(ctx: ScenarioContext) -> None:
     """Several handles taking over one dead claim at once: exactly one wins, the others are
     refused naming the winner, and the stored claim is the winner's."""
     async with _no_dead_pid(ctx), contextlib.AsyncExitStack() as stack:
@@ -254,8 +240,7 @@ async def _owner_concurrent_takeover_one_winner(ctx: ScenarioContext) -> None:
         await _expect_owner(ctx, handles[-1], won[0], "current_owner() after the race")
 
 
-@_owner
-async def _owner_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+async def owner_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
     """Every ownership method is a Trio checkpoint, refusals included."""
     async with ctx.open() as store:
         a = _identity("a")
@@ -275,8 +260,7 @@ async def _owner_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
         await ctx.expect_checkpoint("release_owner()", lambda: store.release_owner(holder[0]))
 
 
-@_owner
-async def _owner_use_after_close(ctx: ScenarioContext) -> None:
+async def owner_use_after_close(ctx: ScenarioContext) -> None:
     """After the store is closed, ownership methods raise trio.ClosedResourceError."""
     async with ctx.open() as store:
         await store.aclose()
@@ -333,8 +317,7 @@ async def _expect_pending(
     ctx.expect_equal([(p.command_id, p.command) for p in pending], expected, what)
 
 
-@_inbox
-async def _inbox_round_trip_every_command_type(ctx: ScenarioContext) -> None:
+async def inbox_round_trip_every_command_type(ctx: ScenarioContext) -> None:
     """Every command type, with unicode and nested JSON payloads, comes back equal, in order."""
     async with ctx.open() as store:
         commands = _every_command()
@@ -343,8 +326,7 @@ async def _inbox_round_trip_every_command_type(ctx: ScenarioContext) -> None:
         await _expect_pending(ctx, store, list(zip(ids, commands, strict=True)), "pending_commands()")
 
 
-@_inbox
-async def _inbox_fifo_order(ctx: ScenarioContext) -> None:
+async def inbox_fifo_order(ctx: ScenarioContext) -> None:
     """pending_commands is oldest first, and limit takes the oldest."""
     async with ctx.open() as store:
         commands = [_signal(n) for n in range(25)]
@@ -359,8 +341,7 @@ async def _inbox_fifo_order(ctx: ScenarioContext) -> None:
         await _expect_pending(ctx, store, list(zip(ids, commands, strict=True)), "pending_commands()")
 
 
-@_inbox
-async def _inbox_ack_removes_from_pending(ctx: ScenarioContext) -> None:
+async def inbox_ack_removes_from_pending(ctx: ScenarioContext) -> None:
     """An acked command leaves pending_commands, the rest keep their order; a second ack keeps
     the first outcome."""
     async with ctx.open() as store:
@@ -376,8 +357,7 @@ async def _inbox_ack_removes_from_pending(ctx: ScenarioContext) -> None:
         await _expect_pending(ctx, store, expected, "pending_commands() after a second ack")
 
 
-@_inbox
-async def _inbox_outcome_readable(ctx: ScenarioContext) -> None:
+async def inbox_outcome_readable(ctx: ScenarioContext) -> None:
     """command_outcome is None while pending, the acked outcome after; unknown ids are NotFound."""
     async with ctx.open() as store:
         ids = await _enqueue_all(store, [StartCommand(workflow_id="w", workflow_type="t"), _signal(1)])
@@ -399,8 +379,7 @@ async def _inbox_outcome_readable(ctx: ScenarioContext) -> None:
             await store.ack_command(unknown, ok)
 
 
-@_inbox
-async def _inbox_survives_reopen(ctx: ScenarioContext) -> None:
+async def inbox_survives_reopen(ctx: ScenarioContext) -> None:
     """Pending commands and outcomes survive closing and reopening; later ids stay larger."""
     commands = [_signal(n) for n in range(3)]
     outcome = CommandOutcome.success("done")
@@ -415,8 +394,7 @@ async def _inbox_survives_reopen(ctx: ScenarioContext) -> None:
         ctx.expect(later > max(ids), f"an id given after reopening ({later}) is not above the earlier {ids}")
 
 
-@_inbox
-async def _inbox_concurrent_enqueues_from_two_handles(ctx: ScenarioContext) -> None:
+async def inbox_concurrent_enqueues_from_two_handles(ctx: ScenarioContext) -> None:
     """Two handles enqueueing at once: distinct ids, every command pending once, in id order."""
     per_handle = 10
     async with ctx.open() as first, ctx.open() as second:
@@ -435,8 +413,7 @@ async def _inbox_concurrent_enqueues_from_two_handles(ctx: ScenarioContext) -> N
         await _expect_pending(ctx, first, sorted(got, key=lambda p: p[0]), "pending_commands()")
 
 
-@_inbox
-async def _inbox_enqueue_once_per_request_id(ctx: ScenarioContext) -> None:
+async def inbox_enqueue_once_per_request_id(ctx: ScenarioContext) -> None:
     """A command queued again under its request id (a client retrying after an ambiguous
     failure) adds nothing and gets the first one's id, pending or acked, across handles and
     a reopen; commands without one, or with another, are queued each time."""
@@ -476,8 +453,7 @@ async def _inbox_enqueue_once_per_request_id(ctx: ScenarioContext) -> None:
         ctx.expect(ids[0] not in pending, f"the acked command is pending again: {pending}")
 
 
-@_inbox
-async def _inbox_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+async def inbox_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
     """Every inbox method is a Trio checkpoint, NotFound included."""
     async with ctx.open() as store:
         ids: list[int] = []
@@ -498,8 +474,7 @@ async def _inbox_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
         )
 
 
-@_inbox
-async def _inbox_use_after_close(ctx: ScenarioContext) -> None:
+async def inbox_use_after_close(ctx: ScenarioContext) -> None:
     """After the store is closed, inbox methods raise trio.ClosedResourceError."""
     async with ctx.open() as store:
         await store.aclose()
@@ -514,8 +489,7 @@ async def _inbox_use_after_close(ctx: ScenarioContext) -> None:
 # --------------------------------------------------------------------------
 
 
-@_recoveries
-async def _recoveries_count_and_clear(ctx: ScenarioContext) -> None:
+async def recoveries_count_and_clear(ctx: ScenarioContext) -> None:
     """Counts start at 0 and grow by one per call (an id given twice counts once), per workflow;
     clear drops them (an absent id is no error); recovery_counts lists those not zero."""
     async with ctx.open() as store:
@@ -529,8 +503,7 @@ async def _recoveries_count_and_clear(ctx: ScenarioContext) -> None:
         ctx.expect_equal(await store.count_recoveries(["a"]), {"a": 1}, "a cleared count starts again")
 
 
-@_recoveries
-async def _recoveries_survive_reopen(ctx: ScenarioContext) -> None:
+async def recoveries_survive_reopen(ctx: ScenarioContext) -> None:
     """Counts survive closing and reopening the store."""
     async with ctx.open() as store:
         await store.count_recoveries(["wf-1", "wf-2"])
@@ -541,8 +514,7 @@ async def _recoveries_survive_reopen(ctx: ScenarioContext) -> None:
         )
 
 
-@_recoveries
-async def _recoveries_bad_ids_refused(ctx: ScenarioContext) -> None:
+async def recoveries_bad_ids_refused(ctx: ScenarioContext) -> None:
     """One str instead of a sequence is a TypeError, an empty id a ValueError; nothing is counted."""
     async with ctx.open() as store:
         with ctx.expect_raises(TypeError, "count_recoveries('abc')"):
@@ -552,8 +524,7 @@ async def _recoveries_bad_ids_refused(ctx: ScenarioContext) -> None:
         ctx.expect_equal(await store.recovery_counts(), {}, "recovery_counts() after refused calls")
 
 
-@_recoveries
-async def _recoveries_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+async def recoveries_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
     """Every recovery-count method is a Trio checkpoint."""
     async with ctx.open() as store:
         await ctx.expect_checkpoint("count_recoveries()", lambda: store.count_recoveries(["a"]))
@@ -561,8 +532,7 @@ async def _recoveries_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None
         await ctx.expect_checkpoint("recovery_counts()", store.recovery_counts)
 
 
-@_recoveries
-async def _recoveries_use_after_close(ctx: ScenarioContext) -> None:
+async def recoveries_use_after_close(ctx: ScenarioContext) -> None:
     """After the store is closed, recovery-count methods raise trio.ClosedResourceError."""
     async with ctx.open() as store:
         await store.aclose()

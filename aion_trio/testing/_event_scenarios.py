@@ -1,7 +1,8 @@
 """Conformance scenarios for :class:`~aion_trio.EventStore` (DESIGN §4.1).
 
 Each scenario opens one fresh store, so scenarios never see each other's data.
-The order here is the order they run in: cheap, basic behaviour first.
+:class:`~aion_trio.testing.EventStoreSuite` runs them in the order they are written
+here: cheap, basic behaviour first.
 """
 
 from __future__ import annotations
@@ -41,9 +42,7 @@ from .._payload import Payload
 from .._projections import is_active_status, status_after
 from .._store import TimerEntry
 from . import _samples as s
-from ._kit import ConformanceError, ScenarioContext, scenario, short
-
-_event = scenario("event")
+from ._kit import ConformanceError, ScenarioContext, short
 
 LARGE_HISTORY_EVENTS = 10_000
 LARGE_HISTORY_BATCH = 100
@@ -87,8 +86,7 @@ async def _expect_history(
 # --------------------------------------------------------------------------
 
 
-@_event
-async def _round_trip_every_event_type(ctx: ScenarioContext) -> None:
+async def round_trip_every_event_type(ctx: ScenarioContext) -> None:
     """Every event body type, every field set, survives append + read_history unchanged."""
     async with ctx.open() as store:
         full = s.batch("round-trip", 1, s.full_bodies())
@@ -114,8 +112,7 @@ async def _round_trip_every_event_type(ctx: ScenarioContext) -> None:
         )
 
 
-@_event
-async def _read_history_ranges(ctx: ScenarioContext) -> None:
+async def read_history_ranges(ctx: ScenarioContext) -> None:
     """read_history is ascending from from_seq; past the head or unknown workflow gives []."""
     async with ctx.open() as store:
         events = s.markers("ranges", 1, 4) + s.markers("ranges", 5, 3) + s.markers("ranges", 8, 3)
@@ -146,8 +143,7 @@ async def _read_history_ranges(ctx: ScenarioContext) -> None:
 # --------------------------------------------------------------------------
 
 
-@_event
-async def _stale_expected_seq_writes_nothing(ctx: ScenarioContext) -> None:
+async def stale_expected_seq_writes_nothing(ctx: ScenarioContext) -> None:
     """An append whose expected_seq is behind the head raises SequenceConflict and writes nothing."""
     async with ctx.open() as store:
         first = s.markers("stale", 1, 3, tag="first")
@@ -173,8 +169,7 @@ async def _stale_expected_seq_writes_nothing(ctx: ScenarioContext) -> None:
         await _expect_history(ctx, store, "stale", first + more, "after a correct append")
 
 
-@_event
-async def _ahead_of_head_expected_seq_refused(ctx: ScenarioContext) -> None:
+async def ahead_of_head_expected_seq_refused(ctx: ScenarioContext) -> None:
     """An expected_seq beyond the head (or on an unknown workflow) is a SequenceConflict too."""
     async with ctx.open() as store:
         first = s.markers("ahead", 1, 2)
@@ -214,8 +209,7 @@ def _with_seq(event: Event, seq: int) -> Event:
     return clone
 
 
-@_event
-async def _invalid_batches_refused(ctx: ScenarioContext) -> None:
+async def invalid_batches_refused(ctx: ScenarioContext) -> None:
     """Empty, gapped, duplicated, off-by-one, zero-based or foreign batches raise InvalidBatch and write nothing."""
     async with ctx.open() as store:
         first = s.markers("batch", 1, 2)
@@ -269,8 +263,7 @@ async def _invalid_batches_refused(ctx: ScenarioContext) -> None:
 # --------------------------------------------------------------------------
 
 
-@_event
-async def _concurrent_appends_one_winner(ctx: ScenarioContext) -> None:
+async def concurrent_appends_one_winner(ctx: ScenarioContext) -> None:
     """N tasks append to one workflow with the same expected_seq: exactly one wins, the rest conflict."""
     async with ctx.open() as store:
         base = s.batch(
@@ -318,8 +311,7 @@ async def _concurrent_appends_one_winner(ctx: ScenarioContext) -> None:
         )
 
 
-@_event
-async def _concurrent_appends_to_many_workflows(ctx: ScenarioContext) -> None:
+async def concurrent_appends_to_many_workflows(ctx: ScenarioContext) -> None:
     """Concurrent appends to different workflows all succeed and stay separate."""
     async with ctx.open() as store:
         rounds = 4
@@ -347,8 +339,7 @@ async def _concurrent_appends_to_many_workflows(ctx: ScenarioContext) -> None:
         ctx.expect_equal(await store.list_workflow_ids(), sorted(plans), "list_workflow_ids")
 
 
-@_event
-async def _large_history(ctx: ScenarioContext) -> None:
+async def large_history(ctx: ScenarioContext) -> None:
     """A 10,000-event history appended in batches reads back exactly, and fast enough."""
     async with ctx.open() as store:
         events = [
@@ -436,8 +427,7 @@ def _activity_error() -> ActivityError:
     return ActivityError(cause=FailureCause.TERMINAL, type="E", message="m")
 
 
-@_event
-async def _list_active_follows_projection(ctx: ScenarioContext) -> None:
+async def list_active_follows_projection(ctx: ScenarioContext) -> None:
     """list_active is the sorted ids whose projected status is active: Running, reopened, continue-as-new owed."""
     async with ctx.open() as store:
         plans = _lifecycles()
@@ -469,8 +459,7 @@ async def _list_active_follows_projection(ctx: ScenarioContext) -> None:
         )
 
 
-@_event
-async def _list_workflow_ids_sorted(ctx: ScenarioContext) -> None:
+async def list_workflow_ids_sorted(ctx: ScenarioContext) -> None:
     """list_workflow_ids is every workflow with events, sorted, each once."""
     async with ctx.open() as store:
         ctx.expect_equal(await store.list_workflow_ids(), [], "list_workflow_ids of an empty store")
@@ -504,8 +493,7 @@ def _entry(workflow_id: str, timer_id: str, fire_at: datetime) -> TimerEntry:
     return TimerEntry(fire_at=fire_at, workflow_id=workflow_id, timer_id=timer_id)
 
 
-@_event
-async def _timer_due_boundary_inclusive(ctx: ScenarioContext) -> None:
+async def timer_due_boundary_inclusive(ctx: ScenarioContext) -> None:
     """expired_timers(as_of) includes a timer at exactly fire_at, never one microsecond before."""
     async with ctx.open() as store:
         fire_at = s.at(3600)
@@ -536,8 +524,7 @@ async def _timer_due_boundary_inclusive(ctx: ScenarioContext) -> None:
         _expect_utc(ctx, observed, "expired_timers")
 
 
-@_event
-async def _timer_reschedule_upserts(ctx: ScenarioContext) -> None:
+async def timer_reschedule_upserts(ctx: ScenarioContext) -> None:
     """schedule_timer on an existing (workflow, timer) moves it: one entry, the new fire_at."""
     async with ctx.open() as store:
         first, later, earlier = s.at(100), s.at(200), s.at(50)
@@ -566,8 +553,7 @@ async def _timer_reschedule_upserts(ctx: ScenarioContext) -> None:
         )
 
 
-@_event
-async def _timer_remove(ctx: ScenarioContext) -> None:
+async def timer_remove(ctx: ScenarioContext) -> None:
     """remove_timer deletes exactly that (workflow, timer); removing an absent timer is fine."""
     async with ctx.open() as store:
         await store.schedule_timer("wf", "named:a", s.at(10))
@@ -599,8 +585,7 @@ async def _timer_remove(ctx: ScenarioContext) -> None:
         )
 
 
-@_event
-async def _timer_ordering_and_utc(ctx: ScenarioContext) -> None:
+async def timer_ordering_and_utc(ctx: ScenarioContext) -> None:
     """expired_timers is ordered by (fire_at, workflow_id, timer_id) and returns aware UTC fire_at."""
     async with ctx.open() as store:
         plan = [
@@ -625,8 +610,7 @@ async def _timer_ordering_and_utc(ctx: ScenarioContext) -> None:
 # --------------------------------------------------------------------------
 
 
-@_event
-async def _every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+async def every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
     """Every method is a cancel point and a schedule point, on success and on error paths."""
     async with ctx.open() as store:
         events = s.markers("cp", 1, 2)
@@ -664,8 +648,7 @@ async def _every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
             await ctx.expect_checkpoint(what, call, raises=raises)
 
 
-@_event
-async def _use_after_close(ctx: ScenarioContext) -> None:
+async def use_after_close(ctx: ScenarioContext) -> None:
     """After aclose every method raises trio.ClosedResourceError; aclose itself is idempotent."""
     async with ctx.open() as store:
         await _append_ok(ctx, store, "closing", s.markers("closing", 1, 1), 0)
@@ -693,8 +676,7 @@ async def _use_after_close(ctx: ScenarioContext) -> None:
             ctx.fail(f"aclose() after failed calls raised {type(exc).__name__}: {exc}")
 
 
-@_event
-async def _cancelled_append_is_all_or_nothing(ctx: ScenarioContext) -> None:
+async def cancelled_append_is_all_or_nothing(ctx: ScenarioContext) -> None:
     """An append cancelled at any point wrote all of its batch or none; Cancelled means none."""
     async with ctx.open() as store:
         # Trio randomises the order of tasks that wake together, so each

@@ -1,4 +1,4 @@
-"""The scenario machinery shared by the pytest-free checkers and the pytest suites.
+"""The scenario machinery the suites' test methods run on.
 
 A scenario is an async function taking a :class:`ScenarioContext`.  It opens
 one fresh store through the author's factory, drives it, and reports a
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import reprlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, NoReturn, cast, final
 
@@ -72,8 +72,8 @@ def short(value: object) -> str:
 class ConformanceError(AssertionError):
     """A store broke the contract in one conformance scenario.
 
-    ``scenario`` is the scenario's name (one of :data:`EVENT_STORE_SCENARIOS`
-    or :data:`VISIBILITY_STORE_SCENARIOS`); ``detail`` says what was observed
+    ``scenario`` is the scenario's name (one of :data:`EVENT_STORE_SCENARIOS`,
+    :data:`VISIBILITY_STORE_SCENARIOS`, ...); ``detail`` says what was observed
     and what the contract expects.  When the store raised something
     unexpected, that exception is the ``__cause__``.
     """
@@ -85,47 +85,6 @@ class ConformanceError(AssertionError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.scenario, self.detail))
-
-
-@final
-@attrs.frozen
-class Scenario:
-    """One named conformance scenario."""
-
-    name: str
-    kind: Kind
-    func: Callable[[ScenarioContext], Awaitable[None]]
-    doc: str
-
-
-EVENT_REGISTRY: dict[str, Scenario] = {}
-VISIBILITY_REGISTRY: dict[str, Scenario] = {}
-OWNER_REGISTRY: dict[str, Scenario] = {}
-INBOX_REGISTRY: dict[str, Scenario] = {}
-RECOVERY_REGISTRY: dict[str, Scenario] = {}
-_REGISTRIES: dict[str, dict[str, Scenario]] = {
-    "event": EVENT_REGISTRY,
-    "visibility": VISIBILITY_REGISTRY,
-    "owner": OWNER_REGISTRY,
-    "inbox": INBOX_REGISTRY,
-    "recoveries": RECOVERY_REGISTRY,
-}
-
-
-def scenario(kind: Kind) -> Callable[[Callable[[ScenarioContext], Awaitable[None]]], Scenario]:
-    """Register the decorated function as a scenario named after it (minus a leading ``_``)."""
-
-    def register(func: Callable[[ScenarioContext], Awaitable[None]]) -> Scenario:
-        name = func.__name__.lstrip("_")
-        registry = _REGISTRIES[kind]
-        if any(name in r for r in _REGISTRIES.values()):  # pragma: no cover - a kit bug caught at import
-            raise RuntimeError(f"duplicate conformance scenario {name!r}")
-        doc = (func.__doc__ or "").strip()
-        found = Scenario(name=name, kind=kind, func=func, doc=doc)
-        registry[name] = found
-        return found
-
-    return register
 
 
 def _unwrap_store(kind: Kind, obj: object) -> Any:
@@ -156,12 +115,12 @@ class ScenarioContext:
     """What a scenario gets: a way to open its store and to report violations."""
 
     def __init__(
-        self, scenario: Scenario, open_store: Callable[..., AbstractAsyncContextManager[Any]]
+        self, name: str, kind: Kind, open_store: Callable[..., AbstractAsyncContextManager[Any]]
     ) -> None:
-        self.name = scenario.name
-        self._kind = scenario.kind
+        self.name = name
+        self._kind = kind
         self._open_store = open_store
-        self._prefix = f"{scenario.name}-{uuid.uuid4().hex[:12]}"
+        self._prefix = f"{name}-{uuid.uuid4().hex[:12]}"
 
     @contextlib.asynccontextmanager
     async def open(self, key: str = "main") -> AsyncIterator[Any]:
@@ -332,12 +291,19 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-async def run_scenario(found: Scenario, open_store: Callable[..., AbstractAsyncContextManager[Any]]) -> None:
-    """Run one scenario; any contract violation surfaces as :class:`ConformanceError`."""
+Scenario = Callable[[ScenarioContext], Awaitable[None]]
+"""A scenario: an async function of its :class:`ScenarioContext`, named after what it checks."""
+
+
+async def run_scenario(
+    kind: Kind, scenario: Scenario, open_store: Callable[..., AbstractAsyncContextManager[Any]]
+) -> None:
+    """Run one scenario against the author's factory; a contract violation is a :class:`ConformanceError`."""
     __tracebackhide__ = True
-    ctx = ScenarioContext(found, open_store)
+    name = scenario.__name__
+    ctx = ScenarioContext(name, kind, open_store)
     try:
-        await found.func(ctx)
+        await scenario(ctx)
     except ConformanceError:
         raise
     except Exception as exc:
@@ -346,18 +312,19 @@ async def run_scenario(found: Scenario, open_store: Callable[..., AbstractAsyncC
         if conformance:
             raise conformance[0] from exc
         text = "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in leaves)
-        raise ConformanceError(found.name, f"the store raised an unexpected exception: {text}") from exc
+        raise ConformanceError(name, f"the store raised an unexpected exception: {text}") from exc
 
 
-def select(registry: dict[str, Scenario], names: Iterable[str] | None, what: str) -> list[Scenario]:
+def select(known: Sequence[str], names: Iterable[str] | None, what: str) -> list[str]:
+    """``names`` (all ``known`` ones by default), checked against ``known``."""
     if names is None:
-        return list(registry.values())
+        return list(known)
     if isinstance(names, str):
         raise TypeError(f"scenarios must be a collection of names, not the single string {names!r}")
     chosen = list(names)
-    unknown = [n for n in chosen if n not in registry]
+    unknown = [n for n in chosen if n not in known]
     if unknown:
         raise ValueError(
-            f"unknown {what} scenario(s) {', '.join(map(repr, unknown))}; known: {', '.join(registry)}"
+            f"unknown {what} scenario(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}"
         )
-    return [registry[n] for n in chosen]
+    return chosen

@@ -1,97 +1,29 @@
-"""pytest mixin classes: one test method per conformance scenario.
+"""The conformance kit as test classes: each scenario is a visible ``test_<scenario>`` method.
 
-They import nothing from pytest (so ``aion_trio.testing`` imports without it);
+A store author subclasses a suite and gives it the store factory as a pytest
+fixture (:class:`EventStoreSuite` shows how); each method runs one scenario
+(its body is the scenario function of the same name, in
+``_event_scenarios``, ``_visibility_scenarios`` or ``_control_scenarios``).
+The classes are the one list of scenarios: the pytest-free checkers
+(``check_event_store`` and friends) call these same methods, in this order.
+
+Nothing here imports pytest (so ``aion_trio.testing`` imports without it);
 ``aion_trio.testing.pytest_plugin`` supplies the fallback fixtures, the marker
 and the Trio runner glue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 from . import (
-    _control_scenarios as _control_scenarios,
-    _event_scenarios as _event_scenarios,
-    _visibility_scenarios as _visibility_scenarios,
+    _control_scenarios as ctl,
+    _event_scenarios as ev,
+    _visibility_scenarios as vis,
 )
-from ._kit import (
-    EVENT_REGISTRY,
-    INBOX_REGISTRY,
-    OWNER_REGISTRY,
-    RECOVERY_REGISTRY,
-    VISIBILITY_REGISTRY,
-    OpenKeyedStore,
-    OpenStore,
-    Scenario,
-    run_scenario,
-)
-
-SCENARIO_ATTRIBUTE = "_aion_trio_scenario"
-FIXTURE_ATTRIBUTE = "_aion_trio_fixture"
-
-
-def _event_test(found: Scenario) -> Callable[..., Awaitable[None]]:
-    # The parameter name is the fixture pytest injects, so it is spelled out.
-    async def test(self: Any, open_event_store: OpenStore) -> None:
-        __tracebackhide__ = True
-        await run_scenario(found, open_event_store)
-
-    setattr(test, FIXTURE_ATTRIBUTE, "open_event_store")
-    return test
-
-
-def _visibility_test(found: Scenario) -> Callable[..., Awaitable[None]]:
-    async def test(self: Any, open_visibility_store: OpenStore) -> None:
-        __tracebackhide__ = True
-        await run_scenario(found, open_visibility_store)
-
-    setattr(test, FIXTURE_ATTRIBUTE, "open_visibility_store")
-    return test
-
-
-def _owned_test(found: Scenario) -> Callable[..., Awaitable[None]]:
-    async def test(self: Any, open_owned_store: OpenKeyedStore) -> None:
-        __tracebackhide__ = True
-        await run_scenario(found, open_owned_store)
-
-    setattr(test, FIXTURE_ATTRIBUTE, "open_owned_store")
-    return test
-
-
-def _inbox_test(found: Scenario) -> Callable[..., Awaitable[None]]:
-    async def test(self: Any, open_command_inbox: OpenKeyedStore) -> None:
-        __tracebackhide__ = True
-        await run_scenario(found, open_command_inbox)
-
-    setattr(test, FIXTURE_ATTRIBUTE, "open_command_inbox")
-    return test
-
-
-def _recoveries_test(found: Scenario) -> Callable[..., Awaitable[None]]:
-    async def test(self: Any, open_recovery_counts: OpenKeyedStore) -> None:
-        __tracebackhide__ = True
-        await run_scenario(found, open_recovery_counts)
-
-    setattr(test, FIXTURE_ATTRIBUTE, "open_recovery_counts")
-    return test
-
-
-def _install(
-    cls: type, registry: dict[str, Scenario], make: Callable[[Scenario], Callable[..., Any]]
-) -> None:
-    for found in registry.values():
-        test = make(found)
-        test.__name__ = f"test_{found.name}"
-        test.__qualname__ = f"{cls.__qualname__}.test_{found.name}"
-        test.__doc__ = found.doc
-        test.__module__ = cls.__module__
-        setattr(test, SCENARIO_ATTRIBUTE, found.name)
-        setattr(cls, test.__name__, test)
+from ._kit import OpenKeyedStore, OpenStore, run_scenario
 
 
 class EventStoreSuite:
-    """Mixin: every event-store conformance scenario as a ``test_<scenario>`` method.
+    """Every event-store conformance scenario as a ``test_<scenario>`` method.
 
     Subclass it in a test module named ``Test...``, enable the plugin and
     provide an ``open_event_store`` fixture returning the factory (a
@@ -106,21 +38,113 @@ class EventStoreSuite:
                 return lambda: open_my_store(tmp_path / f"{uuid.uuid4()}.db")
 
     The test methods are async: run them with pytest-trio (``trio_mode =
-    true``); without pytest-trio the plugin runs them with ``trio.run``.
+    true``); without pytest-trio the plugin runs them with ``trio.run``.  A
+    subclass may override one (to mark it ``xfail``, say); the override is
+    then an ordinary test of its own.
     """
+
+    async def test_round_trip_every_event_type(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.round_trip_every_event_type, open_event_store)
+
+    async def test_read_history_ranges(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.read_history_ranges, open_event_store)
+
+    async def test_stale_expected_seq_writes_nothing(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.stale_expected_seq_writes_nothing, open_event_store)
+
+    async def test_ahead_of_head_expected_seq_refused(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.ahead_of_head_expected_seq_refused, open_event_store)
+
+    async def test_invalid_batches_refused(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.invalid_batches_refused, open_event_store)
+
+    async def test_concurrent_appends_one_winner(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.concurrent_appends_one_winner, open_event_store)
+
+    async def test_concurrent_appends_to_many_workflows(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.concurrent_appends_to_many_workflows, open_event_store)
+
+    async def test_large_history(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.large_history, open_event_store)
+
+    async def test_list_active_follows_projection(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.list_active_follows_projection, open_event_store)
+
+    async def test_list_workflow_ids_sorted(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.list_workflow_ids_sorted, open_event_store)
+
+    async def test_timer_due_boundary_inclusive(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.timer_due_boundary_inclusive, open_event_store)
+
+    async def test_timer_reschedule_upserts(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.timer_reschedule_upserts, open_event_store)
+
+    async def test_timer_remove(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.timer_remove, open_event_store)
+
+    async def test_timer_ordering_and_utc(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.timer_ordering_and_utc, open_event_store)
+
+    async def test_every_method_is_a_checkpoint(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.every_method_is_a_checkpoint, open_event_store)
+
+    async def test_use_after_close(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.use_after_close, open_event_store)
+
+    async def test_cancelled_append_is_all_or_nothing(self, open_event_store: OpenStore) -> None:
+        await run_scenario("event", ev.cancelled_append_is_all_or_nothing, open_event_store)
 
 
 class VisibilityStoreSuite:
-    """Mixin: every visibility-store conformance scenario as a ``test_<scenario>`` method.
+    """Every visibility-store conformance scenario as a ``test_<scenario>`` method.
 
     Same use as :class:`EventStoreSuite`, with an ``open_visibility_store``
     fixture whose factory yields a fresh :class:`~aion_trio.VisibilityStore`
     (or a ``Store`` bundle).
     """
 
+    async def test_visibility_upsert_get_round_trip(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_upsert_get_round_trip, open_visibility_store)
+
+    async def test_visibility_upsert_replaces(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_upsert_replaces, open_visibility_store)
+
+    async def test_visibility_get_unknown_is_none(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_get_unknown_is_none, open_visibility_store)
+
+    async def test_visibility_filters_by_field(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_filters_by_field, open_visibility_store)
+
+    async def test_visibility_time_ranges_inclusive(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_time_ranges_inclusive, open_visibility_store)
+
+    async def test_visibility_search_predicates(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_search_predicates, open_visibility_store)
+
+    async def test_visibility_ordering(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_ordering, open_visibility_store)
+
+    async def test_visibility_paging(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_paging, open_visibility_store)
+
+    async def test_visibility_count_ignores_paging(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_count_ignores_paging, open_visibility_store)
+
+    async def test_visibility_values_bound_safely(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_values_bound_safely, open_visibility_store)
+
+    async def test_visibility_randomized_against_oracle(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_randomized_against_oracle, open_visibility_store)
+
+    async def test_visibility_every_method_is_a_checkpoint(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_every_method_is_a_checkpoint, open_visibility_store)
+
+    async def test_visibility_use_after_close(self, open_visibility_store: OpenStore) -> None:
+        await run_scenario("visibility", vis.visibility_use_after_close, open_visibility_store)
+
 
 class OwnedStoreSuite:
-    """Mixin: every ownership scenario (:data:`~aion_trio.testing.OWNED_STORE_SCENARIOS`) as a
+    """Every ownership scenario (:data:`~aion_trio.testing.OWNED_STORE_SCENARIOS`) as a
     ``test_<scenario>`` method, for stores with the optional :class:`~aion_trio.OwnedStore`
     capability.
 
@@ -134,21 +158,111 @@ class OwnedStoreSuite:
                 return lambda key: aion_trio.open_store(f"mystore:///{tmp_path}/{key}.db")
     """
 
+    async def test_owner_claim_round_trip(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_claim_round_trip, open_owned_store)
+
+    async def test_owner_live_owner_refuses(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_live_owner_refuses, open_owned_store)
+
+    async def test_owner_reclaim_by_same_token_refreshes(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_reclaim_by_same_token_refreshes, open_owned_store)
+
+    async def test_owner_dead_pid_taken_over(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_dead_pid_taken_over, open_owned_store)
+
+    async def test_owner_stale_heartbeat_taken_over(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_stale_heartbeat_taken_over, open_owned_store)
+
+    async def test_owner_renew_extends_the_claim(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_renew_extends_the_claim, open_owned_store)
+
+    async def test_owner_renew_after_takeover_is_not_owner(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_renew_after_takeover_is_not_owner, open_owned_store)
+
+    async def test_owner_release_frees_the_store(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_release_frees_the_store, open_owned_store)
+
+    async def test_owner_claim_survives_reopen(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_claim_survives_reopen, open_owned_store)
+
+    async def test_owner_concurrent_takeover_one_winner(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_concurrent_takeover_one_winner, open_owned_store)
+
+    async def test_owner_every_method_is_a_checkpoint(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_every_method_is_a_checkpoint, open_owned_store)
+
+    async def test_owner_use_after_close(self, open_owned_store: OpenKeyedStore) -> None:
+        await run_scenario("owner", ctl.owner_use_after_close, open_owned_store)
+
 
 class CommandInboxSuite:
-    """Mixin: every command-inbox scenario (:data:`~aion_trio.testing.COMMAND_INBOX_SCENARIOS`)
+    """Every command-inbox scenario (:data:`~aion_trio.testing.COMMAND_INBOX_SCENARIOS`)
     as a ``test_<scenario>`` method, with an ``open_command_inbox`` keyed-factory fixture
     (as for :class:`OwnedStoreSuite`)."""
 
+    async def test_inbox_round_trip_every_command_type(self, open_command_inbox: OpenKeyedStore) -> None:
+        await run_scenario("inbox", ctl.inbox_round_trip_every_command_type, open_command_inbox)
+
+    async def test_inbox_fifo_order(self, open_command_inbox: OpenKeyedStore) -> None:
+        await run_scenario("inbox", ctl.inbox_fifo_order, open_command_inbox)
+
+    async def test_inbox_ack_removes_from_pending(self, open_command_inbox: OpenKeyedStore) -> None:
+        await run_scenario("inbox", ctl.inbox_ack_removes_from_pending, open_command_inbox)
+
+    async def test_inbox_outcome_readable(self, open_command_inbox: OpenKeyedStore) -> None:
+        await run_scenario("inbox", ctl.inbox_outcome_readable, open_command_inbox)
+
+    async def test_inbox_survives_reopen(self, open_command_inbox: OpenKeyedStore) -> None:
+        await run_scenario("inbox", ctl.inbox_survives_reopen, open_command_inbox)
+
+    async def test_inbox_concurrent_enqueues_from_two_handles(
+        self, open_command_inbox: OpenKeyedStore
+    ) -> None:
+        await run_scenario("inbox", ctl.inbox_concurrent_enqueues_from_two_handles, open_command_inbox)
+
+    async def test_inbox_enqueue_once_per_request_id(self, open_command_inbox: OpenKeyedStore) -> None:
+        await run_scenario("inbox", ctl.inbox_enqueue_once_per_request_id, open_command_inbox)
+
+    async def test_inbox_every_method_is_a_checkpoint(self, open_command_inbox: OpenKeyedStore) -> None:
+        await run_scenario("inbox", ctl.inbox_every_method_is_a_checkpoint, open_command_inbox)
+
+    async def test_inbox_use_after_close(self, open_command_inbox: OpenKeyedStore) -> None:
+        await run_scenario("inbox", ctl.inbox_use_after_close, open_command_inbox)
+
 
 class RecoveryCountsSuite:
-    """Mixin: every recovery-count scenario (:data:`~aion_trio.testing.RECOVERY_COUNTS_SCENARIOS`)
+    """Every recovery-count scenario (:data:`~aion_trio.testing.RECOVERY_COUNTS_SCENARIOS`)
     as a ``test_<scenario>`` method, with an ``open_recovery_counts`` keyed-factory fixture
     (as for :class:`OwnedStoreSuite`)."""
 
+    async def test_recoveries_count_and_clear(self, open_recovery_counts: OpenKeyedStore) -> None:
+        await run_scenario("recoveries", ctl.recoveries_count_and_clear, open_recovery_counts)
 
-_install(EventStoreSuite, EVENT_REGISTRY, _event_test)
-_install(VisibilityStoreSuite, VISIBILITY_REGISTRY, _visibility_test)
-_install(OwnedStoreSuite, OWNER_REGISTRY, _owned_test)
-_install(CommandInboxSuite, INBOX_REGISTRY, _inbox_test)
-_install(RecoveryCountsSuite, RECOVERY_REGISTRY, _recoveries_test)
+    async def test_recoveries_survive_reopen(self, open_recovery_counts: OpenKeyedStore) -> None:
+        await run_scenario("recoveries", ctl.recoveries_survive_reopen, open_recovery_counts)
+
+    async def test_recoveries_bad_ids_refused(self, open_recovery_counts: OpenKeyedStore) -> None:
+        await run_scenario("recoveries", ctl.recoveries_bad_ids_refused, open_recovery_counts)
+
+    async def test_recoveries_every_method_is_a_checkpoint(
+        self, open_recovery_counts: OpenKeyedStore
+    ) -> None:
+        await run_scenario("recoveries", ctl.recoveries_every_method_is_a_checkpoint, open_recovery_counts)
+
+    async def test_recoveries_use_after_close(self, open_recovery_counts: OpenKeyedStore) -> None:
+        await run_scenario("recoveries", ctl.recoveries_use_after_close, open_recovery_counts)
+
+
+SUITES: dict[type, str] = {
+    EventStoreSuite: "open_event_store",
+    VisibilityStoreSuite: "open_visibility_store",
+    OwnedStoreSuite: "open_owned_store",
+    CommandInboxSuite: "open_command_inbox",
+    RecoveryCountsSuite: "open_recovery_counts",
+}
+"""Each suite and the name of the factory fixture its methods take."""
+
+
+def scenario_names(suite: type) -> tuple[str, ...]:
+    """The scenarios of ``suite``, in the order its methods are defined (and run)."""
+    return tuple(name.removeprefix("test_") for name in vars(suite) if name.startswith("test_"))

@@ -17,9 +17,7 @@ import trio.testing
 from .._events import SearchValue, WorkflowStatus
 from .._store import SearchOp, SearchPredicate, VisibilityFilter, VisibilityRow
 from . import _samples as s
-from ._kit import ConformanceError, ScenarioContext, scenario, short
-
-_visibility = scenario("visibility")
+from ._kit import ConformanceError, ScenarioContext, short
 
 RANDOM_SEED = 20410304
 RANDOM_ROWS = 200
@@ -167,8 +165,7 @@ def _full_row(workflow_id: str) -> VisibilityRow:
     )
 
 
-@_visibility
-async def _visibility_upsert_get_round_trip(ctx: ScenarioContext) -> None:
+async def visibility_upsert_get_round_trip(ctx: ScenarioContext) -> None:
     """upsert then get returns the row unchanged: every field, every search attribute kind, UTC datetimes."""
     async with ctx.open() as store:
         full = _full_row("full-'row'")
@@ -189,8 +186,7 @@ async def _visibility_upsert_get_round_trip(ctx: ScenarioContext) -> None:
             _expect_utc(ctx, row, "list(None)")
 
 
-@_visibility
-async def _visibility_upsert_replaces(ctx: ScenarioContext) -> None:
+async def visibility_upsert_replaces(ctx: ScenarioContext) -> None:
     """A second upsert of a workflow id replaces the whole row (dropped search attributes are gone)."""
     async with ctx.open() as store:
         first = _full_row("wf")
@@ -225,8 +221,7 @@ async def _visibility_upsert_replaces(ctx: ScenarioContext) -> None:
         ctx.expect_equal(await store.count(None), 1, "count(None) after three upserts of one workflow id")
 
 
-@_visibility
-async def _visibility_get_unknown_is_none(ctx: ScenarioContext) -> None:
+async def visibility_get_unknown_is_none(ctx: ScenarioContext) -> None:
     """get of a workflow id with no row returns None, never a neighbour."""
     async with ctx.open() as store:
         ctx.expect_equal(await store.get("nobody"), None, "get on an empty store")
@@ -255,8 +250,7 @@ def _field_rows() -> list[VisibilityRow]:
     ]
 
 
-@_visibility
-async def _visibility_filters_by_field(ctx: ScenarioContext) -> None:
+async def visibility_filters_by_field(ctx: ScenarioContext) -> None:
     """Filters by workflow_type, status (one or a set), task_queue and their combinations."""
     async with ctx.open() as store:
         rows = await _upsert_all(ctx, store, _field_rows())
@@ -283,8 +277,7 @@ async def _visibility_filters_by_field(ctx: ScenarioContext) -> None:
             await _expect_listing(ctx, store, rows, f)
 
 
-@_visibility
-async def _visibility_time_ranges_inclusive(ctx: ScenarioContext) -> None:
+async def visibility_time_ranges_inclusive(ctx: ScenarioContext) -> None:
     """start/close bounds are inclusive to the microsecond; close bounds exclude rows still open."""
     async with ctx.open() as store:
         rows = await _upsert_all(
@@ -413,8 +406,7 @@ def _search_predicates() -> list[list[SearchPredicate]]:
     return out
 
 
-@_visibility
-async def _visibility_search_predicates(ctx: ScenarioContext) -> None:
+async def visibility_search_predicates(ctx: ScenarioContext) -> None:
     """Each SearchOp with the reference semantics: kinds, int/float, bool, lists, case, missing keys."""
     async with ctx.open() as store:
         rows = await _upsert_all(ctx, store, _search_rows())
@@ -456,8 +448,7 @@ def _ordering_rows() -> list[VisibilityRow]:
     ]
 
 
-@_visibility
-async def _visibility_ordering(ctx: ScenarioContext) -> None:
+async def visibility_ordering(ctx: ScenarioContext) -> None:
     """list orders by (start_time, workflow_id); newest_first reverses start_time but keeps ids ascending."""
     async with ctx.open() as store:
         rows = await _upsert_all(ctx, store, _ordering_rows())
@@ -472,8 +463,7 @@ async def _visibility_ordering(ctx: ScenarioContext) -> None:
             await _expect_listing(ctx, store, rows, f)
 
 
-@_visibility
-async def _visibility_paging(ctx: ScenarioContext) -> None:
+async def visibility_paging(ctx: ScenarioContext) -> None:
     """limit/offset pages are stable and together list every matching row exactly once."""
     async with ctx.open() as store:
         rows = await _upsert_all(ctx, store, _ordering_rows())
@@ -519,8 +509,7 @@ async def _visibility_paging(ctx: ScenarioContext) -> None:
                 await _expect_listing(ctx, store, rows, f)
 
 
-@_visibility
-async def _visibility_count_ignores_paging(ctx: ScenarioContext) -> None:
+async def visibility_count_ignores_paging(ctx: ScenarioContext) -> None:
     """count(filter) counts every matching row, whatever limit, offset and newest_first say."""
     async with ctx.open() as store:
         rows = await _upsert_all(ctx, store, _ordering_rows())
@@ -543,8 +532,7 @@ async def _visibility_count_ignores_paging(ctx: ScenarioContext) -> None:
 _SQL = "x' OR '1'='1"
 
 
-@_visibility
-async def _visibility_values_bound_safely(ctx: ScenarioContext) -> None:
+async def visibility_values_bound_safely(ctx: ScenarioContext) -> None:
     """Quotes, SQL text and LIKE wildcards in ids, types, queues and values are plain data."""
     async with ctx.open() as store:
         rows = await _upsert_all(
@@ -672,8 +660,7 @@ def random_filter(rng: random.Random) -> VisibilityFilter:
     return VisibilityFilter(**kwargs)
 
 
-@_visibility
-async def _visibility_randomized_against_oracle(ctx: ScenarioContext) -> None:
+async def visibility_randomized_against_oracle(ctx: ScenarioContext) -> None:
     """200 seeded random upserts and 100 random filters agree with VisibilityFilter.apply/matches."""
     async with ctx.open() as store:
         rng = random.Random(RANDOM_SEED)
@@ -692,8 +679,7 @@ async def _visibility_randomized_against_oracle(ctx: ScenarioContext) -> None:
 # --------------------------------------------------------------------------
 
 
-@_visibility
-async def _visibility_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+async def visibility_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
     """upsert, get, list, count and aclose are cancel and schedule points, also when closed."""
     async with ctx.open() as store:
         row = _row("cp")
@@ -715,8 +701,7 @@ async def _visibility_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None
             await ctx.expect_checkpoint(what, call, raises=raises)
 
 
-@_visibility
-async def _visibility_use_after_close(ctx: ScenarioContext) -> None:
+async def visibility_use_after_close(ctx: ScenarioContext) -> None:
     """After aclose every method raises trio.ClosedResourceError; aclose itself is idempotent."""
     async with ctx.open() as store:
         await _upsert_all(ctx, store, [_row("closing")])

@@ -3,7 +3,9 @@
 Twice for the event store: opened without a node identity (plain appends)
 and with one (every append goes through the claim/fence path of
 ``aion_append``), so ownership never bends the store contract.  Each scenario
-gets a fresh schema, dropped afterwards.
+gets a fresh schema, dropped afterwards.  The command inbox is not run here:
+the kit's inbox lists every pending command, a cluster node's only those for
+the workflows it owns (``tests/test_pg_cluster.py`` covers it).
 """
 
 from __future__ import annotations
