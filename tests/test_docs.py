@@ -56,6 +56,7 @@ LANGUAGES = {"python", "bash", "console", "toml", "text"}
 
 #: How many blocks each page shows without running them (see the module docstring).
 NOT_RUN_PER_PAGE = {
+    "architecture.md": 0,
     "tutorial.md": 2,
     "concepts.md": 0,
     "testing.md": 0,
