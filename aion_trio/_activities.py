@@ -1,4 +1,4 @@
-"""Running activities and recording their outcomes (DESIGN §8).
+"""Running activities and recording their outcomes (docs/architecture.md, "Activities").
 
 Dispatch goes through an :class:`ActivityDispatcher`; the default runs
 registered activities in this process: ``async def`` as Trio tasks (really
@@ -732,7 +732,7 @@ def _loop_state(segment: Sequence[Event], request: ActivityRequest, options: Act
 
 
 class ActivityDriver:
-    """Drives one activity ordinal to its final outcome (DESIGN §8).
+    """Drives one activity ordinal to its final outcome.
 
     Every record goes through :func:`record_activity_event` (lock, epoch gate,
     settle check).  The backoff sleep is task-local: a crash mid-backoff

@@ -1,4 +1,4 @@
-"""Child workflows: ids, starting them, delivering their outcome, parent-close policy (DESIGN §9).
+"""Child workflows: ids, starting them, delivering their outcome, parent-close policy.
 
 Ids.  A child's workflow id is the ``workflow_id`` given to ``ctx.start_child``,
 else derived from the command: ``"{parent_workflow_id}/{parent_run_id}/{ordinal}"``

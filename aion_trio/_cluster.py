@@ -1,4 +1,5 @@
-"""Cluster mode (DESIGN §10): several engines on one store, each workflow owned by one node.
+"""Cluster mode: several engines on one store, each workflow owned by one node
+(docs/architecture.md, "One writer per history").
 
 The store (a :class:`~aion_trio.plugin.ClusterStore`) fences every append; this
 module is the engine's side of it:

@@ -1,4 +1,4 @@
-"""Inbox commands (DESIGN §4.5): what a process that is not a store's owner asks the owner to do.
+"""Inbox commands: what a process that is not a store's owner asks the owner to do.
 
 A command is a small frozen attrs record; payloads are :class:`Payload`
 (JSON), never pickled objects.  Its wire form is

@@ -1,4 +1,4 @@
-"""Recording a run's terminal, and retrying it durably (DESIGN §7; seeds 000 and 001).
+"""Recording a run's terminal, and retrying it durably (docs/architecture.md, "Terminals").
 
 When a run's coroutine returns or raises, its exit is normalised once into a
 :class:`TerminalIntent` whose ``exit_time`` is captured once and reused by

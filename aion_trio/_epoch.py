@@ -1,4 +1,4 @@
-"""The engine epoch: one nursery owning every background task (DESIGN §5).
+"""The engine epoch: one nursery owning every background task (docs/architecture.md, "The epoch").
 
 Closing the epoch is a one-way latch.  The gate is checked at the append
 boundary under the recorder lock (see ``Recorder.append``); a refused write

@@ -1,4 +1,4 @@
-"""Events: the append-only history's vocabulary (DESIGN §3.2).
+"""Events: the append-only history's vocabulary (docs/concepts.md, "Histories and events").
 
 An :class:`Event` is an envelope ``(workflow_id, seq, recorded_at)`` around a
 body, one of the frozen classes below.  Bodies carry no envelope so the engine

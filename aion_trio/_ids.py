@@ -1,4 +1,4 @@
-"""Identifiers (DESIGN §3.1).
+"""Identifiers.
 
 Identifiers are plain ``str``/``int`` values at run time so users can pass
 their own; these helpers construct, validate and print them in one place.

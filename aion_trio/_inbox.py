@@ -1,4 +1,4 @@
-"""The owning engine's side of DESIGN §4.5: keeping its claim alive and draining the inbox.
+"""The owning engine's side of the command inbox: keeping its claim alive and draining the inbox.
 
 Heartbeats (from a thread of their own) and polls wait on the wall clock, not on Trio's
 clock: liveness is judged by other processes in real time, and a mocked

@@ -1,4 +1,4 @@
-"""Observer hooks: metrics and tracing without touching the core (DESIGN §4.4, §13).
+"""Observer hooks: metrics and tracing without touching the core.
 
 An observer is a plain callable ``observer(event)``, or a plugin implementing
 the ``aion_trio_observe(event)`` hook (found through the ``aion_trio``

@@ -1,4 +1,4 @@
-"""One owner per embedded store (DESIGN §4.5): identities, claims and the takeover rule.
+"""One owner per embedded store: identities, claims and the takeover rule.
 
 Pure data and decisions shared by every store that offers the
 :class:`~aion_trio.plugin.OwnedStore` capability; nothing here does I/O except

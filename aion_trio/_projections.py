@@ -1,4 +1,4 @@
-"""Projections: pure functions over event lists (DESIGN §3.3).
+"""Projections: pure functions over event lists.
 
 Status, settlement, timers and failures are always *derived* from history.
 Every "is it terminal?" question goes through :func:`current_lease_terminal`, or
@@ -431,7 +431,8 @@ def start_event(events: Sequence[Event], run_id: str) -> Event | None:
 @final
 @attrs.frozen
 class CommandKey:
-    """What one workflow command is, as replay compares it (DESIGN §6.3, §6.4).
+    """What one workflow command is, as replay compares it
+    (docs/architecture.md, "Replay reproduces the command sequence").
 
     ``kind`` and ``name`` must be equal; ``ident`` too (a child's workflow id).
     ``digest`` (of the encoded arguments) is compared only when both sides have

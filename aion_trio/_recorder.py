@@ -1,4 +1,4 @@
-"""The recorder: the single writer of one workflow's history (DESIGN §6.2).
+"""The recorder: the single writer of one workflow's history (docs/architecture.md, "One writer per history").
 
 One recorder per workflow in an engine, shared by every run and lease of that
 workflow.  It owns the tracked head, the history it has read and appended, and

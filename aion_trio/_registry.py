@@ -1,4 +1,4 @@
-"""Runs, leases and the registry (DESIGN §6.1).
+"""Runs, leases and the registry.
 
 A lease is one incarnation of a run in this engine.  The registry maps
 ``(workflow_id, run_id)`` to the current lease; a reopen installs a *new*

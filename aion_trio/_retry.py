@@ -1,4 +1,4 @@
-"""Retry policies, backoffs and resolved activity options (DESIGN §8).
+"""Retry policies, backoffs and resolved activity options (docs/concepts.md, "Retries and timeouts").
 
 Everything here is validated at construction (a negative delay, a maximum
 below the initial, zero attempts: a clear ``ValueError``) and converts to and

@@ -1,4 +1,4 @@
-"""The store contract (DESIGN §4.1, §4.2).
+"""The store contract (docs/writing-a-store-plugin.md, "The contract").
 
 Stores never import the engine.  Every async method is a Trio checkpoint
 (cancel point and schedule point); cancellation never leaves a half-done
@@ -323,7 +323,7 @@ class Store(Protocol):
 
 @runtime_checkable
 class OwnedStore(Protocol):
-    """Optional capability: one owning engine per store (DESIGN §4.5).
+    """Optional capability: one owning engine per store (docs/architecture.md, "One writer per history").
 
     Implemented by the object a store plugin's opener yields (next to
     ``events`` and ``visibility``); the engine detects it at runtime and a

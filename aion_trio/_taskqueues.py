@@ -1,4 +1,4 @@
-"""Remote activity workers: the store capability and the library entry (DESIGN §8, §10).
+"""Remote activity workers: the store capability and the library entry.
 
 A store with :class:`ActivityTaskQueues` (the PostgreSQL contrib store) holds
 activity tasks that engines dispatch to named task queues; any number of

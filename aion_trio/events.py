@@ -1,4 +1,4 @@
-"""The event types of a workflow's history and their fields (DESIGN §3.2).
+"""The event types of a workflow's history and their fields (docs/concepts.md, "Histories and events").
 
 Every event class lives here.  Most are also exported from ``aion_trio``
 itself; ``WorkflowCancelled`` is not, because ``aion_trio.WorkflowCancelled``

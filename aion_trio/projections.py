@@ -1,4 +1,4 @@
-"""Projections over event histories: status, settlement, timers, failures (DESIGN §3.3).
+"""Projections over event histories: status, settlement, timers, failures.
 
 Pure functions of event lists; usable by store authors and tools without an
 engine.

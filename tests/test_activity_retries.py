@@ -1,4 +1,4 @@
-"""Activity retry policies, timeouts, fallback queues and the guarded retry trail (DESIGN §8).
+"""Activity retry policies, timeouts, fallback queues and the guarded retry trail.
 
 Time is ``MockClock(autojump_threshold=0)``: a 10-minute backoff costs
 milliseconds.  Scripted dispatchers stand in for workers where a test needs a

@@ -1,4 +1,4 @@
-"""Child workflows (DESIGN §9 "Children"; issue 5 item 7).
+"""Child workflows (issue 5 item 7).
 
 Every finished history that can be replayed is replayed in a fresh engine that
 refuses appends (tests/_replay.py).  A run ended from outside (terminate,

@@ -966,7 +966,7 @@ def test_a_second_signal_stops_the_worker_at_once(tmp_path: Path, monkeypatch: p
 
 
 # --------------------------------------------------------------------------
-# Writes while a worker owns the store: the command inbox (DESIGN §4.5)
+# Writes while a worker owns the store: the command inbox
 # --------------------------------------------------------------------------
 
 

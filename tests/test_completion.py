@@ -1,4 +1,4 @@
-"""Recording a run's terminal, and retrying it (DESIGN §7).
+"""Recording a run's terminal, and retrying it (docs/architecture.md, "Terminals").
 
 Each test pins one rule of the completion path.  Where a test could pass for
 the wrong reason, a *control* assertion checks the fixture first (the fault
@@ -365,7 +365,7 @@ class GatedAppends:
 async def test_the_reopen_window_is_closed_an_exit_never_sees_a_reopen_without_its_lease(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The seeds' named residual: a lease that never recorded, whose run another path
+    """The residual window of a stale lease: a lease that never recorded, whose run another path
     ended and an operator reopened, arriving while the reopen is in flight.  Because the
     reopen appends and installs its lease in one recorder critical section, the exit
     waits for the lock and then sees the new lease: it stands down, appends nothing and

@@ -1,4 +1,5 @@
-"""The public surface and the dependency arrows that must never exist (DESIGN §1).
+"""The public surface and the dependency arrows that must never exist
+(docs/architecture.md, "How the layering is enforced").
 
 The exported names are literal lists: changing the surface must change this
 file, on purpose, in the same commit.

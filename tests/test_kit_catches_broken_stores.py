@@ -604,7 +604,7 @@ async def test_broken_store_fails_the_whole_kit_too() -> None:
 
 
 # --------------------------------------------------------------------------
-# Broken ownership and inbox stores (DESIGN §4.5), over keyed memory stores
+# Broken ownership and inbox stores, over keyed memory stores
 # --------------------------------------------------------------------------
 
 

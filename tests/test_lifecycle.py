@@ -1,4 +1,4 @@
-"""Cancel, terminate, reopen and the workflow deadline (DESIGN §9; issue 5 items 4, 9, 10).
+"""Cancel, terminate, reopen and the workflow deadline (issue 5 items 4, 9, 10).
 
 Every finished history here is also replayed in a fresh engine that refuses
 appends (tests/_replay.py): the recorded path is the path the code takes.

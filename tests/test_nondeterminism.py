@@ -1,4 +1,5 @@
-"""Replay compares the whole command sequence, of every kind and in order (DESIGN §6.3, §6.4).
+"""Replay compares the whole command sequence, of every kind and in order
+(docs/architecture.md, "Replay reproduces the command sequence").
 
 Each scenario runs a first version of a workflow until it parks (the engine
 closes, leaving history as a crash would), then opens an engine with a second

@@ -1,4 +1,4 @@
-"""Observer hooks (DESIGN §4.4, §13) and the structured fields of ``aion_trio.*`` logs.
+"""Observer hooks and the structured fields of ``aion_trio.*`` logs.
 
 Observers get typed records: run started/ended, activity attempts and their
 outcomes, store operation timings, the recovery sweep.  They are called

@@ -1,4 +1,4 @@
-"""One owner per embedded store, and the command inbox the owner drains (DESIGN §4.5).
+"""One owner per embedded store, and the command inbox the owner drains.
 
 Engine-level: the claim at open, refusal naming a live owner (from a real
 second process), takeover of a SIGKILLed owner's claim, release at close,

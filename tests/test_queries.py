@@ -1,4 +1,4 @@
-"""Queries (DESIGN §9): handlers read a run's state between steps, never append, never command."""
+"""Queries: handlers read a run's state between steps, never append, never command."""
 
 from __future__ import annotations
 

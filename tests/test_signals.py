@@ -1,4 +1,4 @@
-"""Signals (DESIGN §9): recorded before observed, consumed in order, raced against timeouts by seq."""
+"""Signals: recorded before observed, consumed in order, raced against timeouts by seq."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Durable timers and timeout scopes (DESIGN §9).
+"""Durable timers and timeout scopes.
 
 Time is ``MockClock(autojump_threshold=0)`` and the memory store: a 30-day
 sleep completes in milliseconds of real time.

@@ -101,7 +101,7 @@ async def open_engine(
             opened: Store = await stack.enter_async_context(open_store(store))
         else:
             opened = store
-        # One owner per store (DESIGN §4.5): claim it before anything is written;
+        # One owner per store: claim it before anything is written;
         # StoreOwned names the live owner.  Released after the epoch has joined.
         service_threads = trio.CapacityLimiter(2)
         ownership: Ownership | None = None
@@ -130,7 +130,7 @@ async def open_engine(
         delegating: object = dispatcher
         if isinstance(delegating, DelegatingDispatcher):
             delegating.use_in_process(in_process)
-        # Cluster mode (DESIGN §10): per-workflow ownership fenced by the store.
+        # Cluster mode: per-workflow ownership fenced by the store.
         cluster = opened if isinstance(opened, ClusterStore) else None
         chosen: ActivityDispatcher = dispatcher or in_process
         if cluster is not None:

@@ -1,4 +1,4 @@
-"""The store conformance kit and test helpers (DESIGN §4.6).
+"""The store conformance kit and test helpers (docs/writing-a-store-plugin.md).
 
 A store author proves a store correct without reading aion_trio's tests:
 
@@ -10,7 +10,7 @@ A store author proves a store correct without reading aion_trio's tests:
   where each argument is a zero-argument callable returning an async context
   manager that yields a fresh, isolated store (or an opened ``Store`` bundle).
 
-* stores with the optional ownership and inbox capabilities (DESIGN §4.5)
+* stores with the optional ownership and inbox capabilities
   also run ``check_owned_store(open_keyed)`` and ``check_command_inbox(open_keyed)``,
   whose factory takes a key (the same key reopens the same store), and those
   with :class:`~aion_trio.RecoveryCounts` ``check_recovery_counts(open_keyed)``;

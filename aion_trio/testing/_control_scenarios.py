@@ -1,5 +1,5 @@
 """Conformance scenarios for the optional capabilities :class:`~aion_trio.OwnedStore`,
-:class:`~aion_trio.CommandInbox` (DESIGN §4.5) and :class:`~aion_trio.RecoveryCounts`.
+:class:`~aion_trio.CommandInbox` and :class:`~aion_trio.RecoveryCounts`.
 
 These scenarios open stores through a *keyed* factory, ``open_store(key)``:
 the same key opens the same store again (a second handle at the same time, or

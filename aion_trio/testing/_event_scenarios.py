@@ -1,4 +1,4 @@
-"""Conformance scenarios for :class:`~aion_trio.EventStore` (DESIGN §4.1).
+"""Conformance scenarios for :class:`~aion_trio.EventStore`.
 
 Each scenario opens one fresh store, so scenarios never see each other's data.
 :class:`~aion_trio.testing.EventStoreSuite` runs them in the order they are written

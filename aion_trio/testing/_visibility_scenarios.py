@@ -1,4 +1,4 @@
-"""Conformance scenarios for :class:`~aion_trio.VisibilityStore` (DESIGN §4.2).
+"""Conformance scenarios for :class:`~aion_trio.VisibilityStore`.
 
 The oracle is the contract itself: ``VisibilityFilter.apply`` and
 ``VisibilityFilter.matches`` define what ``list`` and ``count`` return.

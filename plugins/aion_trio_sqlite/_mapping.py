@@ -1,4 +1,4 @@
-"""Mapping apsw exceptions into aion_trio's store errors (DESIGN §4.3).
+"""Mapping apsw exceptions into aion_trio's store errors.
 
 Every mapped error keeps the apsw exception as ``__cause__``.  Errors are
 built in the worker threads and travel to the Trio task inside an outcome, so

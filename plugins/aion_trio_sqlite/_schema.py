@@ -59,7 +59,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX search_attrs_by_num ON search_attrs (key, kind, num)",
         "CREATE INDEX search_attrs_by_txt ON search_attrs (key, kind, txt)",
     ),
-    # 2: one owner per store and the command inbox (DESIGN §4.5).  ``owner``
+    # 2: one owner per store and the command inbox.  ``owner``
     # holds at most one row (id 1), read and rewritten inside one BEGIN
     # IMMEDIATE transaction, so concurrent claimants serialise on the write
     # lock.  Inbox commands stay after their ack (with the outcome) so the

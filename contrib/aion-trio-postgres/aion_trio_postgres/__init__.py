@@ -52,8 +52,8 @@ so concurrent first opens are safe.  A schema newer than this code is refused
 with :class:`~aion_trio.DatabaseTooNew`; a schema holding another program's
 tables with :class:`~aion_trio.NotAnAionDatabase`.
 
-Ownership and fencing (DESIGN §10)
-----------------------------------
+Ownership and fencing
+---------------------
 A store opened with ``?node=NAME`` registers a row in ``nodes`` with a lease
 (``lease_expires_at``, judged by the database's ``clock_timestamp()``, never a
 client clock), renewed in the background every ``lease_ttl / 3`` seconds and

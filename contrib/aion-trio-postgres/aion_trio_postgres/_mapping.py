@@ -1,4 +1,4 @@
-"""Mapping psycopg exceptions into aion_trio's store errors (DESIGN §4.3).
+"""Mapping psycopg exceptions into aion_trio's store errors.
 
 Every mapped error keeps the psycopg exception as ``__cause__``.
 """

@@ -195,7 +195,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " outcome text, acked boolean NOT NULL DEFAULT false)",
         "CREATE INDEX inbox_pending ON inbox (workflow_id, id) WHERE NOT acked",
     ),
-    # 3: activity tasks for remote workers (DESIGN §10): one row per dispatched
+    # 3: activity tasks for remote workers: one row per dispatched
     # attempt.  ``attempt`` is the completion token; the unique key makes a
     # re-dispatch after recovery find the row it wrote before.  Times come from
     # the database clock.  ``lost_count`` counts the times a worker lost the

@@ -1,4 +1,4 @@
-"""Activity tasks in PostgreSQL: the engine's task dispatcher and the remote worker (DESIGN §8, §10).
+"""Activity tasks in PostgreSQL: the engine's task dispatcher and the remote worker.
 
 One row of ``activity_tasks`` per dispatched attempt (migration 3).  The
 engine's :class:`PostgresTaskDispatcher` inserts it and waits for its

@@ -1,4 +1,4 @@
-"""History invariants of a PostgreSQL store schema, checked in SQL (DESIGN §10).
+"""History invariants of a PostgreSQL store schema, checked in SQL.
 
 Used by the failover tests and by ``bench/pg_cluster.py`` after a run with
 faults.  :func:`check_invariants` reads one schema and returns every

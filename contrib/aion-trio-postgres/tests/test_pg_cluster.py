@@ -1,4 +1,4 @@
-"""Cluster mode on PostgreSQL (DESIGN §10): several in-process engines with different node ids.
+"""Cluster mode on PostgreSQL: several in-process engines with different node ids.
 
 Real PostgreSQL, a fresh schema per test.  Leases are short (0.5-1 s) and real
 time passes only where the database clock must (a lease running out); every

@@ -1,4 +1,4 @@
-"""Failover with real processes on one PostgreSQL schema (DESIGN §10, issue 7 item 5).
+"""Failover with real processes on one PostgreSQL schema (issue 7 item 5).
 
 Three engine node processes (``failover_node.py``) and two ``aion-trio worker
 --activities-only`` processes share one fresh schema; the nodes start 200

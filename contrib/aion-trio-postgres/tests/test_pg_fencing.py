@@ -1,4 +1,4 @@
-"""Ownership and fencing at the store level (DESIGN §10): two store instances
+"""Ownership and fencing at the store level: two store instances
 ("nodes") on one schema.
 
 Leases are judged by the database clock.  A test that needs a lease to run

@@ -1,4 +1,4 @@
-"""Remote activity workers over PostgreSQL (DESIGN §8, §10): engines dispatch
+"""Remote activity workers over PostgreSQL: engines dispatch
 attempts as ``activity_tasks`` rows; ``aion-trio worker --activities-only``
 processes (and in-process workers) claim and run them.
 
