@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-import attrs
 import trio
 
 from .. import _children as children
@@ -78,13 +77,11 @@ from .._ports import CancelTimer, RunAborted, ScheduleActivity, StartChild, Star
 from .._projections import (
     RunState,
     current_lease_terminal,
-    failure,
     is_active,
     latest_run_id,
     outstanding_timers,
     retry_trail,
     run_segment,
-    search_attributes,
     workflow_status,
 )
 from .._recorder import Recorder
@@ -95,7 +92,6 @@ from .._store import (
     ClusterStore,
     EventStore,
     Store,
-    VisibilityFilter,
     VisibilityRow,
     VisibilityStore,
 )
@@ -106,15 +102,8 @@ from .dispatch import ActivityDispatch
 from .log import logger
 from .recorders import Recorders
 from .timers import Timers
+from .visibility import VisibilityRows
 from .window import ScheduleWindow, schedule_bodies
-
-
-@attrs.define(eq=False)
-class _Refresh:
-    """A background visibility refresh of one workflow."""
-
-    again: bool = True
-    done: trio.Event = attrs.field(factory=trio.Event)
 
 
 def _lease_fields(lease: Lease) -> dict[str, Any]:
@@ -162,8 +151,6 @@ class EngineCore:
         self._resuming: set[str] = set()
         #: Cluster mode: the waker, sweeper and remote commands (set by ``open_engine``).
         self.cluster_services: ClusterServices | None = None
-        # Background visibility refreshes in flight, by workflow id.
-        self._visibility_owed: dict[str, _Refresh] = {}
         #: Cluster mode: the store's node capability (``None``: a single-owner store).
         self.cluster = cluster
         #: How every path of this engine retries a transient store fault.
@@ -203,6 +190,14 @@ class EngineCore:
         )
         #: The running activity attempts' cancel scopes (the dispatch service's).
         self.inflight = self.activity_dispatch.inflight
+        self.visibility_rows = VisibilityRows(
+            visibility=self.visibility,
+            epoch=epoch,
+            config=config,
+            cluster=cluster,
+            recorder_for=self.recorder_for,
+            stuck_reason=lambda workflow_id: self.stuck.get(workflow_id),
+        )
         self.window = ScheduleWindow(
             clock=clock,
             epoch=epoch,
@@ -830,47 +825,25 @@ class EngineCore:
     async def forget_timer(self, workflow_id: str, timer_id: str) -> None:
         await self.timers.forget(workflow_id, timer_id)
 
-    # -- visibility --------------------------------------------------------
+    # -- visibility (moved to ``visibility``; these delegate) -------------------
 
     def visibility_row(self, workflow_id: str, history: Sequence[Event]) -> VisibilityRow | None:
-        run_id = latest_run_id(history)
-        if run_id is None:
-            return None
-        segment = run_segment(history, run_id)
-        start = segment[0]
-        assert isinstance(start.body, WorkflowStarted)
-        status = workflow_status(history) or WorkflowStatus.RUNNING
-        terminal = current_lease_terminal(segment)
-        failed = failure(segment)
-        return VisibilityRow(
-            workflow_id=workflow_id,
-            run_id=run_id,
-            workflow_type=start.body.workflow_type,
-            status=status,
-            start_time=start.recorded_at,
-            close_time=terminal.recorded_at if terminal is not None else None,
-            task_queue=start.body.task_queue,
-            failed_step=failed.failed_step if failed else None,
-            failure_reason=failed.reason if failed else None,
-            search_attributes=search_attributes(history, run_id),
-            stuck_reason=self.stuck.get(workflow_id) if status is WorkflowStatus.RUNNING else None,
-        )
+        return self.visibility_rows.row(workflow_id, history)
 
     async def upsert_visibility(self, workflow_id: str) -> None:
-        recorder = await self.recorder_for(workflow_id)
-        row = self.visibility_row(workflow_id, recorder.history)
-        if row is not None:
-            await self.visibility.upsert(row)
+        await self.visibility_rows.upsert(workflow_id)
 
     async def upsert_visibility_quietly(self, workflow_id: str) -> None:
-        try:
-            await self.upsert_visibility(workflow_id)
-        except StoreError as exc:
-            logger.warning(
-                "visibility not updated (it is reconciled from history later): %s",
-                exc,
-                extra={"workflow_id": workflow_id},
-            )
+        await self.visibility_rows.upsert_quietly(workflow_id)
+
+    async def refresh_visibility_soon(self, workflow_id: str) -> None:
+        await self.visibility_rows.refresh_soon(workflow_id)
+
+    async def visibility_settled(self) -> None:
+        await self.visibility_rows.settled()
+
+    async def reconcile_visibility(self, active: set[str]) -> None:
+        await self.visibility_rows.reconcile(active)
 
     # -- ending a run from outside (terminate, deadline) ----------------------
 
@@ -930,48 +903,6 @@ class EngineCore:
                 )
         await self.forget_timer(workflow_id, deadline)
         return timed_out
-
-    async def refresh_visibility_soon(self, workflow_id: str) -> None:
-        """Refresh the workflow's visibility row in a background task instead of waiting for it.
-
-        One refresh task per workflow at a time (a request while one runs makes
-        it go round again, building the row from the history of that moment),
-        shielded and bounded like the terminal's bookkeeping, so a closing
-        engine still writes it.  The engine's own visibility queries first wait
-        for the refreshes owed when they are called (:meth:`visibility_settled`).
-        If no task can be spawned (the epoch is closing), the refresh runs here.
-        """
-        owed = self._visibility_owed.get(workflow_id)
-        if owed is not None:
-            owed.again = True
-            return
-        try:
-            self.epoch.spawn(
-                self._refresh_visibility,
-                workflow_id,
-                name=f"visibility:{workflow_id}",
-                workflow_id=workflow_id,
-            )
-        except EngineEpochClosed:
-            await self.upsert_visibility_quietly(workflow_id)
-            return
-        self._visibility_owed[workflow_id] = _Refresh()
-
-    async def _refresh_visibility(self, workflow_id: str) -> None:
-        owed = self._visibility_owed[workflow_id]
-        try:
-            with trio.CancelScope(shield=True), trio.move_on_after(self.config.bookkeeping_timeout):
-                while owed.again:
-                    owed.again = False
-                    await self.upsert_visibility_quietly(workflow_id)
-        finally:
-            del self._visibility_owed[workflow_id]
-            owed.done.set()
-
-    async def visibility_settled(self) -> None:
-        """Wait for the background visibility refreshes owed now (read-your-writes for queries)."""
-        for owed in list(self._visibility_owed.values()):
-            await owed.done.wait()
 
     # -- continue-as-new -----------------------------------------------------
 
@@ -1137,23 +1068,6 @@ class EngineCore:
             run_id = entry.timer_id.removeprefix("deadline:")
             resumed.append((entry.fire_at, entry.workflow_id, run_id, entry.timer_id))
         self.timers.schedule_indexed(resumed)
-
-    async def reconcile_visibility(self, active: set[str]) -> None:
-        """Rows that still say Running for workflows history says are not active are rewritten
-        (an engine killed between a terminal and its index update leaves one)."""
-        try:
-            rows = await self.visibility.list(VisibilityFilter(status=WorkflowStatus.RUNNING))
-        except StoreError as exc:
-            logger.warning("visibility reconciliation skipped: %s", exc)
-            return
-        for row in rows:
-            if row.workflow_id not in active:
-                if (
-                    self.cluster is not None
-                    and await self.cluster.command_target(row.workflow_id) is not None
-                ):
-                    continue  # another node owns it: its rows are that node's to write
-                await self.upsert_visibility_quietly(row.workflow_id)
 
     async def recover_workflow(self, recorder: Recorder) -> None:
         workflow_id = recorder.workflow_id

@@ -1,0 +1,160 @@
+"""The visibility rows this engine writes: each built from a workflow's history.
+
+A row is an index for listing and counting, never the truth: history is.  A
+row that could not be written is rewritten later (the next refresh, or the
+reconciliation at recovery and on cluster sweeps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import attrs
+import trio
+
+from .._epoch import EngineEpoch
+from .._errors import EngineEpochClosed, StoreError
+from .._events import Event, WorkflowStarted, WorkflowStatus
+from .._projections import (
+    current_lease_terminal,
+    failure,
+    latest_run_id,
+    run_segment,
+    search_attributes,
+    workflow_status,
+)
+from .._recorder import Recorder
+from .._store import ClusterStore, VisibilityFilter, VisibilityRow, VisibilityStore
+from .config import EngineConfig
+from .log import logger
+
+
+@attrs.define(eq=False)
+class _Refresh:
+    """A background visibility refresh of one workflow."""
+
+    again: bool = True
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+
+class VisibilityRows:
+    """Builds, writes, refreshes and reconciles this engine's visibility rows."""
+
+    def __init__(
+        self,
+        *,
+        visibility: VisibilityStore,
+        epoch: EngineEpoch,
+        config: EngineConfig,
+        cluster: ClusterStore | None,
+        recorder_for: Callable[[str], Awaitable[Recorder]],
+        stuck_reason: Callable[[str], str | None],
+    ) -> None:
+        self._visibility = visibility
+        self._epoch = epoch
+        self._config = config
+        #: Cluster mode: the store's node capability (a row another node owns is not ours).
+        self._cluster = cluster
+        self._recorder_for = recorder_for
+        self._stuck_reason = stuck_reason
+        # Background visibility refreshes in flight, by workflow id.
+        self._visibility_owed: dict[str, _Refresh] = {}
+
+    def row(self, workflow_id: str, history: Sequence[Event]) -> VisibilityRow | None:
+        run_id = latest_run_id(history)
+        if run_id is None:
+            return None
+        segment = run_segment(history, run_id)
+        start = segment[0]
+        assert isinstance(start.body, WorkflowStarted)
+        status = workflow_status(history) or WorkflowStatus.RUNNING
+        terminal = current_lease_terminal(segment)
+        failed = failure(segment)
+        return VisibilityRow(
+            workflow_id=workflow_id,
+            run_id=run_id,
+            workflow_type=start.body.workflow_type,
+            status=status,
+            start_time=start.recorded_at,
+            close_time=terminal.recorded_at if terminal is not None else None,
+            task_queue=start.body.task_queue,
+            failed_step=failed.failed_step if failed else None,
+            failure_reason=failed.reason if failed else None,
+            search_attributes=search_attributes(history, run_id),
+            stuck_reason=self._stuck_reason(workflow_id) if status is WorkflowStatus.RUNNING else None,
+        )
+
+    async def upsert(self, workflow_id: str) -> None:
+        recorder = await self._recorder_for(workflow_id)
+        row = self.row(workflow_id, recorder.history)
+        if row is not None:
+            await self._visibility.upsert(row)
+
+    async def upsert_quietly(self, workflow_id: str) -> None:
+        try:
+            await self.upsert(workflow_id)
+        except StoreError as exc:
+            logger.warning(
+                "visibility not updated (it is reconciled from history later): %s",
+                exc,
+                extra={"workflow_id": workflow_id},
+            )
+
+    async def refresh_soon(self, workflow_id: str) -> None:
+        """Refresh the workflow's visibility row in a background task instead of waiting for it.
+
+        One refresh task per workflow at a time (a request while one runs makes
+        it go round again, building the row from the history of that moment),
+        shielded and bounded like the terminal's bookkeeping, so a closing
+        engine still writes it.  The engine's own visibility queries first wait
+        for the refreshes owed when they are called (:meth:`settled`).
+        If no task can be spawned (the epoch is closing), the refresh runs here.
+        """
+        owed = self._visibility_owed.get(workflow_id)
+        if owed is not None:
+            owed.again = True
+            return
+        try:
+            self._epoch.spawn(
+                self._refresh,
+                workflow_id,
+                name=f"visibility:{workflow_id}",
+                workflow_id=workflow_id,
+            )
+        except EngineEpochClosed:
+            await self.upsert_quietly(workflow_id)
+            return
+        self._visibility_owed[workflow_id] = _Refresh()
+
+    async def _refresh(self, workflow_id: str) -> None:
+        owed = self._visibility_owed[workflow_id]
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(self._config.bookkeeping_timeout):
+                while owed.again:
+                    owed.again = False
+                    await self.upsert_quietly(workflow_id)
+        finally:
+            del self._visibility_owed[workflow_id]
+            owed.done.set()
+
+    async def settled(self) -> None:
+        """Wait for the background visibility refreshes owed now (read-your-writes for queries)."""
+        for owed in list(self._visibility_owed.values()):
+            await owed.done.wait()
+
+    async def reconcile(self, active: set[str]) -> None:
+        """Rows that still say Running for workflows history says are not active are rewritten
+        (an engine killed between a terminal and its index update leaves one)."""
+        try:
+            rows = await self._visibility.list(VisibilityFilter(status=WorkflowStatus.RUNNING))
+        except StoreError as exc:
+            logger.warning("visibility reconciliation skipped: %s", exc)
+            return
+        for row in rows:
+            if row.workflow_id not in active:
+                if (
+                    self._cluster is not None
+                    and await self._cluster.command_target(row.workflow_id) is not None
+                ):
+                    continue  # another node owns it: its rows are that node's to write
+                await self.upsert_quietly(row.workflow_id)
