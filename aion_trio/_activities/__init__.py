@@ -1,0 +1,27 @@
+"""Running activities and recording their outcomes (docs/architecture.md, "Activities").
+
+Dispatch goes through an :class:`ActivityDispatcher` (``protocol``); the default,
+:class:`InProcessDispatcher` (``inprocess``), runs registered activities in this process, plain
+``def`` ones in worker threads (``threads``).  What a running activity sees (its identity,
+``heartbeat()``, ``activity_cancelled()``) is ``context``.  :class:`ActivityDriver` (``driver``)
+takes one activity to its final outcome; every record it makes goes through
+:func:`record_activity_event` (``records``).
+"""
+
+from .context import (
+    ActivityInfo as ActivityInfo,
+    activity_cancelled as activity_cancelled,
+    activity_info as activity_info,
+    heartbeat as heartbeat,
+)
+from .driver import ActivityDriver as ActivityDriver
+from .inprocess import InProcessDispatcher as InProcessDispatcher
+from .protocol import (
+    ActivityDispatcher as ActivityDispatcher,
+    ActivityExecutor as ActivityExecutor,
+    ActivityOutcome as ActivityOutcome,
+    ActivityRequest as ActivityRequest,
+    DelegatingDispatcher as DelegatingDispatcher,
+    OutcomeKind as OutcomeKind,
+)
+from .records import RecordOutcome as RecordOutcome, record_activity_event as record_activity_event

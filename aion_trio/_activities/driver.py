@@ -1,0 +1,475 @@
+"""The activity driver: one activity ordinal to its final outcome (attempts, timeouts, retries,
+fallback hops, recording outcomes)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from .._errors import StoreError
+from .._events import (
+    ActivityAdvisoryExhausted,
+    ActivityCompleted,
+    ActivityError,
+    ActivityFailed,
+    ActivityFallbackRouted,
+    ActivityStarted,
+    Event,
+    EventBody,
+    FailureCause,
+    WorkflowReopened,
+)
+from .._logs import ContextLogger
+from .._observe import ActivityAttemptEnded, ActivityAttemptStarted
+from .._projections import retry_trail, run_segment
+from .._retry import ActivityOptions
+from .._transient import Transient
+from .context import AttemptClock, current_attempt_clock
+from .protocol import ActivityDispatcher, ActivityOutcome, ActivityRequest, OutcomeKind
+from .records import RecordFailed, RecordOutcome, record_activity_event, record_outcome, record_retrying
+
+if TYPE_CHECKING:
+    from .._recorder import Recorder
+
+logger = ContextLogger("aion_trio.activity")
+
+
+def _observed_outcome(outcome: ActivityOutcome) -> tuple[str, str | None]:
+    """An attempt's outcome as observers see it: (outcome, error type)."""
+    if outcome.kind is OutcomeKind.FAILED and outcome.error is not None:
+        kind = "timed_out" if outcome.error.cause is FailureCause.TIMEOUT else "failed"
+        return kind, outcome.error.type
+    return outcome.kind.value, None
+
+
+@attrs.define
+class _LoopState:
+    attempt: int
+    #: Attempts spent on the current provider (fallback hops start a new count... of the same budget).
+    same_provider_attempt: int
+    current_queue: str
+    consumed_fallback: int
+    refused_queues: list[str]
+
+
+def _loop_state(segment: Sequence[Event], request: ActivityRequest, options: ActivityOptions) -> _LoopState:
+    hops: list[ActivityFallbackRouted] = []
+    # Attempts recorded before a reopen that re-dispatched this activity do not count
+    # against its budget (nor do their fallback hops): the reopen gave it a fresh one.
+    spent_before_reopen = last_started = 0
+    for e in segment:
+        body = e.body
+        if isinstance(body, ActivityFallbackRouted) and body.activity_id == request.activity_id:
+            hops.append(body)
+        elif isinstance(body, ActivityStarted) and body.activity_id == request.activity_id:
+            last_started = body.attempt
+        elif isinstance(body, WorkflowReopened) and request.activity_id in body.reopened_activity_ids:
+            spent_before_reopen = last_started
+            hops.clear()
+    queue = hops[-1].to_task_queue if hops else options.task_queue
+    return _LoopState(
+        attempt=request.attempt,
+        same_provider_attempt=max(request.attempt - spent_before_reopen - len(hops), 1),
+        current_queue=queue,
+        consumed_fallback=(hops[-1].fallback_index + 1) if hops else 0,
+        refused_queues=[options.task_queue, *(h.to_task_queue for h in hops)],
+    )
+
+
+class ActivityDriver:
+    """Drives one activity ordinal to its final outcome.
+
+    Every record goes through :func:`record_activity_event` (lock, epoch gate,
+    settle check).  The backoff sleep is task-local: a crash mid-backoff
+    recovers by replay, whose dangling non-final failure is re-dispatched at
+    the next attempt.
+    """
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        dispatcher: ActivityDispatcher,
+        request: ActivityRequest,
+        *,
+        clock: Any,
+        transient: Transient,
+    ) -> None:
+        self.recorder = recorder
+        self.dispatcher = dispatcher
+        self.request = request
+        self.options = request.resolved_options()
+        self.clock = clock
+        #: How a record that fails transiently is retried (until it lands or the epoch closes).
+        self.transient = transient
+        self.log = {
+            "workflow_id": request.workflow_id,
+            "run_id": request.run_id,
+            "activity": request.activity_id,
+            "activity_type": request.activity_type,
+        }
+
+    # -- records -------------------------------------------------------------
+
+    async def _required(self, body: EventBody) -> RecordOutcome:
+        """A trail record the loop cannot continue without: retried on transient store
+        failures like the settling record; any other store failure raises RecordFailed."""
+        what = f"record {type(body).__name__}"  # the line's prefix names the activity
+        try:
+            return await record_retrying(self.recorder, self.request, body, self.transient, self.log, what)
+        except StoreError as exc:
+            raise RecordFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _final(self, attempt: int, body: EventBody) -> RecordOutcome:
+        """The settling record: retried on transient store failures until it lands."""
+        request = (
+            self.request if self.request.attempt == attempt else attrs.evolve(self.request, attempt=attempt)
+        )
+        return await record_outcome(self.recorder, request, body, self.transient, self.log)
+
+    async def _advisory(self, attempt: int, reason: str) -> None:
+        if not self.options.advisory:
+            return
+        body = ActivityAdvisoryExhausted(
+            activity_id=self.request.activity_id,
+            activity_type=self.request.activity_type,
+            reason=reason,
+            attempt=attempt,
+        )
+        try:
+            outcome = await record_activity_event(
+                self.recorder, self.request.run_id, self.request.activity_id, body
+            )
+        except StoreError as exc:
+            logger.warning(
+                "could not record the advisory-exhaustion warning; the terminal failure still stands: %s",
+                exc,
+                extra={**self.log, "attempt": attempt},
+            )
+            return
+        if outcome is RecordOutcome.EPOCH_CLOSED:
+            logger.info("epoch closed before the advisory-exhaustion warning was recorded", extra=self.log)
+
+    async def _settled_elsewhere(self) -> bool:
+        async with self.recorder.lock:
+            try:
+                await self.recorder.current_history(keep_deferred=True)
+            except StoreError:
+                return False  # the guarded appends still refuse a post-terminal write
+            state = self.recorder.run_state(self.request.run_id)
+            return self.request.activity_id in state.settled or state.ended is not None
+
+    # -- the deadline ----------------------------------------------------------
+
+    def _deadline(self) -> datetime | None:
+        if self.options.schedule_to_close is None or self.request.scheduled_at is None:
+            return None
+        return self.request.scheduled_at + timedelta(seconds=self.options.schedule_to_close)
+
+    def _attempt_bound(self) -> float:
+        """Trio-time deadline of the next attempt (per-attempt and schedule-to-close)."""
+        if self.options.timeout is None and self.options.schedule_to_close is None:
+            return math.inf
+        bounds = [math.inf]
+        if self.options.timeout is not None:
+            bounds.append(trio.current_time() + self.options.timeout)
+        deadline = self._deadline()
+        if deadline is not None:
+            bounds.append(self.clock.trio_deadline(deadline))
+        return min(bounds)
+
+    def _past_deadline(self, extra: float = 0.0) -> bool:
+        deadline = self._deadline()
+        return deadline is not None and trio.current_time() + extra >= self.clock.trio_deadline(deadline)
+
+    # -- one attempt -------------------------------------------------------------
+
+    async def _attempt(self, state: _LoopState) -> ActivityOutcome:
+        hub = self.recorder.observers
+        clock = AttemptClock(self.options.timeout)
+        if hub is None:
+            return await self._dispatch_attempt(state, clock)
+        request = self.request
+        common: dict[str, Any] = {
+            "workflow_id": request.workflow_id,
+            "run_id": request.run_id,
+            "activity_id": request.activity_id,
+            "activity_type": request.activity_type,
+            "attempt": state.attempt,
+        }
+        hub.emit(ActivityAttemptStarted(task_queue=state.current_queue, **common))
+        began = trio.current_time()
+        kind, error_type = "cancelled", None
+        try:
+            outcome = await self._dispatch_attempt(state, clock)
+            kind, error_type = _observed_outcome(outcome)
+            return outcome
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:
+            kind, error_type = "failed", type(exc).__name__
+            raise
+        finally:
+            hub.emit(
+                ActivityAttemptEnded(
+                    outcome=kind,
+                    seconds=trio.current_time() - began,
+                    error_type=error_type,
+                    queued_seconds=clock.queued_seconds,
+                    **common,
+                )
+            )
+
+    async def _dispatch_attempt(self, state: _LoopState, clock: AttemptClock) -> ActivityOutcome:
+        request = self.request
+        if request.attempt != state.attempt or request.task_queue != state.current_queue:
+            request = attrs.evolve(request, attempt=state.attempt, task_queue=state.current_queue)
+        bound = self._attempt_bound()
+        token = current_attempt_clock.set(clock)
+        try:
+            if bound == math.inf:
+                # Nothing bounds the attempt: no cancel scope to pay for.
+                return await self.dispatcher.dispatch(request)
+            with trio.move_on_at(bound) as scope:
+                deadline = self._deadline()
+                clock.bind(scope, math.inf if deadline is None else self.clock.trio_deadline(deadline))
+                return await self.dispatcher.dispatch(request)
+        finally:
+            current_attempt_clock.reset(token)
+        assert scope.cancelled_caught
+        if self._past_deadline():
+            message = f"schedule_to_close of {self.options.schedule_to_close}s exceeded during attempt {state.attempt}"
+            kind = "ScheduleToCloseTimeout"
+        else:
+            message = f"attempt {state.attempt} timed out after {self.options.timeout}s"
+            kind = "ActivityTimeout"
+        return ActivityOutcome(error=ActivityError(cause=FailureCause.TIMEOUT, type=kind, message=message))
+
+    # -- the loop ----------------------------------------------------------------
+
+    async def run(self, *, resume: bool = False) -> RecordOutcome | None:
+        """Returns the final record's outcome, or ``None`` if the dispatch was parked."""
+        epoch = self.recorder.epoch
+        epoch.attempt_started()
+        try:
+            return await self._run(resume)
+        except RecordFailed as exc:
+            # Fail honestly rather than continue unrecorded.
+            logger.warning("a required retry record failed; failing the activity: %s", exc, extra=self.log)
+            error = ActivityError(
+                cause=FailureCause.TERMINAL,
+                type="RetryTrailNotRecorded",
+                message=f"the retry trail could not be recorded ({exc}); failing instead of continuing unrecorded",
+            )
+            attempt = self._last_attempt
+            return await self._final(
+                attempt,
+                ActivityFailed(
+                    activity_id=self.request.activity_id, error=error, attempt=attempt, final=True
+                ),
+            )
+        finally:
+            epoch.attempt_finished()
+
+    _last_attempt: int = 1
+
+    @property
+    def last_attempt(self) -> int:
+        """The attempt the loop is at (or ended on)."""
+        return self._last_attempt
+
+    async def _run(self, resume: bool) -> RecordOutcome | None:
+        policy = self.options.retry
+        if resume:
+            # Continue the recorded trail (attempt numbers, fallback hops).
+            async with self.recorder.lock:
+                history = await self.recorder.current_history()
+                segment = run_segment(history, self.request.run_id)
+        else:
+            segment = []  # a fresh dispatch: nothing recorded beyond its first start
+        state = _loop_state(segment, self.request, self.options)
+        self._last_attempt = state.attempt
+        pending_error: ActivityError | None = None
+        #: When the recorded dangling failure said the next attempt is due.
+        pending_retry_at: datetime | None = None
+        if resume:
+            trail = retry_trail(segment, self.request.activity_id)
+            if trail and trail[-1].outcome == "failed" and not trail[-1].final:
+                # Crashed between a non-final failure and the next start.
+                state.attempt = trail[-1].attempt
+                pending_error = trail[-1].error
+                pending_retry_at = trail[-1].retry_at
+            elif trail and trail[-1].outcome == "failed":
+                # Re-dispatched by a reopen after its final failure: the next attempt, recorded.
+                state.attempt = trail[-1].attempt + 1
+                self._last_attempt = state.attempt
+                rec = await self._required(
+                    ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                )
+                if rec is not RecordOutcome.RECORDED:
+                    return rec
+            elif not trail:
+                rec = await self._required(
+                    ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                )
+                if rec is not RecordOutcome.RECORDED:
+                    return rec
+        while True:
+            if pending_error is None:
+                outcome = await self._attempt(state)
+                if outcome.kind is OutcomeKind.PARKED:
+                    logger.debug("dispatch parked: nothing recorded", extra=self.log)
+                    return None
+                if outcome.kind is OutcomeKind.COMPLETED:
+                    assert outcome.result is not None
+                    return await self._final(
+                        state.attempt,
+                        ActivityCompleted(
+                            activity_id=self.request.activity_id, result=outcome.result, attempt=state.attempt
+                        ),
+                    )
+                if outcome.kind is OutcomeKind.WORKER_LOST:
+                    if await self._settled_elsewhere():
+                        return RecordOutcome.SETTLED_ELSEWHERE
+                    logger.warning(
+                        "the worker was lost before reporting; re-dispatching the same attempt (no budget consumed)",
+                        extra={**self.log, "attempt": state.attempt},
+                    )
+                    await trio.lowlevel.checkpoint()
+                    continue
+                assert outcome.error is not None
+                error = outcome.error
+                recorded_failure = False
+            else:
+                error, pending_error = pending_error, None
+                recorded_failure = True
+            # A failed attempt.
+            if error.cause is FailureCause.POLICY_REFUSED and self.options.fallback_queues:
+                if not recorded_failure:
+                    outcome_ = await self._required(self._trail_failure(state.attempt, error))
+                    if outcome_ is not RecordOutcome.RECORDED:
+                        return outcome_
+                hop = self._next_hop(state)
+                if hop is None:
+                    reason = f"{error.type}: {error.message}"
+                    await self._advisory(state.attempt, reason)
+                    final_error = attrs.evolve(
+                        error,
+                        message="policy_refused: declared fallback queues refused in recorded order: "
+                        + ", ".join(state.refused_queues)
+                        + f"; last refusal: {error.message}",
+                    )
+                    return await self._final(state.attempt, self._settle_failure(state.attempt, final_error))
+                index, queue = hop
+                outcome_ = await self._required(
+                    ActivityFallbackRouted(
+                        activity_id=self.request.activity_id,
+                        attempt=state.attempt,
+                        from_task_queue=state.current_queue,
+                        to_task_queue=queue,
+                        fallback_index=index,
+                    )
+                )
+                if outcome_ is not RecordOutcome.RECORDED:
+                    return outcome_
+                state.consumed_fallback = index + 1
+                state.current_queue = queue
+                state.refused_queues.append(queue)
+                state.attempt += 1
+                self._last_attempt = state.attempt
+                outcome_ = await self._required(
+                    ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                )
+                if outcome_ is not RecordOutcome.RECORDED:
+                    return outcome_
+                continue
+            eligible = error.cause in (
+                FailureCause.RETRYABLE,
+                FailureCause.TIMEOUT,
+                FailureCause.POLICY_REFUSED,
+            )
+            if error.type == "ScheduleToCloseTimeout" or self._past_deadline():
+                eligible = False
+            if policy is None or not eligible:
+                if policy is not None or error.cause is not FailureCause.TERMINAL or self.options.advisory:
+                    await self._advisory(state.attempt, f"{error.type}: {error.message}")
+                return await self._final(state.attempt, self._settle_failure(state.attempt, error))
+            if state.same_provider_attempt >= policy.max_attempts:
+                word = "policy_refused" if error.cause is FailureCause.POLICY_REFUSED else "exhausted"
+                configured = " configured" if word == "policy_refused" else ""
+                final_error = attrs.evolve(
+                    error,
+                    message=f"{word}: spent {state.same_provider_attempt} of {policy.max_attempts}{configured} attempts; "
+                    f"last refusal: {error.message}",
+                )
+                await self._advisory(state.attempt, final_error.message)
+                return await self._final(state.attempt, self._settle_failure(state.attempt, final_error))
+            if recorded_failure:
+                # Resumed mid-backoff: wait out what the record says is left (nothing if
+                # it predates the field), never a fresh backoff.
+                due = trio.current_time()
+                if pending_retry_at is not None:
+                    due = max(due, self.clock.trio_deadline(pending_retry_at))
+            else:
+                due = trio.current_time() + policy.backoff.delay_after(state.same_provider_attempt)
+            delay = due - trio.current_time()
+            if self._past_deadline(extra=delay):
+                final_error = attrs.evolve(
+                    error,
+                    cause=FailureCause.TIMEOUT,
+                    message=f"schedule_to_close of {self.options.schedule_to_close}s leaves no time for attempt "
+                    f"{state.attempt + 1}; last failure: {error.type}: {error.message}",
+                )
+                await self._advisory(state.attempt, final_error.message)
+                return await self._final(state.attempt, self._settle_failure(state.attempt, final_error))
+            if not recorded_failure:
+                retry_at = self.clock.now() + timedelta(seconds=delay)
+                outcome_ = await self._required(self._trail_failure(state.attempt, error, retry_at))
+                if outcome_ is not RecordOutcome.RECORDED:
+                    return outcome_
+                # The backoff counts from the recorded failure, not from before its append
+                # (which may take a while, or be retried): the next start is never sooner.
+                due = trio.current_time() + delay
+            logger.warning(
+                "failed (%s: %s); retrying in %.3fs",
+                error.type,
+                error.message,
+                delay,
+                extra={
+                    **self.log,
+                    "attempt": state.attempt,
+                    "max_attempts": policy.max_attempts,
+                    "retry_in": delay,
+                },
+            )
+            await trio.sleep_until(due)
+            state.same_provider_attempt += 1
+            state.attempt += 1
+            self._last_attempt = state.attempt
+            outcome_ = await self._required(
+                ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+            )
+            if outcome_ is not RecordOutcome.RECORDED:
+                return outcome_
+
+    def _trail_failure(
+        self, attempt: int, error: ActivityError, retry_at: datetime | None = None
+    ) -> ActivityFailed:
+        return ActivityFailed(
+            activity_id=self.request.activity_id, error=error, attempt=attempt, final=False, retry_at=retry_at
+        )
+
+    def _settle_failure(self, attempt: int, error: ActivityError) -> ActivityFailed:
+        return ActivityFailed(activity_id=self.request.activity_id, error=error, attempt=attempt, final=True)
+
+    def _next_hop(self, state: _LoopState) -> tuple[int, str] | None:
+        chain = self.options.fallback_queues
+        for index in range(state.consumed_fallback, len(chain)):
+            queue = chain[index]
+            if queue != state.current_queue:
+                return index, queue
+        return None
