@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,21 +23,16 @@ from .._completion import (
     reconcile_registry,
     teardown_bodies,
 )
-from .._contain import is_structural
-from .._context import ContinueAsNew, RunActivation
 from .._definitions import ActivityDefinition, WorkflowDefinition
 from .._epoch import EngineEpoch
 from .._errors import (
     BackendUnavailable,
     EngineEpochClosed,
-    NonDeterminismError,
     NotOwner,
-    PayloadError,
     SequenceConflict,
     StoreError,
     UnknownActivityType,
     UnknownWorkflowType,
-    WorkflowCancelled,
 )
 from .._events import (
     SCOPE_TIMEOUT_TYPE,
@@ -46,9 +40,7 @@ from .._events import (
     ActivityError,
     ActivityFailed,
     ChildWorkflowStarted,
-    ErrorInfo,
     Event,
-    EventBody,
     FailureCause,
     MarkerRecorded,
     TimeoutKind,
@@ -56,11 +48,7 @@ from .._events import (
     TimerCancelled,
     TimerFired,
     TimerStarted,
-    WorkflowCancelled as CancelledEvent,
-    WorkflowCompleted,
     WorkflowContinuedAsNew,
-    WorkflowFailed,
-    WorkflowReopened,
     WorkflowStarted,
     WorkflowStatus,
     WorkflowTimedOut,
@@ -68,16 +56,22 @@ from .._events import (
 )
 from .._ids import (
     deadline_timer_id,
-    new_run_id,
 )
 from .._observe import ObserverHub, RecoveryFinished
 from .._payload import Payload
 from .._poison import RecoveryGuard, poison_reason
-from .._ports import CancelTimer, RunAborted, ScheduleActivity, StartChild, StartTimer, WorkflowCommand
+from .._ports import (
+    CancelTimer,
+    RunAborted,
+    ScheduleActivity,
+    StartChild,
+    StartTimer,
+    WorkflowCommand,
+    WorkflowPort,
+)
 from .._projections import (
     RunState,
     current_lease_terminal,
-    is_active,
     latest_run_id,
     outstanding_timers,
     retry_trail,
@@ -96,11 +90,11 @@ from .._store import (
     VisibilityStore,
 )
 from .._transient import Transient
-from .._watchdog import register_step
 from .config import EngineConfig
 from .dispatch import ActivityDispatch
 from .log import logger
 from .recorders import Recorders
+from .runner import Runner
 from .timers import Timers
 from .visibility import VisibilityRows
 from .window import ScheduleWindow, schedule_bodies
@@ -147,8 +141,6 @@ class EngineCore:
         self.stuck: dict[str, str] = {}
         #: The startup sweep's poison-run bookkeeping (``None``: the store cannot count).
         self.recovery_guard: RecoveryGuard | None = None
-        #: Workflows a :meth:`resume_idle` is looking at now (one at a time: no second run).
-        self._resuming: set[str] = set()
         #: Cluster mode: the waker, sweeper and remote commands (set by ``open_engine``).
         self.cluster_services: ClusterServices | None = None
         #: Cluster mode: the store's node capability (``None``: a single-owner store).
@@ -176,6 +168,21 @@ class EngineCore:
             recover=self.recover_one,
             observers=observers,
             cluster=cluster,
+        )
+        #: Runs: their leases and tasks.
+        self.runner = Runner(
+            recorders=self.recorders,
+            registry=self.registry,
+            epoch=epoch,
+            clock=clock,
+            codec=self.codec,
+            workflows=workflows,
+            stuck=self.stuck,
+            port_for=self._port_for,
+            run_exit=self._run_exit,
+            upsert_visibility=self.upsert_visibility_quietly,
+            recover=self.recover_one,
+            guard=self._guarded,
         )
         self.activity_dispatch = ActivityDispatch(
             epoch=epoch,
@@ -265,51 +272,13 @@ class EngineCore:
         self.timers.drop_workflow(workflow_id)
         self.stuck.pop(workflow_id, None)
 
-    # -- appends of unknown outcome ------------------------------------------
+    # -- runs (aion_trio/_engine/runner.py) ----------------------------------
 
     def resume_idle_soon(self, workflow_id: str) -> None:
-        """After an append of unknown outcome that makes a run current (a start, a
-        reopen): once the store answers, :meth:`resume_idle` looks at
-        what landed and runs it.  Retried in the epoch while the store is unavailable."""
-        try:
-            self.epoch.spawn(
-                children.guarded,
-                self,
-                "resume a run recorded by an append of unknown outcome",
-                {"workflow_id": workflow_id},
-                self.resume_idle,
-                workflow_id,
-                name=f"resume-idle:{workflow_id}",
-            )
-        except EngineEpochClosed:
-            pass  # shutting down: the next engine's recovery resumes it
+        self.runner.resume_idle_soon(workflow_id)
 
     async def resume_idle(self, workflow_id: str) -> None:
-        """Resume ``workflow_id``'s latest run if history records it active but no live lease
-        here drives it, as the recovery sweep would.
-
-        The one mechanism for a run recorded by an append whose acknowledgement was lost
-        (a start, a reopen, a continue-as-new successor): the history is re-read first if
-        the recorder is stale, so what actually landed decides.  Idempotent; raises
-        ``BackendUnavailable`` while the store cannot be read."""
-        if workflow_id in self._resuming:
-            return  # another call is resuming it now
-        self._resuming.add(workflow_id)
-        try:
-            recorder = await self.recorder_for(workflow_id)
-            async with recorder.lock:
-                history = await recorder.current_history()
-                run_id = latest_run_id(history)
-                if run_id is None or not is_active(history):
-                    return
-                lease = self.registry.get(workflow_id, run_id)
-                if lease is not None and not lease.completion.is_set:
-                    return
-            await self.recover_one(workflow_id)
-        finally:
-            self._resuming.discard(workflow_id)
-
-    # -- runs --------------------------------------------------------------
+        await self.runner.resume_idle(workflow_id)
 
     async def reopen_locked(
         self,
@@ -319,165 +288,30 @@ class EngineCore:
         activity_ids: Sequence[int] = (),
         request_id: str | None = None,
     ) -> Lease:
-        """Append ``WorkflowReopened`` and install the run's new lease in the same critical
-        section (hold the recorder lock), so no check made under the lock ever sees the
-        reopen recorded without its lease, or the lease without its reopen."""
-        try:
-            await recorder.append(
-                [
-                    WorkflowReopened(
-                        run_id=run_id,
-                        reopened_activity_ids=tuple(int(a) for a in activity_ids),
-                        request_id=request_id,
-                    )
-                ],
-                action="reopen the run",
-                run_id=run_id,
-            )
-        except Exception:
-            if recorder.stale:  # the reopen may have landed: run it if it did
-                self.resume_idle_soon(recorder.workflow_id)
-            raise
-        return self.new_lease(recorder, run_id, workflow_type)
+        return await self.runner.reopen_locked(recorder, run_id, workflow_type, activity_ids, request_id)
 
     def new_lease(self, recorder: Recorder, run_id: str, workflow_type: str) -> Lease:
-        """Create and install a lease.  Call inside the recorder critical section
-        that appended the event making it current."""
-        lease = Lease(
-            workflow_id=recorder.workflow_id,
-            run_id=run_id,
-            workflow_type=workflow_type,
-            recorder=recorder,
-            start_head=recorder.head,
-        )
-        self.registry.install(lease)
-        return lease
+        return self.runner.new_lease(recorder, run_id, workflow_type)
 
     def spawn_run(self, lease: Lease) -> None:
-        self.epoch.spawn(
-            self._run_workflow,
-            lease,
-            name=f"workflow:{lease.workflow_id}",
-            workflow_id=lease.workflow_id,
-            run_id=lease.run_id,
-        )
-
-    async def _run_workflow(self, lease: Lease) -> None:
-        """A run's task: execute (or replay) the code, then record its terminal."""
-        fields = {"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id}
-        definition = self.workflows.get(lease.workflow_type)
-        if definition is None:
-            await self.mark_stuck(
-                lease,
-                f"workflow type {lease.workflow_type!r} is not registered with this engine; register it "
-                "and restart, or terminate the run",
-            )
-            return
-        activation = RunActivation(LeasePort(self, lease))
-        lease.task = trio.lowlevel.current_task()
-        lease.activation = activation
-        raw_args = self.codec.decode(activation.input)
-        args = raw_args if isinstance(raw_args, list) else [raw_args]
-        intent: TerminalIntent
-        try:
-            try:
-                with trio.CancelScope() as scope:
-                    lease.cancel_scope = scope
-                    value = await definition.fn(activation.context, *args)
-                    await activation.flush()
-                if scope.cancelled_caught:
-                    # Ended from outside (terminate, deadline teardown): that path
-                    # recorded the terminal and does the bookkeeping.
-                    return
-            except RunAborted:
-                return
-            except NonDeterminismError as exc:
-                await self.mark_stuck(lease, str(exc))
-                return
-            except WorkflowCancelled as cancelled:
-                if await self._stuck_at_exit(
-                    lease, activation, "the workflow to end cancelled", CancelledEvent
-                ):
-                    return
-                intent = TerminalIntent.cancelled(cancelled.reason, self.clock.now())
-            except ContinueAsNew as request:
-                if await self._stuck_at_exit(
-                    lease, activation, "the workflow to continue as new", WorkflowContinuedAsNew
-                ):
-                    return
-                exit_time = self.clock.now()
-                try:
-                    payload = self.codec.encode(list(request.args_), what="continue-as-new input")
-                    intent = TerminalIntent.continued_as_new(payload, request.workflow_type, exit_time)
-                except PayloadError as exc:
-                    intent = TerminalIntent.failed(error_info(exc), exit_time)
-            except BaseException as exc:
-                # SystemExit or any other BaseException of the code's own fails the
-                # run; only the engine's cancellation and a Ctrl-C pass (see _contain).
-                if is_structural(exc):
-                    raise
-                failing = f"the workflow to fail ({type(exc).__name__})"
-                if await self._stuck_at_exit(lease, activation, failing, WorkflowFailed):
-                    return
-                intent = TerminalIntent.failed(error_info(exc), self.clock.now())
-            else:
-                if await self._stuck_at_exit(lease, activation, "the workflow to return", WorkflowCompleted):
-                    return
-                exit_time = self.clock.now()
-                try:
-                    payload = self.codec.encode(value, what=f"result of workflow {lease.workflow_type!r}")
-                    intent = TerminalIntent.completed(payload, exit_time)
-                except PayloadError as exc:
-                    intent = TerminalIntent.failed(error_info(exc), exit_time)
-        finally:
-            lease.task = None
-            lease.cancel_scope = None
-            activation.detach()
-            if lease.activation is activation:
-                lease.activation = None
-            if lease.query_waiters:
-                lease.recorder.notify()
-        try:
-            await handle_run_exit(self, lease, intent)
-        except EngineEpochClosed as exc:
-            logger.warning("workflow terminal not recorded: %s", exc, extra=fields)
-        except Exception as exc:
-            logger.error(
-                "workflow completion hit an unretryable failure; the run stays as history shows it: %s: %s",
-                type(exc).__name__,
-                exc,
-                extra=fields,
-            )
-
-    async def _stuck_at_exit(
-        self, lease: Lease, activation: RunActivation, exit: str, terminal: type[EventBody]
-    ) -> bool:
-        """The code ended: mark the run stuck (``True``) if it diverged from history — a
-        command of its own failed to match, history holds a command it never issued, or
-        (replaying a finished run) the recorded end is of another kind than this exit."""
-        if activation.poisoned is not None:
-            await self.mark_stuck(lease, str(activation.poisoned))
-            return True
-        leftover = activation.unissued_recorded_command(terminal)
-        if leftover is None:
-            return False
-        family, ordinal, recorded = leftover
-        error = NonDeterminismError(lease.workflow_id, lease.run_id, family, ordinal, recorded, exit)
-        await self.mark_stuck(lease, str(error))
-        return True
+        self.runner.spawn_run(lease)
 
     async def mark_stuck(self, lease: Lease, reason: str) -> None:
-        """Leave the run Running, marked stuck (visibility ``stuck_reason``), others unaffected."""
-        lease.residency = Residency.STUCK
-        lease.stuck_reason = reason
-        self.stuck[lease.workflow_id] = reason
-        logger.error(
-            "workflow run is stuck and stays Running: %s",
-            reason,
-            extra={"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id},
-        )
-        lease.recorder.notify()
-        await self.upsert_visibility_quietly(lease.workflow_id)
+        await self.runner.mark_stuck(lease, reason)
+
+    async def start_successor(self, lease: Lease, terminal: WorkflowContinuedAsNew) -> Lease | None:
+        return await self.runner.start_successor(lease, terminal)
+
+    def _port_for(self, lease: Lease) -> WorkflowPort:
+        return LeasePort(self, lease)
+
+    async def _run_exit(self, lease: Lease, intent: TerminalIntent) -> None:
+        await handle_run_exit(self, lease, intent)
+
+    async def _guarded(
+        self, what: str, fields: Mapping[str, Any], fn: Callable[..., Awaitable[Any]], *args: Any
+    ) -> None:
+        await children.guarded(self, what, fields, fn, *args)
 
     # -- commands from workflow code ---------------------------------------
 
@@ -904,56 +738,6 @@ class EngineCore:
         await self.forget_timer(workflow_id, deadline)
         return timed_out
 
-    # -- continue-as-new -----------------------------------------------------
-
-    async def start_successor(self, lease: Lease, terminal: WorkflowContinuedAsNew) -> Lease | None:
-        """Start the successor of a continued run through the same recorder.
-
-        Behind its own epoch gate (it spawns a run).  A successor already recorded
-        appends nothing and returns ``None``; if no live lease drives it here (the
-        append that recorded it lost its acknowledgement), it is resumed
-        (:meth:`resume_idle`).
-        """
-        self.epoch.gate(lease.workflow_id, lease.run_id, "start the continue-as-new successor")
-        recorder = lease.recorder
-        async with recorder.lock:
-            history = await recorder.current_history()
-            recorded = any(
-                isinstance(e.body, WorkflowStarted) and e.body.parent_run_id == lease.run_id for e in history
-            )
-            if not recorded:
-                start = run_segment(history, lease.run_id)[0].body
-                assert isinstance(start, WorkflowStarted)
-                run_id = new_run_id()
-                workflow_type = terminal.workflow_type or lease.workflow_type
-                await recorder.append(
-                    [
-                        WorkflowStarted(
-                            workflow_type=workflow_type,
-                            input=terminal.input,
-                            run_id=run_id,
-                            parent_run_id=lease.run_id,
-                            parent_workflow_id=start.parent_workflow_id,
-                            task_queue=start.task_queue,
-                            search_attributes=start.search_attributes,
-                            timeout=start.timeout,
-                        )
-                    ],
-                    action="start the continue-as-new successor",
-                    run_id=run_id,
-                )
-                successor = self.new_lease(recorder, run_id, workflow_type)
-                self.spawn_run(successor)
-        if recorded:
-            logger.debug(
-                "continue-as-new successor already recorded; nothing appended",
-                extra={"workflow_id": lease.workflow_id, "run_id": lease.run_id},
-            )
-            await self.resume_idle(lease.workflow_id)
-            return None
-        await self.upsert_visibility_quietly(lease.workflow_id)
-        return successor
-
     # -- recovery -----------------------------------------------------------
 
     async def recover(self) -> None:
@@ -1109,22 +893,3 @@ class EngineCore:
                 lease.cached_status = WorkflowStatus.CONTINUED_AS_NEW
                 await self.start_successor(lease, terminal.body)
         await self.upsert_visibility_quietly(workflow_id)
-
-
-def _stepped_run(frame_locals: dict[str, Any]) -> str | None:
-    lease = frame_locals.get("lease")
-    if not isinstance(lease, Lease):
-        return None
-    return f"workflow {lease.workflow_id!r} run {lease.run_id} ({lease.workflow_type}), its workflow code"
-
-
-# A blocked Trio loop names the run whose code is on its stack (see _watchdog).
-register_step(EngineCore._run_workflow, _stepped_run)
-
-
-def error_info(exc: BaseException) -> ErrorInfo:
-    return ErrorInfo(
-        type=type(exc).__qualname__,
-        message=str(exc),
-        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-    )
