@@ -958,7 +958,18 @@ async def test_a_listener_woken_by_an_earlier_listeners_late_byte_drains_it_and_
                 writer_gate.release.set()
         assert await store.events.read_history("b") == markers("b", 1, 1)
         assert writer._wake_r.recv(64) == b"\0"  # b's own byte, for the next listener to drain
-        await store.events.append("c", markers("c", 1, 1), 0)
+        # The next listener leaves its own byte too.  Held until c listens: a writer
+        # thread that commits c before c's drain has run (a loaded machine) sends the
+        # byte that drain then takes, which is correct ("done" decides) but leaves none.
+        writer_gate.entered.clear()
+        writer_gate.release.clear()
+        writer_gate.armed = True
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.events.append, "c", markers("c", 1, 1), 0)
+                await writer_gate.wait_entered()
+                await trio.testing.wait_all_tasks_blocked()  # c drained, and waits
+                writer_gate.release.set()
         assert writer._wake_r.recv(64) == b"\0"
 
 
