@@ -86,11 +86,14 @@ from ._errors import (
     QueryUnavailable as QueryUnavailable,
     SequenceConflict as SequenceConflict,
     SerializationError as SerializationError,
+    StoreDecodeError as StoreDecodeError,
+    StoreEncodeError as StoreEncodeError,
     StoreError as StoreError,
     StoreOpenError as StoreOpenError,
     StoreOwned as StoreOwned,
     StorePathError as StorePathError,
     StoreSchemeConflict as StoreSchemeConflict,
+    StoreTakenOver as StoreTakenOver,
     TerminalError as TerminalError,
     Timeout as Timeout,
     UnknownActivityType as UnknownActivityType,
@@ -102,6 +105,7 @@ from ._errors import (
     WorkflowCancelled as WorkflowCancelled,
     WorkflowCommandError as WorkflowCommandError,
     WorkflowFailure as WorkflowFailure,
+    WorkflowFenced as WorkflowFenced,
     WorkflowNotFound as WorkflowNotFound,
 )
 from ._events import (

@@ -140,7 +140,7 @@ class ClusterServices:
 
     async def until_fenced_out(self) -> None:
         """Watch for this node being fenced out of everything (a newer incarnation of its node
-        id took over): then close the epoch and raise the store's ``NotOwner`` out of
+        id took over): then close the epoch and raise the store's ``StoreTakenOver`` out of
         ``open_engine``, so the engine stops visibly instead of idling.  Checked on every
         wake-up (no I/O)."""
         while True:

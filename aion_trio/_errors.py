@@ -42,7 +42,13 @@ class BackendUnavailable(StoreError):
 
 
 class NotOwner(StoreError):
-    """This node's ownership of ``shard`` has been fenced: stop, never retry here."""
+    """This engine no longer owns ``shard``: stop, never retry here.
+
+    The common base of :class:`StoreTakenOver` (the engine's hold on the whole
+    store was taken over) and :class:`WorkflowFenced` (cluster mode: one
+    workflow was claimed by another node).  Stores raise one of those two;
+    ``except NotOwner`` catches both.  Nothing was written.
+    """
 
     def __init__(self, shard: str, detail: str = "") -> None:
         self.shard = shard
@@ -51,6 +57,31 @@ class NotOwner(StoreError):
         if detail:
             msg += f": {detail}"
         super().__init__(msg)
+
+
+class StoreTakenOver(NotOwner):
+    """Another process took this engine's place in the store: it owns nothing there any more.
+
+    An owned embedded store (SQLite, memory) whose claim another engine took
+    over (this one was taken for dead; ``shard`` is ``'store'``), or a cluster
+    node superseded by a newer open of its node id (``shard`` is the node id).
+    The write was refused and nothing was written; ``open_engine`` raises it
+    and the engine stops.
+    """
+
+
+class WorkflowFenced(NotOwner):
+    """Cluster mode: another node claimed this workflow, so this node's write was refused.
+
+    ``shard`` (also ``workflow_id``) names the workflow.  Nothing was written;
+    the engine relinquishes the workflow and the new owner carries it on.
+    Never retried here.
+    """
+
+    @property
+    def workflow_id(self) -> str:
+        """The fenced workflow (the same as ``shard``)."""
+        return self.shard
 
 
 class SequenceConflict(StoreError):
@@ -156,10 +187,13 @@ class NotFound(StoreError):
 
 
 class SerializationError(StoreError):
-    """A stored event could not be decoded (or an event could not be encoded).
+    """The common base of :class:`StoreEncodeError` and :class:`StoreDecodeError`.
 
-    Names the workflow and seq, and the store location when known.
+    Names the workflow and seq, and the store location when known.  Stores
+    raise one of the two subclasses; ``except SerializationError`` catches both.
     """
+
+    _verb = "decode"
 
     def __init__(
         self,
@@ -178,7 +212,23 @@ class SerializationError(StoreError):
             where += f" seq {seq}"
         if location:
             where += f" in {location}"
-        super().__init__(f"cannot decode {where}: {detail}")
+        super().__init__(f"cannot {self._verb} {where}: {detail}")
+
+
+class StoreEncodeError(SerializationError):
+    """An event (or visibility row) could not be encoded for the store: nothing was written.
+
+    A bug or bad input (a value the backend cannot hold), not a damaged store.
+    """
+
+    _verb = "encode"
+
+
+class StoreDecodeError(SerializationError):
+    """Something stored could not be decoded: an event, a visibility row, an owner or inbox row.
+
+    The store is damaged (or was written by something else); restore it from a backup.
+    """
 
 
 class InvalidQuery(StoreError, ValueError):

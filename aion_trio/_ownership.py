@@ -37,7 +37,7 @@ does not stop them.  An owner whose claim was taken
 over finds out at its next renewal, or at its next write: a store that fences
 (SQLite) checks in every write transaction that the stored claim is still the
 writer's (its token, fresh on every claim), and refuses the write with
-:class:`~aion_trio.NotOwner`, writing nothing.
+:class:`~aion_trio.StoreTakenOver`, writing nothing.
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ from typing import final
 
 import attrs
 
-from ._errors import NotOwner, StoreOwned
+from ._errors import StoreOwned, StoreTakenOver
 
 OWNER_SHARD = "store"
-"""The ``shard`` a :class:`~aion_trio.NotOwner` raised by ``renew_owner`` names."""
+"""The ``shard`` a :class:`~aion_trio.StoreTakenOver` raised by ``renew_owner`` names."""
 
 
 def this_host() -> str:
@@ -220,10 +220,10 @@ def decide_claim(
 
 
 def decide_renew(current: OwnerClaim | None, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
-    """The renewed claim, or raise :class:`NotOwner` if ``claim`` is no longer the stored one."""
+    """The renewed claim, or raise :class:`StoreTakenOver` if ``claim`` is no longer the stored one."""
     if current is None or current.identity.token != claim.identity.token:
         who = "nobody" if current is None else current.identity.describe()
-        raise NotOwner(
+        raise StoreTakenOver(
             OWNER_SHARD,
             f"this engine ({claim.identity.describe()}) lost its claim on the store, which is now held "
             f"by {who}; it stops writing (its heartbeats stopped for longer than {claim.stale_after}, "
@@ -232,11 +232,11 @@ def decide_renew(current: OwnerClaim | None, claim: OwnerClaim, *, now: datetime
     return attrs.evolve(current, renewed_at=max(now, current.renewed_at), replaced=None)
 
 
-def fenced_write(location: str, holder: str | None, doing: str) -> NotOwner:
+def fenced_write(location: str, holder: str | None, doing: str) -> StoreTakenOver:
     """The error of a write refused by a store's fence: the handle's claim is no longer the stored
     one (``holder`` describes the claim's new owner, ``None``: no claim)."""
     who = holder or "nobody"
-    return NotOwner(
+    return StoreTakenOver(
         OWNER_SHARD,
         f"{location}: {doing} refused, nothing written: this engine's claim on the store was taken over "
         f"(it is now held by {who})",

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from ._commands import Command, CommandOutcome, PendingCommand
-from ._errors import InvalidBatch, InvalidQuery, NotOwner
+from ._errors import InvalidBatch, InvalidQuery, StoreTakenOver
 from ._events import Event, SearchValue, WorkflowStatus, validate_search_attributes, validate_search_key
 from ._ownership import OwnerClaim, OwnerIdentity
 
@@ -335,7 +335,7 @@ class OwnedStore(Protocol):
       :class:`~aion_trio.StoreOwned` naming the live owner and write nothing.
       Of concurrent claimants (other handles, other processes) exactly one wins.
     * ``renew_owner(claim, now=)``: the heartbeat; returns the renewed claim,
-      or raises :class:`~aion_trio.NotOwner` when the stored claim is no longer
+      or raises :class:`~aion_trio.StoreTakenOver` when the stored claim is no longer
       ``claim``'s (taken over, or released).
     * ``release_owner(claim)``: drop the claim if it is still ``claim``'s
       (otherwise do nothing); idempotent.
@@ -344,7 +344,7 @@ class OwnedStore(Protocol):
     The claim survives closing and reopening the store (a crashed owner
     leaves it behind).  Every method is a checkpoint; same close rules as
     :class:`EventStore`.  A store shared between processes should also
-    fence (refuse with ``NotOwner``, writing nothing, every write made through
+    fence (refuse with ``StoreTakenOver``, writing nothing, every write made through
     a handle whose claim is no longer the stored one) and offer
     :class:`ThreadRenewal`.
     """
@@ -439,7 +439,7 @@ class ClusterStore(Protocol):
     Offered by a store opened with a node identity (PostgreSQL with
     ``?node=NAME``); the engine detects it at runtime and runs in cluster
     mode.  Ownership is per workflow and fenced by the store: an append for
-    a workflow another node has claimed raises :class:`~aion_trio.NotOwner`
+    a workflow another node has claimed raises :class:`~aion_trio.WorkflowFenced`
     and writes nothing.
 
     * ``node_id``: this node's identity.
@@ -465,7 +465,7 @@ class ClusterStore(Protocol):
       next claim will own).  Commands for such a workflow go through the
       store's :class:`CommandInbox`.
     * ``fenced_out()``: ``None`` while this node may still own workflows; the
-      :class:`~aion_trio.NotOwner` that ended it once it never can again (a
+      :class:`~aion_trio.StoreTakenOver` that ended it once it never can again (a
       newer incarnation of its node id took everything over).  No I/O.  The
       engine then stops, raising it out of ``open_engine``, instead of idling.
     """
@@ -483,7 +483,7 @@ class ClusterStore(Protocol):
 
     async def command_target(self, workflow_id: str) -> str | None: ...
 
-    def fenced_out(self) -> NotOwner | None: ...
+    def fenced_out(self) -> StoreTakenOver | None: ...
 
 
 def validate_workflow_ids(workflow_ids: Sequence[str]) -> list[str]:

@@ -12,7 +12,14 @@ import trio
 import trio.testing
 
 import aion_trio
-from aion_trio import BackendUnavailable, NotOwner, SequenceConflict, VisibilityRow, WorkflowStatus
+from aion_trio import (
+    BackendUnavailable,
+    NotOwner,
+    SequenceConflict,
+    VisibilityRow,
+    WorkflowFenced,
+    WorkflowStatus,
+)
 from aion_trio.testing import FlakyStore, FlakyStoreBundle, FlakyVisibilityStore
 from aion_trio.testing._samples import at, markers
 
@@ -94,9 +101,9 @@ async def test_conflict_next_appends_reports_the_real_head_and_writes_nothing(fl
 
 async def test_not_owner_next_appends(flaky: FlakyStore) -> None:
     flaky.not_owner_next_appends(1)
-    with pytest.raises(NotOwner) as info:
+    with pytest.raises(WorkflowFenced) as info:
         await flaky.append("wf", markers("wf", 1, 1), 0)
-    assert info.value.shard == "wf"
+    assert info.value.shard == info.value.workflow_id == "wf"
     assert await flaky.inner.read_history("wf") == []
     await flaky.append("wf", markers("wf", 1, 1), 0)
 
@@ -202,7 +209,7 @@ async def test_injected_faults_are_checkpoints(flaky: FlakyStore) -> None:
             pass
     for arm, expected in (
         (flaky.conflict_next_appends, SequenceConflict),
-        (flaky.not_owner_next_appends, NotOwner),
+        (flaky.not_owner_next_appends, WorkflowFenced),
     ):
         arm(1)
         with trio.testing.assert_checkpoints():

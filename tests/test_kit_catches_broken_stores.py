@@ -22,6 +22,7 @@ from aion_trio import (
     CommandOutcome,
     Event,
     InvalidBatch,
+    NotOwner,
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
@@ -741,6 +742,16 @@ class RenewAlwaysSucceeds(ControlProxy):
         return attrs.evolve(claim, renewed_at=now)
 
 
+class RenewRaisesTheBareBase(ControlProxy):
+    """Refuses a taken-over renewal with the bare NotOwner base instead of StoreTakenOver."""
+
+    async def renew_owner(self, claim: OwnerClaim, *, now: datetime) -> OwnerClaim:
+        try:
+            return await self.inner.renew_owner(claim, now=now)
+        except NotOwner as exc:
+            raise NotOwner(exc.shard, exc.detail) from None
+
+
 class ReleaseIgnoresToken(ControlProxy):
     """Drops the stored claim whoever asks."""
 
@@ -994,6 +1005,9 @@ OWNER_CASES = [
     pytest.param(ReclaimRefused, "owner_reclaim_by_same_token_refreshes", id="reclaim-refused"),
     pytest.param(RenewNotStored, "owner_renew_extends_the_claim", id="renew-not-stored"),
     pytest.param(RenewAlwaysSucceeds, "owner_renew_after_takeover_is_not_owner", id="renew-always-succeeds"),
+    pytest.param(
+        RenewRaisesTheBareBase, "owner_renew_after_takeover_is_not_owner", id="renew-raises-the-bare-base"
+    ),
     pytest.param(ReleaseIgnoresToken, "owner_release_frees_the_store", id="release-ignores-token"),
     pytest.param(ClaimNotDurable, "owner_claim_survives_reopen", id="claim-not-durable"),
     pytest.param(ClaimCheckThenSet, "owner_concurrent_takeover_one_winner", id="claim-check-then-set"),

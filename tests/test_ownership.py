@@ -37,6 +37,7 @@ from aion_trio import (
     SignalCommand,
     StartCommand,
     StoreOwned,
+    StoreTakenOver,
     TerminateCommand,
 )
 from aion_trio.plugin import OwnerClaim, process_mark, this_host
@@ -184,8 +185,13 @@ async def test_an_engine_whose_claim_was_taken_over_stops_with_not_owner(tmp_pat
             await trio.sleep_forever()  # the next heartbeat ends the engine
 
     async with aion.open_store(url) as store:
-        with trio.fail_after(30), pytest.raises(NotOwner, match="lost its claim on the store"):
+        with (
+            trio.fail_after(30),
+            pytest.raises(StoreTakenOver, match="lost its claim on the store") as stopped,
+        ):
             await serve_until_taken_over(store)
+        assert isinstance(stopped.value, NotOwner)  # the common base still catches it
+        assert stopped.value.shard == "store"
         assert not engines[0].epoch.is_open
         owner = await store.current_owner()  # type: ignore[attr-defined]
         assert owner is not None
@@ -375,13 +381,19 @@ async def test_a_write_through_a_handle_whose_claim_was_taken_over_is_refused_an
             taker, now=aion_now() + timedelta(hours=1), stale_after=timedelta(hours=1)
         )
         second = attrs.evolve(first, seq=2)
-        with pytest.raises(NotOwner, match="appending events refused, nothing written") as refused:
+        with pytest.raises(StoreTakenOver, match="appending events refused, nothing written") as refused:
             await zombie.events.append("w", [second], 1)
         assert "now held by pid 1 on host 'elsewhere.invalid'" in str(refused.value)
-        with pytest.raises(NotOwner):
+        with pytest.raises(StoreTakenOver):
             await zombie.events.schedule_timer("w", "t", aion_now())
-        with pytest.raises(NotOwner):
+        with pytest.raises(StoreTakenOver):
             await zombie.renew_owner(mine, now=aion_now())  # type: ignore[attr-defined]
+        caught: list[NotOwner] = []
+        try:  # the common base still catches it
+            await zombie.events.append("w", [second], 1)
+        except NotOwner as exc:
+            caught.append(exc)
+        assert [type(exc) for exc in caught] == [StoreTakenOver]
         assert [e.seq for e in await usurper.events.read_history("w")] == [1]
         assert await usurper.events.expired_timers(aion_now() + timedelta(days=1)) == []
         # The new owner writes; a command from anyone is still queued (the inbox is for non-owners).
@@ -454,7 +466,7 @@ _ZOMBIE = textwrap.dedent(
                 print("READY", flush=True)
                 await trio.sleep_forever()
         except aion_trio.NotOwner as exc:
-            print(f"NOTOWNER {exc}", flush=True)
+            print(f"NOTOWNER {type(exc).__name__} {exc}", flush=True)
             sys.exit(4)
     trio.run(main)
     """
@@ -463,7 +475,7 @@ _ZOMBIE = textwrap.dedent(
 
 def test_a_resumed_zombie_is_fenced_and_writes_nothing(tmp_path: Path) -> None:
     """SIGSTOP an owner on "another host", take its store over, SIGCONT it: its in-flight
-    activity finishes, and the append of its outcome is refused (NotOwner) and ends the engine
+    activity finishes, and the append of its outcome is refused (StoreTakenOver) and ends the engine
     at once, long before its next heartbeat would have noticed."""
     url, gate = _sqlite(tmp_path), tmp_path / "gate"
     with subprocess.Popen(
@@ -503,7 +515,7 @@ def test_a_resumed_zombie_is_fenced_and_writes_nothing(tmp_path: Path) -> None:
                 child.kill()
                 child.wait()
     assert child.returncode == 4, err
-    assert out.startswith("NOTOWNER "), out
+    assert out.startswith("NOTOWNER StoreTakenOver "), out
     assert "refused, nothing written" in out
 
     async def after() -> tuple[list[str], object]:

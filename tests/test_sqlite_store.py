@@ -46,6 +46,8 @@ from aion_trio import (
     Payload,
     SequenceConflict,
     SerializationError,
+    StoreDecodeError,
+    StoreEncodeError,
     StorePathError,
     WorkflowCompleted,
     WorkflowStarted,
@@ -591,9 +593,10 @@ async def test_a_corrupt_event_row_names_file_workflow_and_seq(
         }
         conn.execute(statements[column], (value,))
         conn.close()
-        with pytest.raises(SerializationError, match=detail) as info:
+        with pytest.raises(StoreDecodeError, match=detail) as info:
             await store.events.read_history("bad")
         error = info.value
+        assert isinstance(error, SerializationError)  # the common base still catches it
         assert (error.workflow_id, error.seq, error.location) == ("bad", 2, str(path))
         assert f"workflow 'bad' seq 2 in {path}" in str(error)
         assert isinstance(error.__cause__, EventDecodeError | TypeError | ValueError)
@@ -1088,7 +1091,7 @@ async def test_a_lone_append_checks_its_head_with_one_seek_and_reads_the_head_on
         assert await store.events.list_workflow_ids() == ["wf"]
 
 
-async def test_a_lone_batch_sqlite_refuses_is_a_serialization_error_and_writes_nothing(
+async def test_a_lone_batch_sqlite_refuses_is_an_encode_error_and_writes_nothing(
     tmp_path: Path,
 ) -> None:
     bad = [
@@ -1097,14 +1100,61 @@ async def test_a_lone_batch_sqlite_refuses_is_a_serialization_error_and_writes_n
         )
     ]
     async with opened(tmp_path / "lone-bad.db") as store:
-        with pytest.raises(SerializationError) as info:
+        with pytest.raises(StoreEncodeError, match="cannot encode workflow 'bad' seq 1") as info:
             await store.events.append("bad", bad, 0)
+        assert isinstance(info.value, SerializationError)  # the common base still catches it
         assert isinstance(info.value.__cause__, UnicodeEncodeError)
         assert await store.events.read_history("bad") == []
         assert await store.events.list_workflow_ids() == []
         await store.events.append("bad", markers("bad", 1, 1), 0)  # the head is still 0
         stats = store.events.statistics()
         assert (stats.refused, stats.appends, stats.commits) == (1, 1, 1)
+
+
+async def test_a_body_the_codec_cannot_encode_is_an_encode_error_and_writes_nothing(tmp_path: Path) -> None:
+    body = MarkerRecorded(name="m", value=Payload.of(1))
+    object.__setattr__(body, "name", object())  # bypasses the validators, as a bug would
+    async with opened(tmp_path / "codec-bad.db") as store:
+        caught: list[SerializationError] = []
+        try:
+            await store.events.append("bad", [Event(workflow_id="bad", seq=1, recorded_at=T0, body=body)], 0)
+        except SerializationError as exc:  # the common base still catches it
+            caught.append(exc)
+        assert [type(exc) for exc in caught] == [StoreEncodeError]
+        assert str(caught[0]).startswith("cannot encode workflow 'bad' seq 1: cannot encode the event")
+        assert isinstance(caught[0].__cause__, TypeError)
+        assert await store.events.read_history("bad") == []
+
+
+@pytest.mark.parametrize("damaged", ["visibility", "owner", "inbox"])
+async def test_a_damaged_control_or_visibility_row_is_a_decode_error(tmp_path: Path, damaged: str) -> None:
+    path = tmp_path / "damaged.db"
+    async with opened(path) as store:
+        await store.visibility.upsert(
+            VisibilityRow(
+                workflow_id="wf", run_id="r", workflow_type="t", status=WorkflowStatus.RUNNING, start_time=T0
+            )
+        )
+        await store.claim_owner(aion_trio.OwnerIdentity.current(), now=T0, stale_after=timedelta(seconds=30))
+        await store.enqueue_command(aion_trio.CancelCommand(workflow_id="wf"))
+        conn = raw(path)
+        conn.execute(
+            {
+                "visibility": "UPDATE visibility SET status = 'no-such-status'",
+                "owner": "UPDATE owner SET since = 'yesterday'",
+                "inbox": "UPDATE inbox SET data = '{not json'",
+            }[damaged]
+        )
+        conn.close()
+        read = {
+            "visibility": lambda: store.visibility.get("wf"),
+            "owner": store.current_owner,
+            "inbox": store.pending_commands,
+        }[damaged]
+        with pytest.raises(StoreDecodeError, match="cannot decode") as info:
+            await read()
+        assert isinstance(info.value, SerializationError)
+        assert info.value.location == store.path
 
 
 async def test_a_batch_sqlite_refuses_is_isolated_from_its_group(
@@ -1138,7 +1188,7 @@ async def test_a_batch_sqlite_refuses_is_isolated_from_its_group(
             writer_gate.release.set()
         after = store.events.statistics()
         error = results.pop("bad")
-        assert isinstance(error, SerializationError)
+        assert isinstance(error, StoreEncodeError)
         assert (error.workflow_id, error.seq, error.location) == ("bad", 1, store.path)
         assert isinstance(error.__cause__, UnicodeEncodeError)
         assert results == {"a": None, "b": None}

@@ -30,11 +30,11 @@ from .._definitions import WorkflowDefinition
 from .._epoch import EngineEpoch
 from .._errors import (
     CannotReopen,
-    NotOwner,
     NotRunning,
     QueryUnavailable,
     SequenceConflict,
     WorkflowAlreadyStarted,
+    WorkflowFenced,
     WorkflowNotFound,
     epoch_closed,
 )
@@ -445,7 +445,7 @@ class Engine:
         if await cluster.cluster.command_target(workflow_id) is None:
             try:
                 return await here()
-            except NotOwner:
+            except WorkflowFenced:
                 pass  # claimed by another node meanwhile (relinquished here): ask the owner
         outcome: CommandOutcome = await cluster.send(command())
         if not outcome.ok:

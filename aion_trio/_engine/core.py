@@ -33,6 +33,7 @@ from .._errors import (
     StoreError,
     UnknownActivityType,
     UnknownWorkflowType,
+    WorkflowFenced,
 )
 from .._events import (
     SCOPE_TIMEOUT_TYPE,
@@ -351,7 +352,7 @@ class EngineCore:
             except EngineEpochClosed:
                 raise RunAborted() from None
             except NotOwner as exc:
-                if self.cluster is not None:
+                if isinstance(exc, WorkflowFenced) and self.cluster is not None:
                     raise RunAborted() from exc  # relinquished by the recorder's fence hook
                 await self.mark_stuck(lease, f"could not {what}: {exc}")
                 raise RunAborted() from exc

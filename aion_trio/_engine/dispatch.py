@@ -18,7 +18,7 @@ from .._activities import ActivityDispatcher, ActivityDriver, ActivityRequest
 from .._clock import EngineClock
 from .._definitions import ActivityDefinition
 from .._epoch import EngineEpoch
-from .._errors import EngineEpochClosed, NotOwner, SequenceConflict, StoreError
+from .._errors import EngineEpochClosed, SequenceConflict, StoreError, WorkflowFenced
 from .._events import ActivityScheduled, WorkflowReopened
 from .._payload import Payload
 from .._projections import retry_trail, run_segment, scheduled_activities, unsettled_activities
@@ -120,7 +120,7 @@ class ActivityDispatch:
                 await driver.run(resume=resume)
             except StoreError as exc:
                 # Not transient (those are retried until they land): the run cannot go on.
-                if isinstance(exc, (NotOwner, SequenceConflict)) and self.cluster_mode:
+                if isinstance(exc, (WorkflowFenced, SequenceConflict)) and self.cluster_mode:
                     return  # relinquished by the recorder's fence or stale-copy hook
                 reason = (
                     f"could not record the outcome of activity:{request.activity_id} "

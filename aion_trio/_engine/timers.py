@@ -16,7 +16,7 @@ import trio
 
 from .._clock import EngineClock
 from .._epoch import EngineEpoch
-from .._errors import BackendUnavailable, EngineEpochClosed, NotOwner, StoreError
+from .._errors import BackendUnavailable, EngineEpochClosed, StoreError, WorkflowFenced
 from .._events import TimerFired
 from .._ids import deadline_timer_id
 from .._projections import current_lease_terminal, outstanding_timers, run_segment, timer_resolved
@@ -181,7 +181,7 @@ class Timers:
     def _not_fired(self, exc: EngineEpochClosed | StoreError, fields: dict[str, str]) -> None:
         if isinstance(exc, EngineEpochClosed):
             return  # shutting down: the next engine fires it
-        if isinstance(exc, NotOwner) and self._cluster_mode:
+        if isinstance(exc, WorkflowFenced) and self._cluster_mode:
             return  # the workflow was relinquished (logged there)
         logger.error("could not fire timer: %s", exc, extra=fields)
 

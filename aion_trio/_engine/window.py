@@ -18,7 +18,7 @@ import trio
 
 from .._clock import EngineClock
 from .._epoch import EngineEpoch
-from .._errors import BackendUnavailable, EngineEpochClosed, NotOwner, StoreError
+from .._errors import BackendUnavailable, EngineEpochClosed, StoreError, WorkflowFenced
 from .._events import ActivityScheduled, ActivityStarted, input_digest
 from .._ports import RunAborted, ScheduleActivity
 from .._projections import RunState
@@ -150,7 +150,7 @@ class ScheduleWindow:
                 extra=fields,
             )
             self.owe(recorder, self._config.completion_retry.initial)
-        except NotOwner as exc:
+        except WorkflowFenced as exc:
             if not self._cluster_mode:
                 logger.error("could not write deferred schedule records: %s", exc, extra=fields)
         except StoreError as exc:

@@ -69,7 +69,7 @@ async def open_engine(
     :class:`~aion_trio.StoreOwned` names it and nothing is written.  The claim
     is renewed every ``config.owner_heartbeat`` seconds of wall-clock time and
     released on exit; should another process take it over (this engine was
-    taken for dead), the engine stops and :class:`~aion_trio.NotOwner` is
+    taken for dead), the engine stops and :class:`~aion_trio.StoreTakenOver` is
     raised.  A store with a :class:`~aion_trio.CommandInbox` is drained after
     recovery and then every ``config.inbox_poll_interval`` seconds
     (:meth:`Engine.drain_inbox` drains at once).

@@ -39,10 +39,14 @@ from .._errors import (
     NotOwner as NotOwner,
     SequenceConflict as SequenceConflict,
     SerializationError as SerializationError,
+    StoreDecodeError as StoreDecodeError,
+    StoreEncodeError as StoreEncodeError,
     StoreError as StoreError,
     StoreOpenError as StoreOpenError,
     StoreOwned as StoreOwned,
     StorePathError as StorePathError,
+    StoreTakenOver as StoreTakenOver,
+    WorkflowFenced as WorkflowFenced,
 )
 from .._events import (
     Event as Event,

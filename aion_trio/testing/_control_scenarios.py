@@ -28,7 +28,7 @@ from .._commands import (
     StartCommand,
     TerminateCommand,
 )
-from .._errors import NotFound, NotOwner, StoreOwned
+from .._errors import NotFound, StoreOwned, StoreTakenOver
 from .._ownership import OwnerClaim, OwnerIdentity, pid_alive, this_host
 from .._payload import Payload
 from . import _samples as s
@@ -171,17 +171,18 @@ async def owner_renew_extends_the_claim(ctx: ScenarioContext) -> None:
 
 
 async def owner_renew_after_takeover_is_not_owner(ctx: ScenarioContext) -> None:
-    """An owner taken over (or released) gets NotOwner from renew_owner, and the new claim stays."""
+    """An owner taken over (or released) gets StoreTakenOver (a NotOwner) from renew_owner, and the
+    new claim stays.  The bare NotOwner base is refused: the engine must know the whole store is lost."""
     async with ctx.open() as store:
         far = _identity("far", host=OTHER_HOST, pid=1)
         old = await _claim_ok(ctx, store, far, 0)
         b = _identity("b")
         new = await _claim_ok(ctx, store, b, 11)
-        with ctx.expect_raises(NotOwner, "renew_owner() of the taken-over claim"):
+        with ctx.expect_raises(StoreTakenOver, "renew_owner() of the taken-over claim"):
             await store.renew_owner(old, now=_at(12))
         await _expect_owner(ctx, store, new, "current_owner() after the stale owner's renewal")
         await store.release_owner(new)
-        with ctx.expect_raises(NotOwner, "renew_owner() of a released claim"):
+        with ctx.expect_raises(StoreTakenOver, "renew_owner() of a released claim"):
             await store.renew_owner(new, now=_at(13))
         await _expect_owner(ctx, store, None, "current_owner() after the refused renewal")
 

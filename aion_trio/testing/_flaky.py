@@ -24,7 +24,7 @@ from typing import Generic, Literal, TypeVar, Union, final
 import attrs
 import trio
 
-from .._errors import BackendUnavailable, NotOwner, SequenceConflict
+from .._errors import BackendUnavailable, SequenceConflict, WorkflowFenced
 from .._events import Event
 from .._store import EventStore, Store, TimerEntry, VisibilityFilter, VisibilityRow, VisibilityStore
 
@@ -201,7 +201,8 @@ class FlakyStore(_Flaky[EventStore]):
         self._arm("append", 0, n, _Fault("conflict"))
 
     def not_owner_next_appends(self, n: int = 1) -> None:
-        """The next ``n`` appends raise ``NotOwner`` (shard = the workflow id); nothing is written."""
+        """The next ``n`` appends raise ``WorkflowFenced`` (a ``NotOwner``; shard = the workflow id), as a
+        cluster store does for a workflow another node claimed; nothing is written."""
         self._arm("append", 0, n, _Fault("not_owner"))
 
     def commit_then_fail_next_appends(self, n: int = 1, exc: ExceptionSpec | None = None) -> None:
@@ -228,7 +229,7 @@ class FlakyStore(_Flaky[EventStore]):
             raise SequenceConflict(workflow_id, expected_seq, head)
         if fault.kind == "not_owner":
             self._faults["append"] += 1
-            raise NotOwner(workflow_id, "injected fault")
+            raise WorkflowFenced(workflow_id, "injected fault")
         if fault.kind == "commit_then_fail":
             try:
                 await self._inner.append(workflow_id, events, expected_seq)

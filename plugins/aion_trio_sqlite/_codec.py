@@ -26,7 +26,8 @@ from aion_trio.plugin import (
     SearchOp,
     SearchPredicate,
     SearchValue,
-    SerializationError,
+    StoreDecodeError,
+    StoreEncodeError,
     VisibilityFilter,
     VisibilityRow,
     WorkflowStatus,
@@ -71,7 +72,7 @@ def event_rows(workflow_id: str, events: Sequence[Event]) -> list[EventRow]:
         try:
             type_name, data = body_data_json(event.body)
         except (TypeError, ValueError) as exc:
-            raise SerializationError(workflow_id, event.seq, f"cannot encode the event: {exc}") from exc
+            raise StoreEncodeError(workflow_id, event.seq, f"cannot encode the event: {exc}") from exc
         at = event.recorded_at
         if at is not last_at:
             last_at = at
@@ -81,7 +82,7 @@ def event_rows(workflow_id: str, events: Sequence[Event]) -> list[EventRow]:
 
 
 def decode_events(workflow_id: str, rows: Sequence[Sequence[Any]], location: str) -> list[Event]:
-    """Events from ``(seq, recorded_at, type, data)`` rows; a bad row is a :class:`SerializationError`."""
+    """Events from ``(seq, recorded_at, type, data)`` rows; a bad row is a :class:`StoreDecodeError`."""
     out: list[Event] = []
     append = out.append
     for seq, recorded_at, type_name, data in rows:
@@ -99,7 +100,7 @@ def decode_events(workflow_id: str, rows: Sequence[Sequence[Any]], location: str
                 )
             )
         except (EventDecodeError, ValueError, TypeError, OverflowError) as exc:
-            raise SerializationError(workflow_id, seq, str(exc), location=location) from exc
+            raise StoreDecodeError(workflow_id, seq, str(exc), location=location) from exc
     return out
 
 
@@ -147,7 +148,7 @@ def decode_visibility(values: Sequence[Any], location: str) -> VisibilityRow:
             search_attributes=json.loads(attributes),
         )
     except (ValueError, TypeError, OverflowError) as exc:
-        raise SerializationError(
+        raise StoreDecodeError(
             str(wid), None, f"cannot decode the visibility row: {exc}", location=location
         ) from exc
 

@@ -27,7 +27,7 @@ from aion_trio.plugin import (
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
-    SerializationError,
+    StoreDecodeError,
     command_from_data_json,
     decide_claim,
     decide_renew,
@@ -81,7 +81,7 @@ def _decode_owner(row: Any, location: str) -> OwnerClaim:
             stale_after=timedelta(microseconds=stale_after_us),
         )
     except (TypeError, ValueError, OverflowError) as exc:
-        raise SerializationError(
+        raise StoreDecodeError(
             "(owner)", None, f"the owner row is damaged: {exc}", location=location
         ) from exc
 
@@ -140,7 +140,7 @@ class ClaimOp(WriteOp):
 
 
 class RenewOp(WriteOp):
-    """The owner's heartbeat: refused with ``NotOwner`` if the claim is no longer its own."""
+    """The owner's heartbeat: refused with ``StoreTakenOver`` if the claim is no longer its own."""
 
     __slots__ = ("claim", "location", "now", "result")
     doing = "renewing the store's owner claim"
@@ -158,7 +158,7 @@ class RenewOp(WriteOp):
         self.result = None
         try:
             renewed = decide_renew(read_owner(conn, self.location), self.claim, now=self.now)
-        except AionError as exc:  # NotOwner, or a damaged row
+        except AionError as exc:  # StoreTakenOver, or a damaged row (StoreDecodeError)
             self.error = exc
             return
         conn.execute(_SQL_RENEW_OWNER, (_codec.to_us(renewed.renewed_at), renewed.identity.token))
@@ -268,7 +268,7 @@ def pending_read(limit: int, location: str) -> ReadOp[list[PendingCommand]]:
             try:
                 command = command_from_data_json(kind, data)
             except CommandDecodeError as exc:
-                raise SerializationError(
+                raise StoreDecodeError(
                     "(inbox)", None, f"command #{command_id}: {exc}", location=location
                 ) from exc
             out.append(PendingCommand(command_id=command_id, command=command))
@@ -288,7 +288,7 @@ def outcome_read(command_id: int, location: str) -> ReadOp[CommandOutcome | None
         try:
             return outcome_from_json(cast("str", text))  # an acknowledged row holds its outcome's JSON
         except CommandDecodeError as exc:
-            raise SerializationError(
+            raise StoreDecodeError(
                 "(inbox)", None, f"command #{command_id}: {exc}", location=location
             ) from exc
 

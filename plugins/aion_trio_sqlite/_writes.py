@@ -27,7 +27,7 @@ from typing import Any
 import apsw
 
 from aion_trio import AionInternalError
-from aion_trio.plugin import SequenceConflict, SerializationError, fenced_write
+from aion_trio.plugin import SequenceConflict, StoreEncodeError, fenced_write
 
 from ._codec import EventRow
 from ._mapping import cause, runtime_error
@@ -119,7 +119,7 @@ class AppendOp(WriteOp):
     def local_error(self, exc: BaseException, location: str) -> BaseException:
         if isinstance(exc, (UnicodeError, OverflowError, apsw.TooBigError)):
             return cause(
-                SerializationError(
+                StoreEncodeError(
                     self.workflow_id,
                     self.rows[0][1],
                     f"SQLite cannot store this batch: {type(exc).__name__}: {exc}",
@@ -167,7 +167,7 @@ class RiderOp(StatementOp):
 def fence(conn: apsw.Connection, ops: Sequence[WriteOp], token: str, location: str) -> Sequence[WriteOp]:
     """The writes of ``ops`` to apply in the open transaction: all of them while the stored claim
     is still ``token``'s (one primary-key read); otherwise the fenced ones are refused with
-    ``NotOwner`` and write nothing (an engine taken for dead and taken over, then resumed)."""
+    ``StoreTakenOver`` and write nothing (an engine taken for dead and taken over, then resumed)."""
     for (stored,) in conn.execute(SQL_OWNER_TOKEN):
         if stored == token:
             return ops

@@ -62,15 +62,15 @@ every older one; so an open is refused with :class:`~aion_trio.NodeInUse`
 (naming its host and pid) while another live process holds the id's lease,
 unless that process is gone on this host (a node restarted after a crash
 takes over at once).  An engine whose node was fenced out anyway stops,
-raising :class:`~aion_trio.NotOwner` out of ``open_engine``.  Each workflow row has ``owner_node`` and ``owner_epoch``.
+raising :class:`~aion_trio.StoreTakenOver` out of ``open_engine``.  Each workflow row has ``owner_node`` and ``owner_epoch``.
 The first append of a workflow by a node (or :meth:`PostgresEventStore.claim`)
 claims it: allowed when it is unowned, owned by this node id, or owned by a
 node whose lease has expired; every claim bumps ``owner_epoch``.  Every
 append is one call of the server-side function ``aion_append``, which in one
-transaction checks the fence (:class:`~aion_trio.NotOwner`), then the expected
+transaction checks the fence (:class:`~aion_trio.WorkflowFenced`), then the expected
 seq (:class:`~aion_trio.SequenceConflict`), and writes the events (each
 stamped with the epoch), the workflow row and the timer rows the batch causes.
-A node whose workflow was claimed by another gets ``NotOwner`` on its next
+A node whose workflow was claimed by another gets ``WorkflowFenced`` on its next
 append and writes nothing, so a history never forks.  A store opened without
 ``node`` does no claiming and refuses to append to workflows a node owns.
 

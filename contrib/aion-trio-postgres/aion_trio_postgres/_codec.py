@@ -29,7 +29,8 @@ from aion_trio.plugin import (
     SearchOp,
     SearchPredicate,
     SearchValue,
-    SerializationError,
+    StoreDecodeError,
+    StoreEncodeError,
     VisibilityFilter,
     VisibilityRow,
     WorkflowStatus,
@@ -64,7 +65,7 @@ class EncodedBatch:
 
 
 def encode_batch(workflow_id: str, events: Sequence[Event]) -> EncodedBatch:
-    """Encode a validated batch; a body the codec refuses is a :class:`SerializationError`."""
+    """Encode a validated batch; a body the codec refuses is a :class:`StoreEncodeError`."""
     recorded_at: list[datetime] = []
     types: list[str] = []
     data: list[str] = []
@@ -74,7 +75,7 @@ def encode_batch(workflow_id: str, events: Sequence[Event]) -> EncodedBatch:
         try:
             type_name, text = body_data_json(event.body)
         except (TypeError, ValueError) as exc:
-            raise SerializationError(workflow_id, event.seq, f"cannot encode the event: {exc}") from exc
+            raise StoreEncodeError(workflow_id, event.seq, f"cannot encode the event: {exc}") from exc
         recorded_at.append(event.recorded_at)
         types.append(type_name)
         data.append(text)
@@ -95,7 +96,7 @@ def encode_batch(workflow_id: str, events: Sequence[Event]) -> EncodedBatch:
 
 
 def decode_events(workflow_id: str, rows: Sequence[Sequence[Any]], location: str) -> list[Event]:
-    """Events from ``(seq, recorded_at, type, data)`` rows; a bad row is a :class:`SerializationError`."""
+    """Events from ``(seq, recorded_at, type, data)`` rows; a bad row is a :class:`StoreDecodeError`."""
     out: list[Event] = []
     append = out.append
     for seq, recorded_at, type_name, data in rows:
@@ -111,7 +112,7 @@ def decode_events(workflow_id: str, rows: Sequence[Sequence[Any]], location: str
                 )
             )
         except (EventDecodeError, ValueError, TypeError, OverflowError) as exc:
-            raise SerializationError(workflow_id, seq, str(exc), location=location) from exc
+            raise StoreDecodeError(workflow_id, seq, str(exc), location=location) from exc
     return out
 
 
@@ -160,7 +161,7 @@ def decode_visibility(values: Sequence[Any], location: str) -> VisibilityRow:
             search_attributes=json.loads(attributes),
         )
     except (ValueError, TypeError, OverflowError) as exc:
-        raise SerializationError(
+        raise StoreDecodeError(
             str(wid), None, f"cannot decode the visibility row: {exc}", location=location
         ) from exc
 

@@ -25,15 +25,16 @@ from aion_trio.plugin import (
     Event,
     NodeInUse,
     NotFound,
-    NotOwner,
     OwnerIdentity,
     PendingCommand,
     SequenceConflict,
-    SerializationError,
+    StoreEncodeError,
     StoreError,
+    StoreTakenOver,
     TimerEntry,
     VisibilityFilter,
     VisibilityRow,
+    WorkflowFenced,
     command_data_json,
     command_from_data_json,
     hold_mock_time,
@@ -346,10 +347,10 @@ def _append_error(
         found = int(exc.diag.message_detail or "0")
         return cause(SequenceConflict(workflow_id, expected_seq, found), exc)
     if exc.sqlstate == SQLSTATE_NOT_OWNER:
-        return cause(NotOwner(workflow_id, exc.diag.message_primary or ""), exc)
+        return cause(WorkflowFenced(workflow_id, exc.diag.message_primary or ""), exc)
     if isinstance(exc, psycopg.DataError):
         return cause(
-            SerializationError(workflow_id, first_seq, f"PostgreSQL cannot store this batch: {exc}"), exc
+            StoreEncodeError(workflow_id, first_seq, f"PostgreSQL cannot store this batch: {exc}"), exc
         )
     return None
 
@@ -367,7 +368,7 @@ class PostgresEventStore(_Facade):
     Ownership: opened with a node identity (``?node=NAME``), the first append
     to a workflow (or :meth:`claim`) claims it for this node, bumping its
     fencing epoch; later appends carry that epoch and the database refuses
-    them with :class:`~aion_trio.NotOwner` once another node has claimed the
+    them with :class:`~aion_trio.WorkflowFenced` once another node has claimed the
     workflow.  Opened without one, appends are refused for workflows some
     node owns.
     """
@@ -393,7 +394,7 @@ class PostgresEventStore(_Facade):
     async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
         """Append ``events`` after ``expected_seq``: all or nothing, committed when it returns.
 
-        One server-side call checks the fence (:class:`~aion_trio.NotOwner`)
+        One server-side call checks the fence (:class:`~aion_trio.WorkflowFenced`)
         and the expected seq (:class:`~aion_trio.SequenceConflict`) and writes
         the events, the workflow row and the timer rows the batch causes
         (``TimerStarted`` upserts, ``TimerFired``/``TimerCancelled`` removes).
@@ -432,7 +433,7 @@ class PostgresEventStore(_Facade):
                     raise refusal from exc
                 raise
             except UnicodeError as exc:
-                raise SerializationError(
+                raise StoreEncodeError(
                     workflow_id, first_seq, f"PostgreSQL cannot store this batch: {exc}"
                 ) from exc
             assert row is not None
@@ -447,7 +448,7 @@ class PostgresEventStore(_Facade):
 
         Succeeds when the workflow is unowned, owned by this node id, or owned
         by a node whose lease has expired by the database clock; otherwise
-        raises :class:`~aion_trio.NotOwner` naming the owner.  Every claim
+        raises :class:`~aion_trio.WorkflowFenced` naming the owner.  Every claim
         bumps the epoch, fencing whoever held it before.
         """
         await self._enter()
@@ -462,7 +463,7 @@ class PostgresEventStore(_Facade):
                 row = conn.execute(_SQL_CLAIM, (workflow_id, node.node_id, node.incarnation)).fetchone()
             except psycopg.Error as exc:
                 if exc.sqlstate == SQLSTATE_NOT_OWNER:
-                    raise NotOwner(workflow_id, exc.diag.message_primary or "") from exc
+                    raise WorkflowFenced(workflow_id, exc.diag.message_primary or "") from exc
                 raise
             assert row is not None
             return int(row[0])
@@ -567,7 +568,7 @@ class PostgresVisibilityStore(_Facade):
                     if search:
                         cur.executemany(_SQL_INSERT_SEARCH, search)
             except (psycopg.DataError, UnicodeError) as exc:
-                raise SerializationError(
+                raise StoreEncodeError(
                     wid, None, f"PostgreSQL cannot store this visibility row: {exc}"
                 ) from exc
 
@@ -631,7 +632,7 @@ class PostgresStore:
     async def renew_lease(self) -> datetime:
         """Extend this node's lease by ``lease_ttl`` from now by the database clock; return the new expiry.
 
-        Raises :class:`~aion_trio.NotOwner` when a newer incarnation of this
+        Raises :class:`~aion_trio.StoreTakenOver` when a newer incarnation of this
         node id has been opened (this one is fenced for good).
         """
         await self.events._enter()
@@ -639,7 +640,7 @@ class PostgresStore:
         if node is None:
             await _refuse(TypeError(f"{self.url.location}: renew_lease() needs a node identity (?node=NAME)"))
         if node.superseded:
-            await _refuse(NotOwner(node.node_id, f"incarnation {node.incarnation} has been superseded"))
+            await _refuse(StoreTakenOver(node.node_id, f"incarnation {node.incarnation} has been superseded"))
 
         def run(conn: Conn) -> datetime | None:
             found = conn.execute(
@@ -653,7 +654,7 @@ class PostgresStore:
         expires = await self._backend.run("renewing the node lease", run, limiter=self._backend.lease_limiter)
         if expires is None:
             node.superseded = True
-            raise NotOwner(
+            raise StoreTakenOver(
                 node.node_id,
                 f"incarnation {node.incarnation} has been superseded by a newer open of this node id",
             )
@@ -831,18 +832,18 @@ class PostgresClusterStore(PostgresStore):
         found = conn.execute(_SQL_CHECK_INCARNATION, (node.node_id,)).fetchone()
         if found is None or int(found[0]) != node.incarnation:
             node.superseded = True
-            raise NotOwner(
+            raise StoreTakenOver(
                 node.node_id,
                 f"incarnation {node.incarnation} has been superseded by a newer open of this node id",
             )
 
-    def fenced_out(self) -> NotOwner | None:
-        """The ``NotOwner`` that ended this node once a newer incarnation of its id superseded it
+    def fenced_out(self) -> StoreTakenOver | None:
+        """The ``StoreTakenOver`` that ended this node once a newer incarnation of its id superseded it
         (it can never own a workflow again), else ``None``; no I/O."""
         node = self._node()
         if not node.superseded:
             return None
-        return NotOwner(
+        return StoreTakenOver(
             node.node_id,
             f"incarnation {node.incarnation} has been superseded by a newer open of this node id "
             "(another process was started with the same node id): this node owns nothing any more",
@@ -1137,7 +1138,7 @@ async def _renew_once(store: PostgresStore) -> bool:
     """Renew the node lease, logging a failure; ``False`` once renewing is over for good."""
     try:
         await store.renew_lease()
-    except NotOwner as exc:
+    except StoreTakenOver as exc:
         logger.error("%s: %s; stopping lease renewal", store.url.location, exc)
         return False
     except StoreError as exc:

@@ -19,7 +19,7 @@ import trio.testing
 from aion_trio_postgres import PostgresClusterStore, open_postgres_store
 
 import aion_trio as aion
-from aion_trio import EngineConfig, NotOwner, NotRunning, Payload, WorkflowRelinquished
+from aion_trio import EngineConfig, NotOwner, NotRunning, Payload, StoreTakenOver, WorkflowRelinquished
 from aion_trio._ids import new_run_id
 from aion_trio.events import SignalReceived, TimerFired, WorkflowStarted
 from aion_trio.plugin import ClusterStore, body_data_json
@@ -511,7 +511,7 @@ async def test_a_node_superseded_by_a_newer_incarnation_stops_its_engine(
     fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
 ) -> None:
     """Fenced out of everything (its node id reopened elsewhere), an engine does not idle: it
-    closes its epoch and raises NotOwner out of open_engine."""
+    closes its epoch and raises StoreTakenOver (a NotOwner) out of open_engine."""
     url = fresh_store_url()
     schema = schema_of(url)
     engines: list[aion.Engine] = []
@@ -526,9 +526,10 @@ async def test_a_node_superseded_by_a_newer_incarnation_stops_its_engine(
                 assert newer.node is not None
                 await trio.sleep_forever()  # the superseded engine must end this on its own
 
-    with trio.fail_after(30), pytest.raises(NotOwner, match="superseded") as stopped:
+    with trio.fail_after(30), pytest.raises(StoreTakenOver, match="superseded") as stopped:
         await serve_until_superseded()
     assert stopped.value.shard == "a"
+    assert isinstance(stopped.value, NotOwner)
     assert not engines[0].epoch.is_open
 
 

@@ -31,6 +31,8 @@ from aion_trio import (
     NotOwner,
     Payload,
     SequenceConflict,
+    StoreTakenOver,
+    WorkflowFenced,
 )
 from aion_trio.plugin import this_host
 
@@ -113,15 +115,15 @@ def node_url(pg_url: str, schema: str, node: str, **options: Any) -> str:
 
 async def test_a_claim_after_lease_expiry_fences_the_old_owner(pg_url: str, schema: str) -> None:
     """B claims a workflow A owns once A's lease has expired by the database clock; A's next
-    append raises NotOwner and writes nothing; the history never forks."""
+    append raises WorkflowFenced (a NotOwner) and writes nothing; the history never forks."""
     async with open_postgres_store(node_url(pg_url, schema, "A", lease_ttl=0.5), renew_every=None) as a:
         await a.events.append("wf", markers("wf", 1, 2, "A"), 0)
         assert a.events.held_epoch("wf") == 1
         async with open_postgres_store(node_url(pg_url, schema, "B")) as b:
             # A's lease is still live: B may not take the workflow.
-            with pytest.raises(NotOwner, match="owned by node A") as refused:
+            with pytest.raises(WorkflowFenced, match="owned by node A") as refused:
                 await b.events.append("wf", markers("wf", 3, 1, "B"), 2)
-            assert refused.value.shard == "wf"
+            assert refused.value.shard == refused.value.workflow_id == "wf"
             assert history_rows(pg_url, schema, "wf") == [(1, 1, "A"), (2, 1, "A")]
 
             await wait_until_lease_expired(pg_url, schema, "A")
@@ -129,11 +131,18 @@ async def test_a_claim_after_lease_expiry_fences_the_old_owner(pg_url: str, sche
             assert b.events.held_epoch("wf") == 2
 
             # The zombie wakes up and carries on from where it was: fenced, nothing written.
-            with pytest.raises(NotOwner, match="now owned by node B with epoch 2; this node held epoch 1"):
+            with pytest.raises(
+                WorkflowFenced, match="now owned by node B with epoch 2; this node held epoch 1"
+            ):
                 await a.events.append("wf", markers("wf", 3, 1, "A-zombie"), 2)
-            # Even with the right seq it stays fenced: NotOwner is never retried here.
-            with pytest.raises(NotOwner):
+            # Even with the right seq it stays fenced: it is never retried here.  The common base
+            # still catches it.
+            caught: list[NotOwner] = []
+            try:
                 await a.events.append("wf", markers("wf", 4, 1, "A-zombie"), 3)
+            except NotOwner as exc:
+                caught.append(exc)
+            assert [type(exc) for exc in caught] == [WorkflowFenced]
             await b.events.append("wf", markers("wf", 4, 1, "B"), 3)
 
     assert history_rows(pg_url, schema, "wf") == [(1, 1, "A"), (2, 1, "A"), (3, 2, "B"), (4, 2, "B")]
@@ -168,7 +177,7 @@ async def test_racing_appends_of_old_and_new_owner_never_fork(pg_url: str, schem
         async with trio.open_nursery() as nursery:
             nursery.start_soon(zombie, a)
             nursery.start_soon(owner, b)
-    assert refused == [NotOwner] * 20
+    assert refused == [WorkflowFenced] * 20
     rows = history_rows(pg_url, schema, "wf")
     assert [name for _, _, name in rows] == ["A"] + ["B"] * 20
     assert_history_never_forked(pg_url, schema, "wf")
@@ -181,7 +190,7 @@ async def test_a_live_lease_refuses_claims_and_every_claim_bumps_the_epoch(pg_ur
     ):
         assert await a.events.claim("wf") == 1
         assert await a.events.claim("wf") == 2  # re-claiming is a claim too
-        with pytest.raises(NotOwner, match=r"owned by node A \(epoch 2\) whose lease runs until"):
+        with pytest.raises(WorkflowFenced, match=r"owned by node A \(epoch 2\) whose lease runs until"):
             await b.events.claim("wf")
         # A claimed workflow without events is not listed until it has one.
         assert await a.events.list_workflow_ids() == []
@@ -212,12 +221,17 @@ async def test_reopening_a_node_id_fences_the_older_incarnation(pg_url: str, sch
             assert new.node is not None
             assert old.node is not None
             assert new.node.incarnation == old.node.incarnation + 1
-            with pytest.raises(NotOwner, match="superseded"):
+            # Each of its workflows is fenced (the append names the workflow) ...
+            with pytest.raises(WorkflowFenced, match="superseded"):
                 await old.events.append("wf", markers("wf", 2, 1, "old"), 1)
-            with pytest.raises(NotOwner, match="superseded"):
+            with pytest.raises(WorkflowFenced, match="superseded"):
                 await old.events.append("other", markers("other", 1, 1, "old"), 0)
-            with pytest.raises(NotOwner, match="superseded"):
+            # ... and the node itself was taken over: it owns nothing any more.
+            with pytest.raises(StoreTakenOver, match="superseded") as taken:
                 await old.renew_lease()
+            assert taken.value.shard == "A"
+            with pytest.raises(StoreTakenOver, match="superseded"):
+                await old.renew_lease()  # known locally now, refused without asking
             await new.events.append("wf", markers("wf", 2, 1, "new"), 1)
     assert history_rows(pg_url, schema, "wf") == [(1, 1, "old"), (2, 2, "new")]
     assert query(pg_url, schema, "SELECT count(*) FROM workflows WHERE workflow_id = 'other'") == [(0,)]
@@ -259,11 +273,11 @@ async def test_a_store_without_a_node_never_writes_to_an_owned_workflow(pg_url: 
     ):
         await plain.events.append("free", markers("free", 1, 1, "plain"), 0)
         await a.events.append("owned", markers("owned", 1, 1, "A"), 0)
-        with pytest.raises(NotOwner, match="owned by node A"):
+        with pytest.raises(WorkflowFenced, match="owned by node A"):
             await plain.events.append("owned", markers("owned", 2, 1, "plain"), 1)
         # A node may adopt a workflow nobody owns.
         await a.events.append("free", markers("free", 2, 1, "A"), 1)
-        with pytest.raises(NotOwner):
+        with pytest.raises(WorkflowFenced):
             await plain.events.append("free", markers("free", 3, 1, "plain"), 2)
     assert history_rows(pg_url, schema, "owned") == [(1, 1, "A")]
     assert history_rows(pg_url, schema, "free") == [(1, 0, "plain"), (2, 1, "A")]

@@ -35,6 +35,8 @@ from aion_trio import (
     NotAnAionDatabase,
     Payload,
     SerializationError,
+    StoreDecodeError,
+    StoreEncodeError,
     TimerCancelCause,
     TimerCancelled,
     TimerFired,
@@ -436,20 +438,54 @@ async def test_a_table_dropped_under_the_store_is_reported_as_corrupt(
     assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
 
 
-async def test_text_postgresql_cannot_hold_is_a_serialization_error(
+async def test_text_postgresql_cannot_hold_is_an_encode_error(
     store_and_schema: tuple[aion_trio_postgres.PostgresStore, str],
 ) -> None:
     store, _ = store_and_schema
     row = VisibilityRow(
         workflow_id="wf", run_id="r", workflow_type="a\x00b", status=WorkflowStatus.RUNNING, start_time=T0
     )
-    with pytest.raises(SerializationError, match="cannot store") as info:
+    with pytest.raises(StoreEncodeError, match=r"cannot encode.*cannot store") as info:
         await store.visibility.upsert(row)
+    assert isinstance(info.value, SerializationError)  # the common base still catches it
     assert isinstance(info.value.__cause__, psycopg.DataError)
     assert await store.visibility.count() == 0
     # No stored id can hold NUL, so such an id is simply unknown.
     assert await store.events.read_history("nul\x00id") == []
     assert await store.visibility.get("nul\x00id") is None
+
+
+async def test_an_event_body_postgresql_cannot_hold_is_an_encode_error_and_writes_nothing(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str],
+) -> None:
+    store, _ = store_and_schema
+    bad = [
+        Event(
+            workflow_id="wf", seq=1, recorded_at=T0, body=MarkerRecorded(name="m\ud800", value=Payload.of(1))
+        )
+    ]
+    caught: list[SerializationError] = []
+    try:
+        await store.events.append("wf", bad, 0)
+    except SerializationError as exc:  # the common base still catches it
+        caught.append(exc)
+    assert [type(exc) for exc in caught] == [StoreEncodeError]
+    assert (caught[0].workflow_id, caught[0].seq) == ("wf", 1)
+    assert await store.events.read_history("wf") == []
+
+
+async def test_a_damaged_event_row_is_a_decode_error(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str
+) -> None:
+    store, schema = store_and_schema
+    await store.events.append("wf", markers("wf", 1, 2), 0)
+    query(pg_url, schema, "UPDATE events SET type = 'NoSuchEvent' WHERE workflow_id = 'wf' AND seq = 2")
+    with pytest.raises(
+        StoreDecodeError, match=r"cannot decode workflow 'wf' seq 2.*unknown event type"
+    ) as info:
+        await store.events.read_history("wf")
+    assert isinstance(info.value, SerializationError)
+    assert (info.value.workflow_id, info.value.seq) == ("wf", 2)
 
 
 async def test_a_cancelled_append_whose_thread_started_finishes_and_returns(
