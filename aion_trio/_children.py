@@ -56,7 +56,6 @@ from ._events import (
     Event,
     EventBody,
     MarkerRecorded,
-    TimerStarted,
     WorkflowCancelled,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
@@ -64,7 +63,6 @@ from ._events import (
     WorkflowStarted,
     WorkflowTimedOut,
 )
-from ._ids import deadline_timer_id
 from ._logs import ContextLogger
 from ._payload import Payload
 from ._projections import (
@@ -236,8 +234,17 @@ async def start_child_run(
             )
         else:
             timeout = timedelta(seconds=child.options.timeout) if child.options.timeout is not None else None
-            now = core.clock.now()
-            bodies: list[EventBody] = [
+            fields = {"workflow_id": child_id, "run_id": run_id, "parent_workflow_id": parent_workflow_id}
+
+            async def until_answered(attempt: Callable[[], Awaitable[None]]) -> None:
+                await _transient(core).call("start a child workflow", attempt, logger, fields)
+
+            # Retried here, under the lock, until the store answers: a try whose commit landed
+            # with its acknowledgement lost is then found, and this call runs the child it
+            # recorded (a later call finding the start recorded could not tell it from a child
+            # that something else runs).
+            await core.runner.start_run_locked(
+                recorder,
                 WorkflowStarted(
                     workflow_type=child.started.workflow_type,
                     input=child.started.input,
@@ -245,33 +252,11 @@ async def start_child_run(
                     parent_workflow_id=parent_workflow_id,
                     task_queue=child.options.task_queue,
                     timeout=timeout,
-                )
-            ]
-            if timeout is not None:
-                bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + timeout))
-
-            async def append_once() -> None:
-                core.epoch.gate(child_id, run_id, "start a child workflow")
-                if recorder.stale:  # an earlier try's outcome is unknown: look whether it landed
-                    landed = await recorder.current_history()
-                    if any(isinstance(e.body, WorkflowStarted) and e.body.run_id == run_id for e in landed):
-                        return
-                await recorder.append(bodies, action="start a child workflow", run_id=run_id, at=now)
-
-            # Retried here, under the lock, until the store answers: a try whose commit landed
-            # with its acknowledgement lost is then found, and this call runs the child it
-            # recorded (a later call finding the start recorded could not tell it from a child
-            # that something else runs).
-            await _transient(core).call(
-                "start a child workflow",
-                append_once,
-                logger,
-                {"workflow_id": child_id, "run_id": run_id, "parent_workflow_id": parent_workflow_id},
+                ),
+                now=core.clock.now(),
+                action="start a child workflow",
+                retry=until_answered,
             )
-            lease = core.new_lease(recorder, run_id, child.started.workflow_type)
-            core.spawn_run(lease)
-            if timeout is not None:
-                await core.arm_timer(child_id, run_id, deadline_timer_id(run_id), now + timeout)
             started = True
     if conflict is not None:
         await settle_in_parent(

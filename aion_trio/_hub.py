@@ -10,6 +10,7 @@ named (:class:`Settings`), not the engine's configuration class.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from ._activities import ActivityRequest
     from ._clock import EngineClock
     from ._epoch import EngineEpoch
-    from ._events import WorkflowContinuedAsNew
+    from ._events import WorkflowContinuedAsNew, WorkflowStarted
     from ._observe import ObserverHub
     from ._recorder import Recorder
     from ._registry import Lease, Registry
@@ -129,6 +130,29 @@ class ClusterHub(Protocol):
     async def reconcile_visibility(self, active: set[str]) -> None: ...
 
 
+class StartRetry(Protocol):
+    """Runs the tries of a start's append (``attempt``) until one lands or it gives up."""
+
+    async def __call__(self, attempt: Callable[[], Awaitable[None]]) -> None: ...
+
+
+class RunStarter(Protocol):
+    """The one start path: record a run's start and run it here (``Runner.start_run_locked``)."""
+
+    async def start_run_locked(
+        self,
+        recorder: Recorder,
+        started: WorkflowStarted,
+        *,
+        now: datetime,
+        action: str,
+        arm_deadline: bool = True,
+        retry: StartRetry | None = None,
+        resume_if_unknown: bool = False,
+        landed: Callable[[], None] | None = None,
+    ) -> Lease: ...
+
+
 class ChildrenHub(Protocol):
     """What child workflows (``_children``) ask of the engine."""
 
@@ -156,10 +180,7 @@ class ChildrenHub(Protocol):
 
     def drives(self, workflow_id: str) -> bool: ...
 
-    def new_lease(self, recorder: Recorder, run_id: str, workflow_type: str) -> Lease: ...
-
-    def spawn_run(self, lease: Lease) -> None: ...
-
-    async def arm_timer(self, workflow_id: str, run_id: str, timer_id: str, fire_at: datetime) -> None: ...
+    @property
+    def runner(self) -> RunStarter: ...
 
     async def upsert_visibility_quietly(self, workflow_id: str) -> None: ...

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, final
 
 import trio
@@ -56,7 +56,6 @@ from .._events import (
 )
 from .._ids import (
     check_text,
-    deadline_timer_id,
     new_run_id,
     new_workflow_id,
     validate_caller_request_id,
@@ -245,52 +244,46 @@ class Engine:
         if not core.epoch.admitting:
             raise epoch_closed(wid, None, "start a workflow")
 
-        def started(run_id: str, now: datetime) -> list[Any]:
-            bodies: list[Any] = [
-                WorkflowStarted(
-                    workflow_type=definition.name,
-                    input=payload,
-                    run_id=run_id,
-                    task_queue=queue,
-                    search_attributes=attributes,
-                    timeout=deadline_after,
-                    request_id=request_id,
-                )
-            ]
-            if deadline_after is not None:
-                bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + deadline_after))
-            return bodies
+        def started(run_id: str) -> WorkflowStarted:
+            return WorkflowStarted(
+                workflow_type=definition.name,
+                input=payload,
+                run_id=run_id,
+                task_queue=queue,
+                search_attributes=attributes,
+                timeout=deadline_after,
+                request_id=request_id,
+            )
 
-        fresh = core.claim_unloaded(wid)
+        fresh = core.recorders.claim_unloaded(wid)
         if fresh is not None:
             # Most starts name a new id: append at expected seq 0 without reading
             # first.  A conflict means the id has history: load it and decide below.
             adopted = False
+
+            def adopt() -> None:
+                nonlocal adopted
+                core.recorders.release_unloaded(fresh, adopt=True)
+                adopted = True
+
             try:
                 async with fresh.lock:
                     run_id = new_run_id()
-                    now = core.clock.now()
                     try:
-                        await fresh.append(
-                            started(run_id, now), action="start a workflow", run_id=run_id, at=now
+                        await core.runner.start_run_locked(
+                            fresh,
+                            started(run_id),
+                            now=core.clock.now(),
+                            action="start a workflow",
+                            resume_if_unknown=True,
+                            landed=adopt,
                         )
                     except SequenceConflict:
                         pass
-                    except Exception:
-                        if fresh.stale:  # the start may have landed: run it if it did
-                            core.resume_idle_soon(wid)
-                        raise
-                    else:
-                        core.release_unloaded(fresh, adopt=True)
-                        adopted = True
-                        lease = core.new_lease(fresh, run_id, definition.name)
-                        core.spawn_run(lease)
             finally:
                 if not adopted:
-                    core.release_unloaded(fresh, adopt=False)
+                    core.recorders.release_unloaded(fresh, adopt=False)
             if adopted:
-                if deadline_after is not None:
-                    await core.arm_timer(wid, run_id, deadline_timer_id(run_id), now + deadline_after)
                 await core.refresh_visibility_soon(wid)
                 return RunHandle(self, wid, run_id, created=True)
         recorder = await core.recorder_for(wid)
@@ -315,17 +308,13 @@ class Engine:
                 if not reuse:
                     raise WorkflowAlreadyStarted(wid, existing_run, status.value, id_reuse.value)
             run_id = new_run_id()
-            now = core.clock.now()
-            try:
-                await recorder.append(started(run_id, now), action="start a workflow", run_id=run_id, at=now)
-            except Exception:
-                if recorder.stale:  # the start may have landed: run it if it did
-                    core.resume_idle_soon(wid)
-                raise
-            lease = core.new_lease(recorder, run_id, definition.name)
-            core.spawn_run(lease)
-            if deadline_after is not None:
-                await core.arm_timer(wid, run_id, deadline_timer_id(run_id), now + deadline_after)
+            await core.runner.start_run_locked(
+                recorder,
+                started(run_id),
+                now=core.clock.now(),
+                action="start a workflow",
+                resume_if_unknown=True,
+            )
         await core.refresh_visibility_soon(wid)
         return RunHandle(self, wid, run_id, created=True)
 

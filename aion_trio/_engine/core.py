@@ -184,6 +184,7 @@ class EngineCore:
             upsert_visibility=self.upsert_visibility_quietly,
             recover=self.recover_one,
             guard=self._guarded,
+            arm_timer=self.timers.arm,
         )
         self.activity_dispatch = ActivityDispatch(
             epoch=epoch,

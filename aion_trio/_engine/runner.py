@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Protocol, final
 
 import trio
@@ -26,6 +27,7 @@ from .._errors import EngineEpochClosed, NonDeterminismError, PayloadError, Work
 from .._events import (
     ErrorInfo,
     EventBody,
+    TimerStarted,
     WorkflowCancelled as CancelledEvent,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
@@ -33,7 +35,8 @@ from .._events import (
     WorkflowReopened,
     WorkflowStarted,
 )
-from .._ids import new_run_id
+from .._hub import StartRetry
+from .._ids import deadline_timer_id, new_run_id
 from .._payload import PayloadCodec
 from .._ports import RunAborted, WorkflowPort
 from .._projections import is_active, latest_run_id, run_segment
@@ -62,7 +65,8 @@ class Runner:
     ``run_exit(lease, intent)`` records the terminal of a run whose code ended;
     ``upsert_visibility(workflow_id)`` writes its visibility row (never raises);
     ``recover(workflow_id)`` resumes a workflow as the recovery sweep does;
-    ``guard`` runs a step that must land even if the store is briefly away.
+    ``guard`` runs a step that must land even if the store is briefly away;
+    ``arm_timer(workflow_id, run_id, timer_id, fire_at)`` arms a run's deadline.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class Runner:
         upsert_visibility: Callable[[str], Awaitable[None]],
         recover: Callable[[str], Awaitable[object]],
         guard: Guard,
+        arm_timer: Callable[[str, str, str, datetime], Awaitable[None]],
     ) -> None:
         self._recorders = recorders
         self._registry = registry
@@ -93,6 +98,7 @@ class Runner:
         self._upsert_visibility = upsert_visibility
         self._recover = recover
         self._guard = guard
+        self._arm_timer = arm_timer
         #: Workflows a :meth:`resume_idle` is looking at now (one at a time: no second run).
         self._resuming: set[str] = set()
 
@@ -305,13 +311,78 @@ class Runner:
         lease.recorder.notify()
         await self._upsert_visibility(lease.workflow_id)
 
+    async def start_run_locked(
+        self,
+        recorder: Recorder,
+        started: WorkflowStarted,
+        *,
+        now: datetime,
+        action: str,
+        arm_deadline: bool = True,
+        retry: StartRetry | None = None,
+        resume_if_unknown: bool = False,
+        landed: Callable[[], None] | None = None,
+    ) -> Lease:
+        """Record a run's start and run it here: the one start path (hold the recorder lock).
+
+        Appends ``started`` and, if it has a ``timeout`` (and ``arm_deadline``), the
+        deadline's ``TimerStarted`` at ``now + timeout``, as one batch recorded at
+        ``now``; then, in the same critical section, installs the run's lease, spawns
+        its task and arms its deadline.  Returns the lease.  The caller decides whether
+        to start (request ids, the id reuse policy, a child or successor already
+        recorded) and refreshes visibility after the lock.
+
+        An append of unknown outcome looks for what landed: each try first re-reads a
+        stale history and takes a start recorded with ``started.run_id`` as its own.
+        ``retry(attempt)`` runs the tries (a child start: under the lock, until the store
+        answers); without it one try is made and its error raised, after
+        ``resume_if_unknown`` has had :meth:`resume_idle_soon` run what may have landed
+        (a client start).  ``landed()`` is called once the start is recorded, before its
+        lease (the client's fast path adopts its claimed recorder there).
+
+        The continue-as-new successor passes ``arm_deadline=False``: it records its
+        chain's ``timeout`` but no deadline timer of its own.
+        """
+        workflow_id = recorder.workflow_id
+        run_id = started.run_id
+        deadline = started.timeout if arm_deadline else None
+        bodies: list[EventBody] = [started]
+        if deadline is not None:
+            bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + deadline))
+
+        async def attempt() -> None:
+            self._epoch.gate(workflow_id, run_id, action)
+            if recorder.stale:  # an earlier try's outcome is unknown: look whether it landed
+                history = await recorder.current_history()
+                if any(isinstance(e.body, WorkflowStarted) and e.body.run_id == run_id for e in history):
+                    return
+            await recorder.append(bodies, action=action, run_id=run_id, at=now)
+
+        if retry is not None:
+            await retry(attempt)
+        else:
+            try:
+                await attempt()
+            except Exception:
+                if resume_if_unknown and recorder.stale:  # the start may have landed: run it if it did
+                    self.resume_idle_soon(workflow_id)
+                raise
+        if landed is not None:
+            landed()
+        lease = self.new_lease(recorder, run_id, started.workflow_type)
+        self.spawn_run(lease)
+        if deadline is not None:
+            await self._arm_timer(workflow_id, run_id, deadline_timer_id(run_id), now + deadline)
+        return lease
+
     async def start_successor(self, lease: Lease, terminal: WorkflowContinuedAsNew) -> Lease | None:
         """Start the successor of a continued run through the same recorder.
 
         Behind its own epoch gate (it spawns a run).  A successor already recorded
         appends nothing and returns ``None``; if no live lease drives it here (the
         append that recorded it lost its acknowledgement), it is resumed
-        (:meth:`resume_idle`).
+        (:meth:`resume_idle`).  Otherwise :meth:`start_run_locked` records and runs it
+        (an error is raised: the caller's retry finds the successor if it landed).
         """
         self._epoch.gate(lease.workflow_id, lease.run_id, "start the continue-as-new successor")
         recorder = lease.recorder
@@ -323,26 +394,22 @@ class Runner:
             if not recorded:
                 start = run_segment(history, lease.run_id)[0].body
                 assert isinstance(start, WorkflowStarted)
-                run_id = new_run_id()
-                workflow_type = terminal.workflow_type or lease.workflow_type
-                await recorder.append(
-                    [
-                        WorkflowStarted(
-                            workflow_type=workflow_type,
-                            input=terminal.input,
-                            run_id=run_id,
-                            parent_run_id=lease.run_id,
-                            parent_workflow_id=start.parent_workflow_id,
-                            task_queue=start.task_queue,
-                            search_attributes=start.search_attributes,
-                            timeout=start.timeout,
-                        )
-                    ],
+                successor = await self.start_run_locked(
+                    recorder,
+                    WorkflowStarted(
+                        workflow_type=terminal.workflow_type or lease.workflow_type,
+                        input=terminal.input,
+                        run_id=new_run_id(),
+                        parent_run_id=lease.run_id,
+                        parent_workflow_id=start.parent_workflow_id,
+                        task_queue=start.task_queue,
+                        search_attributes=start.search_attributes,
+                        timeout=start.timeout,
+                    ),
+                    now=self._clock.now(),
                     action="start the continue-as-new successor",
-                    run_id=run_id,
+                    arm_deadline=False,
                 )
-                successor = self.new_lease(recorder, run_id, workflow_type)
-                self.spawn_run(successor)
         if recorded:
             logger.debug(
                 "continue-as-new successor already recorded; nothing appended",
