@@ -46,7 +46,7 @@ from ._childspec import (
     ParentClosePolicy,
     derive_child_run_id,
 )
-from ._errors import NotRunning, WorkflowNotFound
+from ._errors import AionInternalError, NotRunning, WorkflowNotFound
 from ._events import (
     ChildWorkflowCancelled,
     ChildWorkflowCompleted,
@@ -301,11 +301,10 @@ async def _close_child(core: ChildrenHub, parent_workflow_id: str, child: OpenCh
 
 
 async def _ask_child(core: ChildrenHub, child: OpenChild, reason: str, *, terminate: bool) -> None:
-    from ._engine import Engine, EngineCore  # the one import of the engine left here (issue 16)
-
-    # Through the client API, as any command: in cluster mode it reaches the node owning the child.
-    assert isinstance(core, EngineCore)
-    client = Engine(core)
+    # As any client command: in cluster mode it reaches the node owning the child.
+    client = core.client_commands
+    if client is None:
+        raise AionInternalError("no client commands were wired into the engine; please report this")
     try:
         if terminate:
             await client.terminate(child.workflow_id, reason)

@@ -1,27 +1,30 @@
 """What each of the engine's services asks of the engine, written down as protocols.
 
-The completion path, the poison-run guard, the cluster services and the child
-workflows are callbacks of the engine: they are handed the engine (today its
-``EngineCore``) and call back into it.  Each names here the handful of things it
-uses, so it never imports the engine, at runtime or for typing; the engine
-satisfies every protocol structurally.  The settings they read are likewise
-named (:class:`Settings`), not the engine's configuration class.
+The completion path, the poison-run guard, the cluster services, the child
+workflows and the inbox drainer are callbacks of the engine: they are handed the
+engine (its ``EngineCore``, or for the inbox its local commands) and call back
+into it.  Each names here the handful of things it uses, so it never imports the
+engine, at runtime or for typing; the engine satisfies every protocol
+structurally.  The settings they read are likewise named (:class:`Settings`),
+not the engine's configuration class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import trio
 
     from ._activities import ActivityRequest
     from ._clock import EngineClock
+    from ._commands import IdReusePolicy
     from ._epoch import EngineEpoch
     from ._events import WorkflowContinuedAsNew, WorkflowStarted
     from ._observe import ObserverHub
+    from ._payload import Payload
     from ._recorder import Recorder
     from ._registry import Lease, Registry
     from ._store import ClusterStore, EventStore, Store
@@ -153,6 +156,17 @@ class RunStarter(Protocol):
     ) -> Lease: ...
 
 
+class ClientCommands(Protocol):
+    """Commands sent as any client sends them: applied here, or in cluster mode sent to
+    the node owning the workflow (``Engine`` provides them)."""
+
+    async def cancel(self, workflow_id: str, reason: str = "", *, request_id: str | None = None) -> None: ...
+
+    async def terminate(
+        self, workflow_id: str, reason: str = "", *, request_id: str | None = None
+    ) -> None: ...
+
+
 class ChildrenHub(Protocol):
     """What child workflows (``_children``) ask of the engine."""
 
@@ -183,4 +197,56 @@ class ChildrenHub(Protocol):
     @property
     def runner(self) -> RunStarter: ...
 
+    @property
+    def client_commands(self) -> ClientCommands | None: ...
+
     async def upsert_visibility_quietly(self, workflow_id: str) -> None: ...
+
+
+class StartedRun(Protocol):
+    """A run a local start or reopen made current."""
+
+    @property
+    def workflow_id(self) -> str: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def created(self) -> bool:
+        """True: this call (or the first call with its request id) recorded the start."""
+        ...
+
+
+class InboxHub(Protocol):
+    """What the inbox drainer (``_inbox``) asks of the engine: the commands applied on this
+    node, with no routing (``_engine/local.py``'s ``LocalCommands`` provides them).
+
+    Each is applied under its request id (a key already recorded records nothing and
+    answers as the first call did); a refusal is raised as its typed error."""
+
+    @property
+    def admitting(self) -> bool: ...
+
+    def decode(self, payload: Payload) -> Any: ...
+
+    async def start(
+        self,
+        workflow: str,
+        args: Sequence[Any],
+        *,
+        workflow_id: str | None,
+        id_reuse: IdReusePolicy,
+        task_queue: str | None,
+        request_id: str | None,
+    ) -> StartedRun: ...
+
+    async def signal(self, workflow_id: str, name: str, payload: Payload, request_id: str | None) -> None: ...
+
+    async def cancel(self, workflow_id: str, reason: str, request_id: str | None) -> None: ...
+
+    async def terminate(self, workflow_id: str, reason: str, request_id: str | None) -> None: ...
+
+    async def reopen(self, workflow_id: str, request_id: str | None) -> StartedRun: ...
+
+    async def query(self, workflow_id: str, name: str, arguments: Payload) -> Any: ...

@@ -12,7 +12,7 @@ import functools
 import json
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, final
 
 import attrs
 import trio
@@ -35,9 +35,8 @@ from ._ownership import OwnerClaim, wall_now
 from ._store import CommandInbox, OwnedStore, ThreadRenewal
 
 if TYPE_CHECKING:
-    from ._engine import Engine
     from ._epoch import EngineEpoch
-    from ._hub import InboxSettings
+    from ._hub import InboxHub, InboxSettings
 
 logger = logging.getLogger("aion_trio.engine")
 
@@ -147,9 +146,9 @@ def _one_line(text: str) -> str:
 
 
 async def apply_command(
-    engine: Engine, command: Command, codec_decode: Any, command_id: int | None = None
+    commands: InboxHub, command: Command, command_id: int | None = None
 ) -> CommandOutcome:
-    """Apply one command here, through the engine's local client paths; a refusal becomes a failed outcome.
+    """Apply one command here, through the engine's local commands; a refusal becomes a failed outcome.
 
     ``EngineEpochClosed``, ``BackendUnavailable`` and ``NotOwner`` (cluster mode:
     another node claimed the workflow) propagate: the command was not (or not
@@ -165,36 +164,36 @@ async def apply_command(
         key = inbox_request_id(command_id)
     try:
         if isinstance(command, StartCommand):
-            args = codec_decode(command.args)
+            args = commands.decode(command.args)
             policy = IdReusePolicy(command.id_reuse)
-            handle = await engine._start(
+            started = await commands.start(
                 command.workflow_type,
-                *args,
+                args,
                 workflow_id=command.workflow_id,
                 id_reuse=policy,
                 task_queue=command.task_queue,
                 request_id=key,
             )
-            verb = "started" if handle.created else "attached to existing"
+            verb = "started" if started.created else "attached to existing"
             return CommandOutcome.success(
-                f"{verb} workflow {handle.workflow_id!r} run {handle.run_id}", run_id=handle.run_id
+                f"{verb} workflow {started.workflow_id!r} run {started.run_id}", run_id=started.run_id
             )
         if isinstance(command, SignalCommand):
-            await engine._signal_here(command.workflow_id, command.name, command.payload, key)
+            await commands.signal(command.workflow_id, command.name, command.payload, key)
             return signal_recorded_outcome(command.workflow_id, command.name)
         if isinstance(command, CancelCommand):
-            await engine._cancel_here(command.workflow_id, command.reason, key)
+            await commands.cancel(command.workflow_id, command.reason, key)
             return CommandOutcome.success(f"cancellation requested for workflow {command.workflow_id!r}")
         if isinstance(command, TerminateCommand):
-            await engine._terminate_here(command.workflow_id, command.reason, key)
+            await commands.terminate(command.workflow_id, command.reason, key)
             return CommandOutcome.success(f"workflow {command.workflow_id!r} terminated")
         if isinstance(command, ReopenCommand):
-            handle = await engine._reopen_here(command.workflow_id, key)
+            reopened = await commands.reopen(command.workflow_id, key)
             return CommandOutcome.success(
-                f"reopened workflow {handle.workflow_id!r} run {handle.run_id}", run_id=handle.run_id
+                f"reopened workflow {reopened.workflow_id!r} run {reopened.run_id}", run_id=reopened.run_id
             )
         if isinstance(command, QueryCommand):
-            answer = await engine._query_here(command.workflow_id, command.name, command.args)
+            answer = await commands.query(command.workflow_id, command.name, command.args)
             return CommandOutcome.success(json.dumps(answer, ensure_ascii=False, separators=(",", ":")))
         raise AionInternalError(f"unknown inbox command {command!r}; please report this")
     except (EngineEpochClosed, BackendUnavailable, NotOwner):
@@ -206,9 +205,10 @@ async def apply_command(
 @final
 @attrs.define(eq=False)
 class InboxDrainer:
-    """Applies the inbox's pending commands in order, one drain at a time."""
+    """Applies the inbox's pending commands in order, one drain at a time, through the
+    engine's local commands (``commands``, handed in by the wiring)."""
 
-    engine: Engine
+    commands: InboxHub
     inbox: CommandInbox
     config: InboxSettings
     limiter: trio.CapacityLimiter
@@ -216,7 +216,7 @@ class InboxDrainer:
     applied: int = attrs.field(default=0, init=False)
 
     def _admitting(self) -> bool:
-        return self.engine.epoch.admitting
+        return self.commands.admitting
 
     async def drain(self) -> int:
         """Apply and ack every pending command (FIFO); returns how many were acked.
@@ -241,9 +241,7 @@ class InboxDrainer:
                     if not self._admitting():
                         return done
                     try:
-                        outcome = await apply_command(
-                            self.engine, pending.command, self.engine._core.codec.decode, pending.command_id
-                        )
+                        outcome = await apply_command(self.commands, pending.command, pending.command_id)
                     except EngineEpochClosed:
                         return done
                     except NotOwner as exc:

@@ -55,6 +55,7 @@ from .._events import (
     WorkflowTimedOut,
     input_digest,
 )
+from .._hub import ClientCommands
 from .._ids import (
     deadline_timer_id,
 )
@@ -146,6 +147,9 @@ class EngineCore:
         self.cluster_services: ClusterServices | None = None
         #: Cluster mode: the store's node capability (``None``: a single-owner store).
         self.cluster = cluster
+        #: Commands as a client sends them (set by ``open_engine``): children cancel and
+        #: terminate a child through them, so in cluster mode they reach its owner.
+        self.client_commands: ClientCommands | None = None
         #: How every path of this engine retries a transient store fault.
         self.transient = Transient(config.completion_retry, epoch, observers)
         self.timers = Timers(

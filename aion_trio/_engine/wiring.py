@@ -35,6 +35,7 @@ from .._watchdog import LoopWatchdog
 from .client import Engine, serve_inbox
 from .config import EngineConfig
 from .core import EngineCore
+from .local import LocalCommands
 from .log import logger
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -156,7 +157,10 @@ async def open_engine(
                         core, cluster, opened if isinstance(opened, CommandInbox) else None
                     )
                     core.cluster_services = services
-                engine = Engine(core, ownership=ownership, threads=in_process)
+                local = LocalCommands(core)
+                engine = Engine(core, local=local, ownership=ownership, threads=in_process)
+                # Children cancel and terminate a child as any client does (cluster mode: at its owner).
+                core.client_commands = engine
                 if ownership is not None:
                     core.recorders.on_store_fenced = ownership.fenced
                 try:
@@ -173,7 +177,7 @@ async def open_engine(
                     await core.recover()
                     if isinstance(opened, CommandInbox):
                         drainer = InboxDrainer(
-                            engine=engine, inbox=opened, config=config, limiter=service_threads
+                            commands=local, inbox=opened, config=config, limiter=service_threads
                         )
                         serve_inbox(engine, drainer)
                         await drainer.drain()

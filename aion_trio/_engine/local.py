@@ -1,0 +1,486 @@
+"""Local commands: start, signal, cancel, terminate, reopen and query applied on this node.
+
+The one table of what each client command does once it is this node's to apply:
+the client (``Engine``) calls it for a workflow this node drives (or, outside
+cluster mode, for every workflow), and the inbox drainer calls it for each command
+it applies (``_hub.InboxHub``; the wiring hands it in).  Every command but a query
+is applied under its request id: a key already recorded records nothing and
+answers as the first call did.  A refusal is raised as its typed error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any, final
+
+import attrs
+import trio
+
+from .. import _children as children
+from .._commands import IdReusePolicy
+from .._completion import forget_retired, teardown_bodies
+from .._definitions import WorkflowDefinition
+from .._errors import (
+    CannotReopen,
+    NotRunning,
+    QueryUnavailable,
+    SequenceConflict,
+    WorkflowAlreadyStarted,
+    WorkflowNotFound,
+    epoch_closed,
+)
+from .._events import (
+    ActivityCancelled,
+    ActivityScheduled,
+    Event,
+    EventBody,
+    MarkerRecorded,
+    SignalReceived,
+    TimerStarted,
+    WorkflowCancelled as CancelledEvent,
+    WorkflowCancelRequested,
+    WorkflowFailed,
+    WorkflowReopened,
+    WorkflowStarted,
+    WorkflowStatus,
+    validate_search_attributes,
+)
+from .._ids import (
+    new_run_id,
+    new_workflow_id,
+    validate_request_id,
+    validate_task_queue,
+    validate_workflow_id,
+)
+from .._payload import Payload
+from .._projections import (
+    RecordedRequest,
+    RunState,
+    current_lease_terminal,
+    failures_ending_the_run,
+    latest_run_id,
+    outstanding_timers,
+    recorded_request,
+    run_segment,
+    workflow_status,
+)
+from .._recorder import Recorder
+from .._registry import Residency
+from .._retry import duration_seconds
+from .core import EngineCore
+from .log import logger
+
+
+@final
+@attrs.frozen
+class Started:
+    """The run a local start or reopen made current (``created``: this call, or the first
+    call with its request id, recorded the start)."""
+
+    workflow_id: str
+    run_id: str
+    created: bool = False
+
+
+@final
+class LocalCommands:
+    """The commands applied on this node, through this engine's recorders."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self._core = core
+
+    @property
+    def admitting(self) -> bool:
+        """Whether the engine still admits commands (it is not shutting down)."""
+        return self._core.epoch.admitting
+
+    def decode(self, payload: Payload) -> Any:
+        """A command's payload (its arguments) decoded by the engine's codec."""
+        return self._core.codec.decode(payload)
+
+    async def existing_recorder(self, workflow_id: str) -> Recorder:
+        """The workflow's recorder, or :class:`WorkflowNotFound` if it has no history."""
+        recorder = await self._core.recorder_for(workflow_id)
+        if not recorder.history:
+            raise WorkflowNotFound(workflow_id)
+        return recorder
+
+    async def start(
+        self,
+        workflow: WorkflowDefinition[Any] | str,
+        args: Sequence[Any],
+        *,
+        workflow_id: str | None = None,
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+        search_attributes: Mapping[str, Any] | None = None,
+        task_queue: str | None = None,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+        request_id: str | None = None,
+    ) -> Started:
+        """Start a run here (see ``Engine.start``) under a key already vetted: the caller's,
+        or the inbox's ``inbox:N``.  Decides by the request id and the id reuse policy, then
+        records the start through the one start path (``Runner.start_run_locked``)."""
+        core = self._core
+        definition = core.workflow_definition(workflow)
+        definition.check_arguments(args)
+        wid = validate_workflow_id(workflow_id) if workflow_id is not None else new_workflow_id()
+        payload = core.codec.encode(list(args), what=f"input of workflow {definition.name!r}")
+        attributes = validate_search_attributes({} if search_attributes is None else search_attributes)
+        queue = validate_task_queue(core.config.default_task_queue if task_queue is None else task_queue)
+        if not isinstance(id_reuse, IdReusePolicy):
+            raise TypeError(f"id_reuse must be an IdReusePolicy, got {id_reuse!r}")
+        deadline_after = _deadline(timeout)
+        if request_id is not None:
+            validate_request_id(request_id)
+            if workflow_id is None:
+                raise ValueError(
+                    "a start with a request_id needs an explicit workflow_id: a retry must name the same workflow"
+                )
+        if not core.epoch.admitting:
+            raise epoch_closed(wid, None, "start a workflow")
+
+        def started(run_id: str) -> WorkflowStarted:
+            return WorkflowStarted(
+                workflow_type=definition.name,
+                input=payload,
+                run_id=run_id,
+                task_queue=queue,
+                search_attributes=attributes,
+                timeout=deadline_after,
+                request_id=request_id,
+            )
+
+        fresh = core.recorders.claim_unloaded(wid)
+        if fresh is not None:
+            # Most starts name a new id: append at expected seq 0 without reading
+            # first.  A conflict means the id has history: load it and decide below.
+            adopted = False
+
+            def adopt() -> None:
+                nonlocal adopted
+                core.recorders.release_unloaded(fresh, adopt=True)
+                adopted = True
+
+            try:
+                async with fresh.lock:
+                    run_id = new_run_id()
+                    try:
+                        await core.runner.start_run_locked(
+                            fresh,
+                            started(run_id),
+                            now=core.clock.now(),
+                            action="start a workflow",
+                            resume_if_unknown=True,
+                            landed=adopt,
+                        )
+                    except SequenceConflict:
+                        pass
+            finally:
+                if not adopted:
+                    core.recorders.release_unloaded(fresh, adopt=False)
+            if adopted:
+                await core.refresh_visibility_soon(wid)
+                return Started(wid, run_id, created=True)
+        recorder = await core.recorder_for(wid)
+        if request_id is not None:
+            async with recorder.lock:
+                found = _recorded(await recorder.current_history(), wid, request_id, WorkflowStarted, "start")
+            if found is not None:
+                await core.resume_idle(wid)
+                return Started(wid, found.run_id, created=True)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            found = _recorded(history, wid, request_id, WorkflowStarted, "start")
+            if found is not None:  # a concurrent call with the same key started it meanwhile
+                return Started(wid, found.run_id, created=True)
+            existing_run = latest_run_id(history)
+            if existing_run is not None:
+                status = workflow_status(history)
+                assert status is not None
+                reuse = _reuse_allowed(id_reuse, status)
+                if reuse is None:
+                    return Started(wid, existing_run)
+                if not reuse:
+                    raise WorkflowAlreadyStarted(wid, existing_run, status.value, id_reuse.value)
+            run_id = new_run_id()
+            await core.runner.start_run_locked(
+                recorder,
+                started(run_id),
+                now=core.clock.now(),
+                action="start a workflow",
+                resume_if_unknown=True,
+            )
+        await core.refresh_visibility_soon(wid)
+        return Started(wid, run_id, created=True)
+
+    async def signal(
+        self, workflow_id: str, name: str, encoded: Payload, request_id: str | None = None
+    ) -> None:
+        """Record the signal through this engine's recorder, unless ``request_id`` is recorded."""
+        if not self._core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "record a signal")
+        recorder = await self.existing_recorder(workflow_id)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            if _recorded(history, workflow_id, request_id, SignalReceived, f"signal {name!r}") is not None:
+                return
+            status = workflow_status(history)
+            run_id = latest_run_id(history)
+            if status is not WorkflowStatus.RUNNING or run_id is None:
+                raise NotRunning(workflow_id, status.value if status else "unknown", f"signal {name!r} to")
+            await recorder.append(
+                [SignalReceived(name=name, payload=encoded, request_id=request_id)],
+                action=f"record signal {name!r}",
+                run_id=run_id,
+            )
+
+    async def cancel(self, workflow_id: str, reason: str, request_id: str | None = None) -> None:
+        """Record a cancel request for the running run, unless one is pending or ``request_id`` is recorded."""
+        if not self._core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "cancel a workflow")
+        recorder = await self.existing_recorder(workflow_id)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            if _recorded(history, workflow_id, request_id, WorkflowCancelRequested, "cancel") is not None:
+                return
+            run_id, segment = await _running_run(recorder, "cancel")
+            state = RunState(run_id, segment)
+            state.sync()
+            if state.cancel_request is not None:
+                logger.info(
+                    "cancel already requested; nothing recorded",
+                    extra={"workflow_id": workflow_id, "run_id": run_id},
+                )
+                return
+            await recorder.append(
+                [WorkflowCancelRequested(reason=reason, request_id=request_id)],
+                action="request cancellation",
+                run_id=run_id,
+            )
+
+    async def terminate(self, workflow_id: str, reason: str, request_id: str | None = None) -> None:
+        """End the running run at once (its teardown in the same batch) and stop it here."""
+        core = self._core
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "terminate a workflow")
+        recorder = await self.existing_recorder(workflow_id)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            found = _recorded(history, workflow_id, request_id, CancelledEvent, "terminate")
+            if found is not None:
+                # Recorded by a first attempt whose acknowledgement was lost: finish what it
+                # left undone, unless the run was reopened since.
+                run_id = found.run_id
+                if current_lease_terminal(run_segment(history, run_id)) != found.event:
+                    return
+                core.stop_run_locally(workflow_id, run_id, found.event)
+            else:
+                run_id, segment = await _running_run(recorder, "terminate")
+                bodies: list[Any] = [
+                    CancelledEvent(reason=reason, terminated=True, request_id=request_id),
+                    *teardown_bodies(segment, run_id, retire_timers=True),
+                ]
+                events = await recorder.append(bodies, action="terminate the workflow", run_id=run_id)
+                core.stop_run_locally(workflow_id, run_id, events[0])
+                await forget_retired(core, workflow_id, bodies)
+        logger.warning(
+            "workflow run terminated: %s",
+            reason or "(no reason given)",
+            extra={"workflow_id": workflow_id, "run_id": run_id},
+        )
+        with trio.CancelScope(shield=True), trio.move_on_after(core.config.bookkeeping_timeout):
+            await core.upsert_visibility(workflow_id)
+        await core.run_closed(workflow_id, run_id)
+
+    async def reopen(self, workflow_id: str, request_id: str | None = None) -> Started:
+        """Reopen a Failed or Cancelled run here (see ``Engine.reopen``)."""
+        core = self._core
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "reopen a workflow")
+        recorder = await self.existing_recorder(workflow_id)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            found = _recorded(history, workflow_id, request_id, WorkflowReopened, "reopen")
+        if found is not None:
+            await core.resume_idle(workflow_id)
+            return Started(workflow_id, found.run_id)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            found = _recorded(history, workflow_id, request_id, WorkflowReopened, "reopen")
+            if found is not None:  # a concurrent call with the same key reopened it meanwhile
+                return Started(workflow_id, found.run_id)
+            run_id = latest_run_id(history)
+            assert run_id is not None
+            segment = run_segment(history, run_id)
+            terminal = current_lease_terminal(segment)
+            if terminal is None:
+                raise CannotReopen(workflow_id, run_id, "it is running")
+            body = terminal.body
+            if not isinstance(body, (WorkflowFailed, CancelledEvent)):
+                status = workflow_status(segment)
+                raise CannotReopen(
+                    workflow_id,
+                    run_id,
+                    f"it is {status.value if status else 'closed'}; only failed or cancelled runs can be reopened",
+                )
+            if isinstance(body, CancelledEvent) and not body.terminated:
+                reacted = _commands_after_cancel(segment, terminal.seq)
+                if reacted:
+                    raise CannotReopen(
+                        workflow_id,
+                        run_id,
+                        f"its code reacted to the cancellation ({reacted} command(s) recorded after the "
+                        "request); replaying it without the cancellation would take another path — "
+                        "start a new run instead",
+                    )
+            start = segment[0].body
+            assert isinstance(start, WorkflowStarted)
+            # Activities the teardown cancelled are re-dispatched; so are those whose final
+            # failure ended a failed run (the fix is deployed: a fresh attempt, not the
+            # recorded failure replayed).
+            reopened = sorted(
+                {
+                    e.body.activity_id
+                    for e in segment
+                    if isinstance(e.body, ActivityCancelled) and e.seq > terminal.seq
+                }
+                | set(failures_ending_the_run(segment, terminal) if isinstance(body, WorkflowFailed) else ())
+            )
+            lease = await core.reopen_locked(recorder, run_id, start.workflow_type, reopened, request_id)
+            core.spawn_run(lease)
+            await core.redispatch_unsettled(recorder, run_id)
+            for timer in outstanding_timers(run_segment(recorder.history, run_id)):
+                await core.arm_timer(workflow_id, run_id, timer.timer_id, timer.fire_at)
+        logger.info("workflow run reopened", extra={"workflow_id": workflow_id, "run_id": run_id})
+        # Children that ended while the run was closed (their outcome stood down) are delivered now.
+        await children.repair_children(core, recorder, run_id)
+        await core.upsert_visibility_quietly(workflow_id)
+        return Started(workflow_id, run_id)
+
+    async def query(self, workflow_id: str, name: str, arguments: Payload) -> Any:
+        """Answer the query from the latest run's handler here (see ``Engine.query``)."""
+        core = self._core
+        recorder = await self.existing_recorder(workflow_id)
+        while True:
+            history = recorder.history
+            status = workflow_status(history)
+            run_id = latest_run_id(history)
+            lease = core.registry.get(workflow_id, run_id) if run_id is not None else None
+            if status is WorkflowStatus.CONTINUED_AS_NEW and lease is not None and core.epoch.admitting:
+                # This engine is starting the successor right now: the query goes to it.
+                await recorder.wait_changed()
+                continue
+            if status is not WorkflowStatus.RUNNING or run_id is None:
+                raise NotRunning(
+                    workflow_id, status.value if status else "unknown", f"query {name!r}", writes=False
+                )
+            if lease is None or lease.residency is Residency.SUSPENDED:
+                reason = core.stuck.get(workflow_id)
+                raise QueryUnavailable(
+                    workflow_id,
+                    run_id,
+                    f"this engine could not resume it ({reason}); fix the cause and restart the engine"
+                    if reason
+                    else "it is not resident in this engine (another engine started it after this one "
+                    "opened the store); query it through the engine that runs it, or restart this one "
+                    "to resume it",
+                )
+            if lease.residency is Residency.STUCK:
+                raise QueryUnavailable(
+                    workflow_id,
+                    run_id,
+                    f"it is stuck, its code is not executing ({lease.stuck_reason}); deploy compatible "
+                    "code and restart the engine, or terminate the run",
+                )
+            activation = lease.activation
+            if activation is not None and activation.answerable:
+                # Synchronous from here to the return: the run cannot take a step meanwhile.
+                value = activation.answer_query(name, core.codec.decode(arguments))
+                return core.codec.decode(core.codec.encode(value, what=f"result of query {name!r}"))
+            if not core.epoch.admitting:
+                raise epoch_closed(workflow_id, run_id, f"answer query {name!r}")
+            # Starting, replaying, mid-step or ending: wait for it to park (the context
+            # wakes us) or for history to change (a terminal, a stuck mark, a reopen).
+            lease.query_waiters += 1
+            try:
+                await recorder.wait_changed()
+            finally:
+                lease.query_waiters -= 1
+
+
+async def _running_run(recorder: Recorder, operation: str) -> tuple[str, list[Event]]:
+    """Under the lock: the running run's id and segment, or :class:`NotRunning`."""
+    history = await recorder.current_history()
+    status = workflow_status(history)
+    run_id = latest_run_id(history)
+    if status is not WorkflowStatus.RUNNING or run_id is None:
+        raise NotRunning(recorder.workflow_id, status.value if status else "unknown", operation)
+    return run_id, run_segment(history, run_id)
+
+
+def _commands_after_cancel(segment: Sequence[Event], terminal_seq: int) -> int:
+    """Commands the run's code recorded between its last cancel request and its terminal."""
+    request = None
+    for event in segment:
+        if isinstance(event.body, WorkflowReopened):
+            request = None
+        elif isinstance(event.body, WorkflowCancelRequested) and request is None:
+            request = event.seq
+    if request is None:
+        return 0
+    return sum(
+        1
+        for e in segment
+        if request < e.seq < terminal_seq
+        and (
+            isinstance(e.body, (ActivityScheduled, MarkerRecorded))
+            or (isinstance(e.body, TimerStarted) and not e.body.timer_id.startswith("deadline:"))
+        )
+    )
+
+
+def _deadline(timeout: timedelta | float | None) -> timedelta | None:
+    if timeout is None:
+        return None
+    return timedelta(seconds=duration_seconds(timeout, "timeout", allow_zero=False))
+
+
+def _recorded(
+    history: Sequence[Event], workflow_id: str, request_id: str | None, kind: type[EventBody], what: str
+) -> RecordedRequest | None:
+    """The event ``request_id`` already recorded (a retried call: record nothing), or ``None``.
+
+    A key already spent on another kind of call is refused: one key names one call."""
+    if request_id is None:
+        return None
+    found = recorded_request(history, request_id)
+    if found is None:
+        return None
+    body = found.event.body
+    if not isinstance(body, kind) or (isinstance(body, CancelledEvent) and not body.terminated):
+        raise ValueError(
+            f"request_id {request_id!r} was already used on workflow {workflow_id!r} for a "
+            f"{type(body).__name__} (seq {found.event.seq}); give each distinct call its own request_id"
+        )
+    logger.info(
+        "%s with request id %r is already recorded (seq %d); nothing recorded again",
+        what,
+        request_id,
+        found.event.seq,
+        extra={"workflow_id": workflow_id, "run_id": found.run_id, "request_id": request_id},
+    )
+    return found
+
+
+def _reuse_allowed(policy: IdReusePolicy, status: WorkflowStatus) -> bool | None:
+    """True: start a new run; False: refuse; None: return the existing run."""
+    if policy is IdReusePolicy.USE_EXISTING:
+        return None
+    if policy is IdReusePolicy.REJECT_DUPLICATE:
+        return False
+    if status in (WorkflowStatus.RUNNING, WorkflowStatus.CONTINUED_AS_NEW):
+        return False
+    if policy is IdReusePolicy.ALLOW_IF_FAILED:
+        return status in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT)
+    return True
