@@ -21,7 +21,10 @@ from aion_trio_postgres import open_postgres_store
 from partition_scenario import run_slow
 
 LATENCY = 0.2
-TTL = 1.5
+# The renewal budget at this TTL is 1.4 s: one 0.2 s round trip leaves 1.2 s for the stalls of
+# a loaded machine.  At 1.5 s it left 0.5 s, and a two-core machine at a load of 8 (a CI run
+# beside a benchmark) stalled longer than that twice in one run: the lease lapsed at 2 looks.
+TTL = 3.0
 
 
 @pytest.fixture
@@ -52,10 +55,10 @@ async def test_a_lease_stays_valid_through_renewals_at_200ms_per_round_trip(
         # One round trip per renewal, far inside the budget TTL - margin - TTL/3.
         budget = TTL - node.margin() - TTL / 3
         assert all(LATENCY <= t < budget for t in took), (took, budget)
-    # Now with the store's own heartbeat: valid at every look for several TTLs.
+    # Now with the store's own heartbeat: valid at every look for two TTLs (six renewals).
     async with open_postgres_store(f"{proxy.url(base)}?{query}") as store:
         lapses = 0
-        end = time.monotonic() + 3 * TTL
+        end = time.monotonic() + 2 * TTL
         while time.monotonic() < end:
             lapses += not store.lease_valid()
             await trio.sleep(0.05)
