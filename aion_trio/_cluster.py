@@ -11,7 +11,8 @@ module is the engine's side of it:
   outcome.
 * :class:`LeaseGatedDispatcher` holds every activity attempt back while this
   node's lease is not valid: a node that may have been taken for dead starts
-  no side effect.
+  no side effect, and once its lease is renewed it runs a held attempt only if
+  it still owns the workflow (else the workflow is relinquished).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import trio
 from . import _errors
 from ._activities import ActivityDispatcher, ActivityOutcome, ActivityRequest
 from ._commands import Command, CommandOutcome
-from ._errors import AionError, CommandNotAnswered, EngineEpochClosed, StoreError
+from ._errors import AionError, CommandNotAnswered, EngineEpochClosed, StoreError, WorkflowFenced
 from ._inbox import wall_sleep
 from ._logs import ContextLogger
 from ._projections import is_active_status, workflow_status
@@ -45,29 +46,64 @@ LEASE_RECHECK = 0.05
 @final
 @attrs.define(eq=False)
 class LeaseGatedDispatcher:
-    """Wraps a dispatcher: each attempt waits (re-checking) until the node's lease is valid."""
+    """Wraps a dispatcher: each attempt waits (re-checking) until the node's lease is valid.
+
+    An attempt that had to wait runs only if this node still owns its workflow
+    once the lease is renewed (``ClusterStore.command_target`` is ``None``): a
+    lease that lapsed may have let another node claim the workflow meanwhile.
+    If it does not, the attempt raises :class:`~aion_trio.WorkflowFenced`
+    without running, and the dispatch relinquishes the workflow as for a fenced
+    append (the new owner's recovery dispatches the activity again).
+    """
 
     inner: ActivityDispatcher
     cluster: ClusterStore
     limiter: trio.CapacityLimiter
     held_back: int = 0
     """Attempts that had to wait for the lease (statistics, tests)."""
+    not_owned: int = 0
+    """Held-back attempts not run because another node owned the workflow by then."""
 
     async def dispatch(self, request: ActivityRequest) -> ActivityOutcome:
         if not self.cluster.lease_valid():
             self.held_back += 1
             logger.warning(
-                "activity attempt held back: this node's lease is not valid (it dispatches once renewed)",
-                extra={
-                    "workflow_id": request.workflow_id,
-                    "run_id": request.run_id,
-                    "activity": request.activity_id,
-                    "node": self.cluster.node_id,
-                },
+                "activity attempt held back: this node's lease is not valid (it dispatches once "
+                "renewed, if this node still owns the workflow)",
+                extra=self._log(request),
             )
+            await self._until_owned(request)
+        return await self.inner.dispatch(request)
+
+    def _log(self, request: ActivityRequest) -> dict[str, object]:
+        return {
+            "workflow_id": request.workflow_id,
+            "run_id": request.run_id,
+            "activity": request.activity_id,
+            "node": self.cluster.node_id,
+        }
+
+    async def _until_owned(self, request: ActivityRequest) -> None:
+        """Wait for a valid lease, then return if this node owns the workflow; else raise
+        ``WorkflowFenced`` (nothing ran).  A failed ownership look-up waits and asks again."""
+        while True:
             while not self.cluster.lease_valid():
                 await wall_sleep(LEASE_RECHECK, self.limiter)
-        return await self.inner.dispatch(request)
+            try:
+                owner = await self.cluster.command_target(request.workflow_id)
+            except StoreError as exc:
+                logger.warning("looking up a held-back attempt's owner failed (will retry): %s", exc)
+                await wall_sleep(LEASE_RECHECK, self.limiter)
+                continue
+            if owner is None:
+                return
+            self.not_owned += 1
+            raise WorkflowFenced(
+                request.workflow_id,
+                f"a held-back attempt of activity:{request.activity_id} found the workflow owned by "
+                f"{'node ' + repr(owner) if owner else 'no live node'} once this node's lease was renewed; "
+                "not run here",
+            )
 
 
 def outcome_error(outcome: CommandOutcome, workflow_id: str) -> BaseException:

@@ -121,6 +121,10 @@ class ActivityDispatch:
             except StoreError as exc:
                 # Not transient (those are retried until they land): the run cannot go on.
                 if isinstance(exc, (WorkflowFenced, SequenceConflict)) and self.cluster_mode:
+                    if isinstance(exc, WorkflowFenced) and recorder.on_fenced is not None:
+                        # Also a fence the lease gate found before the attempt ran (a no-op
+                        # when the recorder's own fence hook relinquished it already).
+                        recorder.on_fenced(recorder, exc)
                     return  # relinquished by the recorder's fence or stale-copy hook
                 reason = (
                     f"could not record the outcome of activity:{request.activity_id} "

@@ -274,6 +274,41 @@ async def test_an_invalid_lease_holds_activity_dispatch_back(
         assert CALLS == ["held"]
 
 
+async def test_a_held_back_attempt_whose_workflow_was_taken_over_meanwhile_never_runs(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    """A partition healed after another node took the workflow over: the attempt the cut-off
+    node held back does not run once its lease is renewed (its completion would be fenced,
+    but the side effect would have happened on a node that no longer owns the run); the
+    node relinquishes the workflow instead."""
+    url = fresh_store_url()
+    schema = schema_of(url)
+    seen: list[WorkflowRelinquished] = []
+
+    def observe(event: object) -> None:
+        if isinstance(event, WorkflowRelinquished):
+            seen.append(event)
+
+    async with node(url, "cut", ttl=0.5, renew_every=None, observers=[observe]) as (store_c, cut):
+        await eventually(lambda: _true(not store_c.lease_valid()))
+        await cut.start(just_note, "once", workflow_id="w")
+        gate = cut._core.dispatcher
+        await eventually(lambda: _true(getattr(gate, "held_back", 0) == 1))
+        async with node(url, "other") as (_, other):
+            await eventually(lambda: _owned_by(pg_url, schema, "w", "other"))
+            with trio.fail_after(10):
+                assert await other.result("w") == "noted once"
+            assert CALLS == ["once"]
+            await store_c.renew_lease()  # the partition heals
+            assert store_c.lease_valid()
+            await eventually(lambda: _true(cut._core.relinquished == 1))
+            assert CALLS == ["once"], "the held-back attempt ran on the node that lost the workflow"
+            assert getattr(gate, "not_owned", 0) == 1
+            assert [e.workflow_id for e in seen] == ["w"]
+            assert cut._core.loaded_recorder("w") is None
+    assert_unforked(pg_url, schema)
+
+
 async def test_a_killed_listen_connection_loses_no_command(
     fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
 ) -> None:
