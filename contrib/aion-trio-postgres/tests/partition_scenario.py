@@ -333,6 +333,10 @@ class RestartOutcome:
     resumed: float
     """From the server's restart until every workflow completed (seconds)."""
     problems: list[str]
+    nodes_resumed: float
+    """From the server's restart until every node had renewed its lease (seconds)."""
+    completed_before: int = 0
+    """Workflows already completed when the server was stopped."""
 
 
 def run_restart(
@@ -348,11 +352,13 @@ def run_restart(
     poll: float = 0.3,
     workflows: int = 30,
     steps: int = 40,
+    finish_within: float = 90.0,
 ) -> RestartOutcome:
     """``nodes`` node processes on ``server`` (an ``_ownserver.OwnServer``, running, schema
     migrated) run ``spans`` workflows; the server is stopped for ``outage`` seconds and
-    started again; every node must resume by itself and every workflow finish.  The
-    activities log to ``side`` (another server), so the outage fails no side effect."""
+    started again; every node must resume by itself (renew its lease) and every workflow
+    finish, within ``finish_within`` seconds of the restart.  The activities log to
+    ``side`` (another server), so the outage fails no side effect."""
     tmp.mkdir(parents=True, exist_ok=True)
     run = _Run(base=server.url, schema=schema, tmp=tmp, side=side)
     with psycopg.connect(side, autocommit=True) as conn:
@@ -368,25 +374,47 @@ def run_restart(
         for name in names:
             run.wait_for(f"{name} to start its workflows", lambda name=name: "SPANNING" in run.text(name), 60)
         spans_sql = f"SELECT count(DISTINCT workflow_id) FROM {failover_app.SPAN_TABLE}"
-        run.wait_for("every workflow to run a step", lambda: run.side_query(spans_sql)[0][0] >= workflows, 30)
+        run.wait_for(
+            "every workflow to run a step",
+            lambda: run.side_query(spans_sql)[0][0] >= workflows,
+            max(30.0, 0.1 * workflows),
+        )
+        completed_sql = "SELECT count(*) FROM workflows WHERE status = 'completed'"
+        completed_before = int(run.query(completed_sql)[0][0])
         server.stop("fast")
         time.sleep(outage)
         server.start()
         restarted = time.monotonic()
+        restarted_wall = time.time()
+        seen: dict[str, float] = {}  # "nodes" / "workflows": seconds after the restart
 
         def finished() -> bool:
             try:
-                return run.query("SELECT count(*) FROM workflows WHERE status = 'completed'") == [
-                    (workflows,)
-                ]
+                if "nodes" not in seen:  # every node renewed its lease since the restart
+                    rows = run.query(
+                        "SELECT count(*) FROM nodes WHERE renewed_at > to_timestamp(%s)"
+                        " AND lease_expires_at > clock_timestamp()",
+                        (restarted_wall,),
+                    )
+                    if rows == [(nodes,)]:
+                        seen["nodes"] = time.monotonic() - restarted
+                if "workflows" not in seen:
+                    done = run.query("SELECT count(*) FROM workflows WHERE status = 'completed'")
+                    if done == [(workflows,)]:
+                        seen["workflows"] = time.monotonic() - restarted
             except psycopg.OperationalError:
                 return False
+            return len(seen) == 2
 
-        run.wait_for("every workflow to complete after the restart", finished, 90, step=0.1)
-        resumed = time.monotonic() - restarted
+        run.wait_for("every node to resume and every workflow to complete", finished, finish_within, step=0.1)
     finally:
         run.stop()
-    return RestartOutcome(resumed=resumed, problems=_span_problems(run, workflows, steps))
+    return RestartOutcome(
+        resumed=seen["workflows"],
+        nodes_resumed=seen["nodes"],
+        completed_before=completed_before,
+        problems=_span_problems(run, workflows, steps),
+    )
 
 
 @attrs.frozen
