@@ -275,8 +275,23 @@ async def test_faults_in_a_loop_leave_every_history_whole_and_every_workflow_fin
     nodes = [cl.node(name, "--start", f"{k}:{N}:{len(NODES)}") for k, name in enumerate(NODES)]
     for proc in workers:
         await cl.ready(proc, WORKER_READY)
+
+    # 1. SIGSTOP n2 while its timers are pending; hold it past its lease until others claimed.
+    # Stopped as soon as it has started its workflows (each timer comes due TIMER seconds after
+    # its start), before waiting for the other nodes and opening the driver: on a loaded machine
+    # that took longer than TIMER, n2 fired every timer before it was stopped, had nothing to
+    # write once resumed, and was never fenced.
+    await cl.ready(nodes[NODES.index("n2")], "STARTED")
+    held = cl.owned_by("n2")
+    assert len(held) > 30, f"n2 should own its started workflows, owns {len(held)}"
+    # What n2 printed so far: a loaded machine can delay a lease renewal while n2 starts
+    # its workflows, and the ones claimed from it then are fenced before this point (they
+    # are not in ``held``).  The zombie's fencing is what n2 prints from here on.
+    stopped_at = len(cl.procs["n2"].text())
+    cl.kill("n2", signal.SIGSTOP)
     for proc in nodes:
-        await cl.ready(proc, "STARTED")
+        if proc.name != "n2":
+            await cl.ready(proc, "STARTED")
 
     driver_url = f"{cl.base}?schema={cl.schema}&node=driver&lease_ttl=5&poll_interval={POLL}"
     config = aion.EngineConfig(sweep_interval=SWEEP, remote_command_timeout=3)
@@ -293,15 +308,6 @@ async def test_faults_in_a_loop_leave_every_history_whole_and_every_workflow_fin
         trio.open_nursery() as nursery,
     ):
         signalled = trio.Event()
-
-        # 1. SIGSTOP n2 while its timers are pending; hold it past its lease until others claimed.
-        held = cl.owned_by("n2")
-        assert len(held) > 30, f"n2 should own its started workflows, owns {len(held)}"
-        # What n2 printed so far: a loaded machine can delay a lease renewal while n2 starts
-        # its workflows, and the ones claimed from it then are fenced before this point (they
-        # are not in ``held``).  The zombie's fencing is what n2 prints from here on.
-        stopped_at = len(cl.procs["n2"].text())
-        cl.kill("n2", signal.SIGSTOP)
         nursery.start_soon(send_signals, engine, cl, signalled)
 
         # 2. Meanwhile kill -9 n1 and restart it under the same node id.
