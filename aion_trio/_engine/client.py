@@ -142,6 +142,7 @@ class Engine:
             loaded_recorders=self._core.recorders.count,
             epoch=self._core.epoch.statistics(),
             abandoned_activity_threads=0 if self._threads is None else self._threads.abandoned_threads(),
+            owner_renewals=0 if self._ownership is None else self._ownership.renewals,
         )
 
     async def start(

@@ -226,3 +226,6 @@ class EngineStatistics:
     #: Plain ``def`` activity threads the engine stopped waiting for (cancel, terminate, a
     #: timeout) that have not returned yet: each holds a ``max_activity_threads`` slot.
     abandoned_activity_threads: int = 0
+    #: Heartbeats that renewed this engine's claim on an owned (embedded) store; 0 for a
+    #: store without the ownership capability.
+    owner_renewals: int = 0
