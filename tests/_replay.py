@@ -19,7 +19,7 @@ import trio
 
 import aion_trio as aion
 from aion_trio._projections import latest_run_id, run_segment
-from aion_trio._store import EventStore, VisibilityStore
+from aion_trio.plugin import EventStore, VisibilityStore
 
 
 class _NoAppendEvents:

@@ -27,8 +27,8 @@ import trio.testing
 
 import aion_trio as aion
 import aion_trio.testing
+from aion_trio import Exponential, Fixed, Linear, RetryPolicy
 from aion_trio._activities import OutcomeKind, RecordOutcome, record_activity_event
-from aion_trio._retry import Exponential, Fixed, Linear, RetryPolicy
 
 # --------------------------------------------------------------------------
 # Helpers

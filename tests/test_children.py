@@ -21,7 +21,7 @@ from _replay import assert_replays_cleanly
 import aion_trio as aion
 from aion_trio import events as ev
 from aion_trio._childspec import derive_child_run_id
-from aion_trio._store import EventStore
+from aion_trio.plugin import EventStore
 
 LIMIT = 40 * 86400
 IDS: list[str] = []

@@ -311,9 +311,8 @@ def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
 async def _wait_for(
     engine: aion_trio.Engine, workflow_id: str, event_type: type[aion_trio.EventBody]
 ) -> None:
-    recorder = await engine._core.recorder_for(workflow_id)
-    while not any(isinstance(e.body, event_type) for e in recorder.history):
-        await recorder.wait_changed()
+    while not any(isinstance(e.body, event_type) for e in await engine.history(workflow_id)):
+        await trio.testing.wait_all_tasks_blocked()
 
 
 async def _seed(db: Path, gate: Path) -> None:

@@ -273,7 +273,7 @@ async def test_a_base_exception_escaping_a_background_task_is_logged_not_fatal(
 
     with trio.fail_after(20):
         async with aion.open_engine("memory://", workflows=[healthy], activities=[plain]) as engine:
-            engine._core.epoch.spawn(dies, name="dies")
+            engine.epoch.spawn(dies, name="dies")
             run = await engine.start(healthy, workflow_id="after")
             assert await run.result() == "fine"
     assert any("background task dies failed" in r.getMessage() for r in caplog.records)

@@ -20,7 +20,11 @@ import trio.testing
 
 import aion_trio as aion
 from aion_trio._context import RunActivation
-from aion_trio._events import (
+from aion_trio._events import input_digest
+from aion_trio._payload import Payload, PayloadCodec
+from aion_trio._ports import RunAborted, ScheduleActivity, StartTimer, WorkflowCommand
+from aion_trio._projections import RunState
+from aion_trio.events import (
     ActivityCompleted,
     ActivityScheduled,
     ActivityStarted,
@@ -29,11 +33,7 @@ from aion_trio._events import (
     TimerStarted,
     WorkflowCancelled,
     WorkflowStarted,
-    input_digest,
 )
-from aion_trio._payload import Payload, PayloadCodec
-from aion_trio._ports import RunAborted, ScheduleActivity, StartTimer, WorkflowCommand
-from aion_trio._projections import RunState
 
 RUN_ID = "7d0c2c4e-3b1f-4f7e-9a52-0c8f3f1d2a61"
 STARTED_AT = datetime(2030, 1, 1, tzinfo=timezone.utc)

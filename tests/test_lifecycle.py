@@ -17,7 +17,7 @@ from _replay import assert_replays_cleanly
 
 import aion_trio as aion
 from aion_trio import events as ev
-from aion_trio._store import EventStore
+from aion_trio.plugin import EventStore
 from aion_trio.projections import current_lease_terminal
 
 CALLS: dict[str, int] = {}

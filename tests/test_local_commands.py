@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import trio
 
+from aion_trio import NotRunning
 from aion_trio._commands import (
     CancelCommand,
     IdReusePolicy,
@@ -23,7 +24,6 @@ from aion_trio._commands import (
     StartCommand,
     TerminateCommand,
 )
-from aion_trio._errors import NotRunning
 from aion_trio._inbox import InboxDrainer, apply_command
 from aion_trio._payload import Payload
 

@@ -207,10 +207,8 @@ async def test_replay_after_a_restart_reports_no_second_start_and_no_replayed_ou
     async with aion.open_engine(url, workflows=WORKFLOWS, activities=ACTIVITIES, observers=[observe]) as e:
         await e.start(step_then_signal, 1, workflow_id="replayed")
         await attempt_ended.wait()
-        recorder = e._core.loaded_recorder("replayed")
-        assert recorder is not None
-        while not any(isinstance(x.body, aion.ActivityCompleted) for x in recorder.history):
-            await recorder.wait_changed()
+        while not any(isinstance(x.body, aion.ActivityCompleted) for x in await e.history("replayed")):
+            await trio.testing.wait_all_tasks_blocked()
     assert len(_of(first, aion.WorkflowRunStarted)) == 1
     assert len(_of(first, aion.ActivityAttemptEnded)) == 1
 

@@ -25,14 +25,21 @@ import pytest
 import trio
 import trio.testing
 
-from aion_trio import InvalidStoreUrl, VisibilityRow, WorkflowStatus
-from aion_trio.testing._samples import markers
+from aion_trio import InvalidStoreUrl, MarkerRecorded, Payload, VisibilityRow, WorkflowStatus
+from aion_trio._events import make_batch
+from aion_trio.events import Event
 from aion_trio_sqlite import _threads, _walroom, open_sqlite_store, parse_sqlite_url
 from aion_trio_sqlite._store import SqliteStore
 from aion_trio_sqlite._threads import Writer
 
 UTC = timezone.utc
 T0 = datetime(2041, 5, 6, 7, 8, 9, tzinfo=UTC)
+
+
+def markers(workflow_id: str, first_seq: int, count: int, *, tag: str = "m") -> list[Event]:
+    """``count`` small ``MarkerRecorded`` events (cheap filler with distinguishable values)."""
+    bodies = [MarkerRecorded(name=tag, value=Payload.of(f"{tag}-{first_seq + i}")) for i in range(count)]
+    return make_batch(workflow_id, first_seq, T0, bodies)
 
 
 def row(workflow_id: str) -> VisibilityRow:

@@ -192,14 +192,15 @@ async def test_a_completion_present_in_the_snapshot_settles_ahead_of_an_expired_
 
 
 def test_timeout_and_sleep_arguments_are_validated() -> None:
-    from aion_trio._context import _duration
+    # The context's timeouts and sleeps go through the one duration check of the leaf helpers.
+    from aion_trio._retry import duration_seconds
 
     with pytest.raises(ValueError, match="> 0"):
-        _duration(0, "timeout", allow_zero=False)
+        duration_seconds(0, "timeout", allow_zero=False)
     with pytest.raises(ValueError, match="finite"):
-        _duration(float("inf"), "sleep duration", allow_zero=True)
+        duration_seconds(float("inf"), "sleep duration", allow_zero=True)
     with pytest.raises(TypeError):
-        _duration(True, "sleep duration", allow_zero=True)
+        duration_seconds(True, "sleep duration", allow_zero=True)
 
 
 # --------------------------------------------------------------------------
