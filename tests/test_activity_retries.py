@@ -29,6 +29,9 @@ import aion_trio as aion
 import aion_trio.testing
 from aion_trio import Exponential, Fixed, Linear, RetryPolicy
 from aion_trio._activities import OutcomeKind, RecordOutcome, record_activity_event
+from aion_trio._clock import TrioClock
+from aion_trio._epoch import EngineEpoch
+from aion_trio._recorder import Recorder
 
 # --------------------------------------------------------------------------
 # Helpers
@@ -340,53 +343,68 @@ async def test_the_loop_records_nothing_once_the_activity_settled_elsewhere(
     assert [r.activity_type for r in dispatcher.seen] == ["charge"]
 
 
+@contextlib.asynccontextmanager
+async def recorder_of(store_url: str, epoch: EngineEpoch | None = None) -> AsyncIterator[Recorder]:
+    """The workflow ``w``'s recorder resumed from ``store_url`` (the runtime seam), after
+    the engine that wrote it closed: ``record_activity_event`` takes a recorder."""
+    async with aion.open_store(store_url) as store, trio.open_nursery() as nursery:
+        yield await Recorder.load("w", store.events, epoch or EngineEpoch(nursery), TrioClock.start())
+
+
 async def test_the_epoch_gate_refuses_every_record_site_and_says_so(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     dispatcher = Scripted([None])
+    store_url = url()
     async with aion.open_engine(
-        url(), workflows=[one_charge], activities=[charge], dispatcher=dispatcher
+        store_url, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
     ) as engine:
         await engine.start(one_charge, {"retry": 3}, workflow_id="w")
         await trio.testing.wait_all_tasks_blocked()
-        recorder = engine._core.loaded_recorder("w")
-        assert recorder is not None
         run_id = (await engine.describe("w")).run_id
-        before = len(await engine.history("w"))
-        engine.epoch.begin_close()
-        error = aion.ActivityError(cause=aion.FailureCause.RETRYABLE, type="E", message="m")
-        sites = [
-            aion.ActivityFailed(activity_id=0, error=error, attempt=1, final=False),
-            aion.ActivityStarted(activity_id=0, attempt=2),
-            aion.ActivityFallbackRouted(
-                activity_id=0, attempt=1, from_task_queue="a", to_task_queue="b", fallback_index=0
-            ),
-            aion.ActivityAdvisoryExhausted(activity_id=0, activity_type="charge", reason="r", attempt=1),
-            aion.ActivityFailed(activity_id=0, error=error, attempt=1, final=True),
-            aion.ActivityCompleted(activity_id=0, result=aion.Payload.of(1), attempt=1),
-        ]
-        for body in sites:
-            assert await record_activity_event(recorder, run_id, 0, body) is RecordOutcome.EPOCH_CLOSED
-        assert len(await engine.history("w")) == before
+    # The activity is unsettled in history (its attempt was parked at shutdown).
+    async with trio.open_nursery() as nursery:
+        epoch = EngineEpoch(nursery)
+        async with recorder_of(store_url, epoch) as recorder:
+            before = len(recorder.history)
+            assert isinstance(recorder.history[-1].body, aion.ActivityStarted), "control: unsettled"
+            epoch.begin_close()
+            error = aion.ActivityError(cause=aion.FailureCause.RETRYABLE, type="E", message="m")
+            sites = [
+                aion.ActivityFailed(activity_id=0, error=error, attempt=1, final=False),
+                aion.ActivityStarted(activity_id=0, attempt=2),
+                aion.ActivityFallbackRouted(
+                    activity_id=0, attempt=1, from_task_queue="a", to_task_queue="b", fallback_index=0
+                ),
+                aion.ActivityAdvisoryExhausted(activity_id=0, activity_type="charge", reason="r", attempt=1),
+                aion.ActivityFailed(activity_id=0, error=error, attempt=1, final=True),
+                aion.ActivityCompleted(activity_id=0, result=aion.Payload.of(1), attempt=1),
+            ]
+            for body in sites:
+                assert await record_activity_event(recorder, run_id, 0, body) is RecordOutcome.EPOCH_CLOSED
+    async with aion.open_store(store_url) as store:
+        assert len(await store.events.read_history("w")) == before
 
 
 async def test_a_settled_activity_refuses_further_trail_records(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     dispatcher = Scripted([ok("done")])
+    store_url = url()
     async with aion.open_engine(
-        url(), workflows=[one_charge], activities=[charge], dispatcher=dispatcher
+        store_url, workflows=[one_charge], activities=[charge], dispatcher=dispatcher
     ) as engine:
         run = await engine.start(one_charge, {}, workflow_id="w")
         await run.result()
-        recorder = engine._core.loaded_recorder("w")
-        assert recorder is not None
         before = len(await engine.history("w"))
+    async with recorder_of(store_url) as recorder:
         outcome = await record_activity_event(
             recorder, run.run_id, 0, aion.ActivityStarted(activity_id=0, attempt=2)
         )
         assert outcome is RecordOutcome.SETTLED_ELSEWHERE
-        assert len(await engine.history("w")) == before
+        assert len(recorder.history) == before
+    async with aion.open_store(store_url) as store:
+        assert len(await store.events.read_history("w")) == before
 
 
 # --------------------------------------------------------------------------
