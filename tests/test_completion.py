@@ -7,6 +7,9 @@ really fired, the lease really was superseded, the index really was stale).
 The fixture drives ``handle_run_exit`` directly for a lease that has no run
 task, exactly what a run task does when its coroutine ends.  Time is Trio's
 ``MockClock`` (autojump), so retry backoffs cost no real time.
+
+Every test of the suite that drives the completion path by hand lives here
+(tests/test_suite_imports.py lists this file's reaches past the testing seams).
 """
 
 from __future__ import annotations
@@ -799,3 +802,71 @@ async def test_a_sequence_conflict_never_triggers_a_reread(autojump_clock: trio.
         assert not lease.recorder.stale
         assert lease.recorder.rereads == 0
         assert h.flaky.events.calls["read_history"] == 1, "only the initial load read the store"
+
+
+# --------------------------------------------------------------------------
+# A late completion of a run the deadline already tore down
+# --------------------------------------------------------------------------
+
+
+@aion.activity
+async def ship(order: str) -> str:
+    """Takes a day; stands for work still in flight when the run is ended."""
+    await trio.sleep(86400)
+    return f"shipped {order}"
+
+
+@aion.workflow
+async def sleeper(ctx: aion.WorkflowContext) -> str:
+    handle = ctx.start(ship, "slow")
+    await ctx.sleep(7200)
+    return str(await handle)
+
+
+class _CountingVisibility:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.upserts: list[str] = []
+
+    async def upsert(self, row: Any) -> None:
+        self.upserts.append(row.workflow_id)
+        await self._inner.upsert(row)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _CountingStore:
+    def __init__(self, inner: aion.Store) -> None:
+        self._inner = inner
+        self.events = inner.events
+        self.visibility = _CountingVisibility(inner.visibility)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_a_late_completion_of_a_timed_out_run_writes_neither_history_nor_visibility(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The teardown owns a TimedOut run's visibility and deadline: the run's own completion
+    path, arriving after the teardown, must stand down without writing either."""
+    with trio.fail_after(40 * 86400):
+        async with aion.open_store(f"memory://completion-{uuid.uuid4().hex}") as raw:
+            store = _CountingStore(raw)
+            async with aion.open_engine(store, workflows=[sleeper], activities=[ship]) as engine:  # type: ignore[arg-type]
+                run = await engine.start(sleeper, workflow_id="late2", timeout=60)
+                with pytest.raises(aion.WorkflowFailure, match="timed_out"):
+                    await run.result()
+                await trio.testing.wait_all_tasks_blocked()
+                lease = engine._core.registry.get("late2", run.run_id)
+                assert lease is not None
+                history = await engine.history("late2")
+                upserts = list(store.visibility.upserts)
+                assert upserts, "control: the teardown did write the row"
+                intent = TerminalIntent.completed(aion.Payload('"too late"'), engine._core.clock.now())
+                await handle_run_exit(engine._core, lease, intent)
+                await trio.testing.wait_all_tasks_blocked()
+                assert await engine.history("late2") == history
+                assert store.visibility.upserts == upserts
+                assert (await engine.describe("late2")).status is aion.WorkflowStatus.TIMED_OUT

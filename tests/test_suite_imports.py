@@ -120,14 +120,13 @@ NOT_YET_MOVED = frozenset(
         "tests/_replay.py: engine internals ._core",
         # record_activity_event (the activities seam) needs the live engine's recorder.
         "tests/test_activity_retries.py: engine internals ._core",
-        # The terminal's path driven by hand against a live engine's core and registry.
+        # The terminal's path (handle_run_exit and its retry) driven by hand against a live
+        # engine's core and registry: every such test lives in this one file.
         "tests/test_completion.py: engine internals ._core",
         "tests/test_completion.py: private module aion_trio._completion",
         "tests/test_completion.py: private module aion_trio._engine",
         "tests/test_completion.py: private module aion_trio._registry",
         "tests/test_completion.py: private name aion_trio._completion._Progress",
-        "tests/test_lifecycle.py: engine internals ._core",
-        "tests/test_lifecycle.py: private module aion_trio._completion",
         # The observer hub's failure counts and names, and its absence with no observer.
         "tests/test_observers.py: engine internals ._core",
         # Holds the live recorder's lock to stand for an append in progress.
