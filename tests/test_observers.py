@@ -176,19 +176,18 @@ async def test_an_observer_that_raises_is_logged_once_and_breaks_nothing(
     ) as engine:
         assert await (await engine.start(uses_flaky, "x", workflow_id="raise-1")).result() == "X"
         assert await (await engine.start(uses_flaky, "y", workflow_id="raise-2")).result() == "Y"
-        hub = engine._core.observers
-        assert hub is not None
-    failures = hub.failures["test_an_observer_that_raises_is_logged_once_and_breaks_nothing.<locals>.broken"]
 
     # The other observer got everything, the engine finished both runs.
     assert len(_of(good, aion.WorkflowRunEnded)) == 2
-    assert failures == len(good) > 10
+    assert len(good) > 10
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1
     assert "raised on" in errors[0].getMessage()
     assert errors[0].exc_info is not None
     assert "metrics backend is down" in str(errors[0].exc_info[1])
-    assert sum(1 for r in caplog.records if r.levelno == logging.DEBUG) == failures - 1
+    # The broken observer failed on every event the good one got: the first failure is
+    # logged with its traceback, every later one at DEBUG.
+    assert sum(1 for r in caplog.records if r.levelno == logging.DEBUG) == len(good) - 1
 
 
 async def test_replay_after_a_restart_reports_no_second_start_and_no_replayed_outcomes(
@@ -323,9 +322,6 @@ async def test_an_entry_point_plugin_observes_every_engine(
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
     monkeypatch.setattr(_plugins, "_default_managers", {})
     async with aion.open_engine(store_url(), workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
-        hub = engine._core.observers
-        assert hub is not None
-        assert "test-observer" in hub.names
         await (await engine.start(uses_flaky, "e", workflow_id="ep")).result()
     import aion_trio_test_observer  # type: ignore[import-not-found]
 
@@ -334,8 +330,10 @@ async def test_an_entry_point_plugin_observes_every_engine(
     # Disabled by name, it is not loaded.
     disabled = [name for name in os.environ.get(DISABLE_ENV, "").split(",") if name]
     monkeypatch.setenv(DISABLE_ENV, ",".join([*disabled, "test-observer"]))
+    before = len(seen)
     async with aion.open_engine(store_url(), workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
-        assert engine._core.observers is None
+        await (await engine.start(uses_flaky, "d", workflow_id="disabled")).result()
+    assert len(seen) == before, "the disabled observer saw nothing"
 
 
 def test_the_hub_queues_events_while_the_lock_is_held_and_delivers_after_release() -> None:
