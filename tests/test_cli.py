@@ -1235,7 +1235,7 @@ def test_cancel_terminate_reopen_without_a_worker_apply_directly(
     bad = run_cli("reopen", "nobody")
     assert bad.exit_code == 1
     assert error_lines(bad) == [
-        f"Error: workflow 'nobody' does not exist in this store ({_cli._store_url(str(tmp_path / 'd.db'))}); "
+        f"Error: workflow 'nobody' does not exist in this store ({_cli.store_url(str(tmp_path / 'd.db'))}); "
         "'aion-trio list' shows the workflows it holds"
     ]
     assert run_cli("start", "approval", "2", "--id", "t", "--no-wait").exit_code == 0

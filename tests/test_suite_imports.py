@@ -127,8 +127,12 @@ NOT_YET_MOVED = frozenset(
         "tests/test_completion.py: private module aion_trio._engine",
         "tests/test_completion.py: private module aion_trio._registry",
         "tests/test_completion.py: private name aion_trio._completion._Progress",
-        # The observer hub's failure counts and names, and its absence with no observer.
+        # Whether an observer is called under a recorder's lock (the live recorders' locks), and
+        # that with no observer the engine holds no hub and wraps nothing.
         "tests/test_observers.py: engine internals ._core",
+        # The process-wide plugin manager and registry caches, emptied for a test and restored.
+        "tests/test_observers.py: private name aion_trio._plugins._default_managers",
+        "tests/test_plugins.py: private name aion_trio._plugins._default_registry",
         # Holds the live recorder's lock to stand for an append in progress.
         "tests/test_schedule_window.py: engine internals ._core",
         # Spies on Runner.start_run_locked, the one start primitive.
@@ -159,8 +163,9 @@ def reaches_past_the_seams(path: Path, root: Path, engine_private: frozenset[str
     """``file: what`` for every import or attribute of aion_trio a test may not use.
 
     (a) a private aion_trio module that is not a seam, (b) a private name imported from
-    any aion_trio module, (c) ``x._core`` or another of the Engine's private names, and
-    a store plugin's private module imported by a test that is not the plugin's own.
+    any aion_trio module or read (or monkeypatched) on one, (c) ``x._core`` or another of
+    the Engine's private names, and a package's private module (a store plugin's, the
+    kit's) imported by a test that is not the package's own.
     """
     rel = path.relative_to(root).as_posix()
     found: set[str] = set()
@@ -176,7 +181,48 @@ def reaches_past_the_seams(path: Path, root: Path, engine_private: frozenset[str
         elif dotted.split(".")[0] == "aion_trio" and _private(dotted) and dotted not in SEAM_MODULES:
             found.add(f"{rel}: private module {dotted}")
 
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    modules: dict[str, str] = {}  # local name -> the aion_trio module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update(
+                {a.asname: a.name for a in node.names if a.asname and a.name.startswith("aion_trio")}
+            )
+            modules.update({a.name: a.name for a in node.names if a.name == "aion_trio"})
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").startswith("aion_trio")
+        ):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in SEAM_MODULES:
+                    modules[a.asname or a.name] = f"{node.module}.{a.name}"
+
+    def bound_module(owner: ast.expr) -> str | None:
+        if isinstance(owner, ast.Name):
+            return modules.get(owner.id)
+        if isinstance(owner, ast.Attribute) and (parent := bound_module(owner.value)) is not None:
+            dotted = f"{parent}.{owner.attr}"
+            return dotted if dotted in SEAM_MODULES or dotted in PUBLIC else None
+        return None
+
+    def module_private(owner: ast.expr, name: str) -> None:
+        dotted = f"{bound_module(owner)}.{name}"
+        if bound_module(owner) is not None and _private(name) and dotted not in SEAM_MODULES:
+            found.add(f"{rel}: private name {dotted}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            module_private(node.value, node.attr)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"setattr", "delattr"}
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            module_private(node.args[0], node.args[1].value)  # monkeypatch.setattr(module, "_x", ...)
         if isinstance(node, ast.Import):
             for alias in node.names:
                 module(alias.name)
@@ -228,6 +274,9 @@ def test_the_seam_check_catches_each_kind_of_reach(tmp_path: Path) -> None:
         "    from aion_trio import _errors, events\n"  # a seam and a public module: allowed
         "    from aion_trio_postgres._store import Backend\n"  # a plugin's internals, not its test
         "    from aion_trio.testing._flaky import X\n"  # the kit's internals, not its test
+        "    from aion_trio import _plugins as plugins\n"  # a seam, under another name
+        "    monkeypatch.setattr(plugins, '_default_managers', {})\n"  # (b), patched
+        "    aion_trio._ids._secret, plugins.default_registry()\n"  # (b) read; a public name
         "    return engine._core.registry, engine._local\n",  # (c)
         encoding="utf-8",
     )
@@ -239,6 +288,8 @@ def test_the_seam_check_catches_each_kind_of_reach(tmp_path: Path) -> None:
         "sample.py: private module aion_trio._completion",
         "sample.py: private module aion_trio._engine.core",
         "sample.py: private name aion_trio._context._seed",
+        "sample.py: private name aion_trio._ids._secret",
+        "sample.py: private name aion_trio._plugins._default_managers",
         "sample.py: private name aion_trio._registry",
     ]
 
