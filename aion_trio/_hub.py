@@ -2,11 +2,12 @@
 
 The completion path, the poison-run guard, the cluster services, the child
 workflows and the inbox drainer are callbacks of the engine: they are handed the
-engine (its ``EngineCore``, or for the inbox its local commands) and call back
-into it.  Each names here the handful of things it uses, so it never imports the
-engine, at runtime or for typing; the engine satisfies every protocol
-structurally.  The settings they read are likewise named (:class:`Settings`),
-not the engine's configuration class.
+engine (its ``EngineCore``, which hands each call to the service that does it,
+or for the inbox its local commands) and call back into it.  Each names here the
+handful of things it uses, so it never imports the engine, at runtime or for
+typing; the engine satisfies every protocol structurally.  The settings they
+read are likewise named (:class:`Settings`), not the engine's configuration
+class.
 """
 
 from __future__ import annotations

@@ -9,19 +9,14 @@ never the code's current defaults.
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar, Union, final
+from typing import Any, Union, final
 
 import attrs
-import trio
 
 from ._ids import validate_task_queue
-from ._logs import ContextLogger
-
-T = TypeVar("T")
 
 #: The longest duration any option, timer or deadline may have (100 years): far
 #: enough for any business process, and ``now + duration`` stays a valid datetime.
@@ -265,56 +260,6 @@ class ActivityOptions:
             fallback_queues=tuple(data.get("fallback_queues") or ()),
             advisory=bool(data.get("advisory", False)),
         )
-
-
-class TransientBackoff:
-    """Sleeps between retries of a write that failed transiently: ``initial``,
-    doubling up to ``ceiling``.  ``failed()`` logs a warning on the first
-    failure and whenever the count reaches the next power of two, then sleeps.
-    """
-
-    def __init__(
-        self, initial: float, ceiling: float, log: logging.Logger | ContextLogger, extra: Mapping[str, Any]
-    ) -> None:
-        self.delay = initial
-        self.ceiling = ceiling
-        self.attempts = 0
-        self._log = log
-        self._extra = dict(extra)
-
-    async def failed(self, what: str, exc: BaseException) -> None:
-        self.attempts += 1
-        if self.attempts & (self.attempts - 1) == 0:
-            self._log.warning(
-                "could not %s (failure %d); retrying: %s",
-                what,
-                self.attempts,
-                exc,
-                extra={**self._extra, "record_attempts": self.attempts},
-            )
-        await trio.sleep(self.delay)
-        self.delay = min(self.delay * 2, self.ceiling)
-
-
-async def until_available(
-    what: str,
-    call: Callable[[], Awaitable[T]],
-    ladder: tuple[float, float],
-    log: logging.Logger | ContextLogger,
-    extra: Mapping[str, Any] | None = None,
-) -> T:
-    """``await call()``, retried with a :class:`TransientBackoff` on ``initial, ceiling``
-    (``ladder``) while it raises ``BackendUnavailable``; any other error propagates."""
-    from ._errors import BackendUnavailable
-
-    backoff: TransientBackoff | None = None  # built on the first transient failure
-    while True:
-        try:
-            return await call()
-        except BackendUnavailable as exc:
-            if backoff is None:
-                backoff = TransientBackoff(*ladder, log, extra or {})
-            await backoff.failed(what, exc)
 
 
 UNSET: Any = attrs.make_class("Unset", [], repr=False)()

@@ -1,10 +1,10 @@
 """A run's :class:`~aion_trio._ports.WorkflowPort`, served through its lease.
 
 The context asks its port for a handful of things; :class:`LeasePort` answers
-them from the run's lease (identity, the recorder's history) and hands the
-writes to the engine's step recorder with the lease and the run's index
-attached.  It needs of the engine only :class:`StepRecorder`, so it never
-imports it.
+them from the run's lease (identity, the recorder's history), looks up
+definitions through :class:`Definitions`, and hands the writes to the engine's
+step recorder (:class:`Steps`) with the lease and the run's index attached.
+It needs of the engine only these two protocols, so it never imports it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from ._registry import Lease
 
 
-class StepRecorder(Protocol):
-    """What a run's port asks of the engine: definitions, options and the recording of steps."""
+class Definitions(Protocol):
+    """What a run's port asks of the engine's definitions: lookups and an activity call's options."""
 
     @property
     def codec(self) -> PayloadCodec: ...
@@ -37,6 +37,10 @@ class StepRecorder(Protocol):
     def resolved_activity_options(
         self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
     ) -> tuple[str, Payload]: ...
+
+
+class Steps(Protocol):
+    """What a run's port asks of the engine's step recorder: the recording of its steps."""
 
     async def record_commands(
         self, lease: Lease, state: RunState, pending: Sequence[WorkflowCommand]
@@ -63,7 +67,8 @@ class StepRecorder(Protocol):
 class LeasePort:
     """The port of one execution of a run's code (its lease's)."""
 
-    def __init__(self, steps: StepRecorder, lease: Lease) -> None:
+    def __init__(self, definitions: Definitions, steps: Steps, lease: Lease) -> None:
+        self._definitions = definitions
         self._steps = steps
         self._lease = lease
         self._recorder = lease.recorder
@@ -72,7 +77,7 @@ class LeasePort:
         self.run_id = lease.run_id
         self.workflow_type = lease.workflow_type
         self.start_head = lease.start_head
-        self.codec = steps.codec
+        self.codec = definitions.codec
 
     def run_state(self) -> RunState:
         self._state.sync()
@@ -89,18 +94,18 @@ class LeasePort:
             self._recorder.notify()  # queries wait for this moment
 
     def activity_definition(self, activity: ActivityDefinition[Any] | str) -> ActivityDefinition[Any]:
-        return self._steps.activity_definition(activity)
+        return self._definitions.activity_definition(activity)
 
     def workflow_definition(self, workflow: WorkflowDefinition[Any] | str) -> WorkflowDefinition[Any]:
-        return self._steps.workflow_definition(workflow)
+        return self._definitions.workflow_definition(workflow)
 
     def registered_workflow(self, workflow_type: str) -> WorkflowDefinition[Any] | None:
-        return self._steps.workflows.get(workflow_type)
+        return self._definitions.workflows.get(workflow_type)
 
     def resolved_activity_options(
         self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
     ) -> tuple[str, Payload]:
-        return self._steps.resolved_activity_options(definition, call_layer)
+        return self._definitions.resolved_activity_options(definition, call_layer)
 
     async def record_commands(self, commands: Sequence[WorkflowCommand]) -> None:
         await self._steps.record_commands(self._lease, self._state, commands)

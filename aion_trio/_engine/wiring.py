@@ -3,40 +3,57 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 import attrs
 import trio
 
+from .. import _children as children
 from .._activities import (
     ActivityDispatcher,
     DelegatingDispatcher,
     InProcessDispatcher,
 )
-from .._clock import TrioClock
+from .._clock import EngineClock, TrioClock
 from .._cluster import ClusterServices, LeaseGatedDispatcher
+from .._completion import handle_run_exit
 from .._definitions import ActivityDefinition, ActivityLoop, WorkflowDefinition, index_definitions
 from .._epoch import EngineEpoch
 from .._errors import AionInternalError
 from .._inbox import InboxDrainer, Ownership
-from .._observe import build_hub
+from .._observe import ObserverHub, build_hub
 from .._ownership import OwnerIdentity, wall_now
 from .._plugins import default_plugin_manager, open_store
+from .._registry import Registry
+from .._run_port import LeasePort
 from .._store import (
     ClusterStore,
     CommandInbox,
+    EventStore,
     OwnedStore,
     Store,
+    VisibilityStore,
 )
+from .._transient import Transient
 from .._watchdog import LoopWatchdog
 from .client import Engine, serve_inbox
 from .config import EngineConfig
 from .core import EngineCore
+from .dispatch import ActivityDispatch
 from .local import LocalCommands
 from .log import logger
+from .recorders import Recorders
+from .recovery import Recovery
+from .runner import Runner
+from .steps import StepRecorder, park_if_closing
+from .teardown import RunTeardown
+from .timers import Timers
+from .visibility import VisibilityRows
+from .window import ScheduleWindow
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
@@ -139,7 +156,7 @@ async def open_engine(
         try:
             async with trio.open_nursery() as nursery:
                 epoch = EngineEpoch(nursery)
-                core = EngineCore(
+                core = build_core(
                     store=opened,
                     epoch=epoch,
                     workflows=workflow_map,
@@ -167,14 +184,14 @@ async def open_engine(
                     if ownership is not None:
                         # Not epoch.spawn: losing the claim must end the engine, not be logged.
                         nursery.start_soon(ownership.keep_alive, epoch, name="owner-heartbeat")
-                    epoch.spawn(core.timer_service, name="timer-service")
+                    epoch.spawn(core.timers.serve, name="timer-service")
                     if config.activity_schedule_window:
-                        epoch.spawn(core.deferral_service, name="deferral-service")
+                        epoch.spawn(core.window.serve, name="deferral-service")
                     if services is not None:
                         epoch.spawn(services.waker, name="cluster-waker")
                         # Not epoch.spawn: a node fenced out of everything must end the engine.
                         nursery.start_soon(services.until_fenced_out, name="cluster-fence-watch")
-                    await core.recover()
+                    await core.recovery.recover()
                     if isinstance(opened, CommandInbox):
                         drainer = InboxDrainer(
                             commands=local, inbox=opened, config=config, limiter=service_threads
@@ -196,9 +213,9 @@ async def open_engine(
                     if config.drain_timeout:
                         with trio.move_on_after(config.drain_timeout):
                             await epoch.wait_attempts_idle()
-                    await core.write_all_deferred()
-                    if core.recovery_guard is not None:
-                        await core.recovery_guard.close()
+                    await core.window.write_all()
+                    if core.recovery.guard is not None:
+                        await core.recovery.guard.close()
                     epoch.begin_close()
                 finally:
                     nursery.cancel_scope.cancel()
@@ -214,3 +231,168 @@ async def open_engine(
             raise AionInternalError(
                 f"several errors escaped the engine epoch; please report this: {group!r}"
             ) from group
+
+
+def build_core(
+    *,
+    store: Store,
+    epoch: EngineEpoch,
+    workflows: Mapping[str, WorkflowDefinition[Any]],
+    activities: Mapping[str, ActivityDefinition[Any]],
+    config: EngineConfig,
+    clock: EngineClock,
+    dispatcher: ActivityDispatcher,
+    observers: ObserverHub | None,
+    cluster: ClusterStore | None,
+    service_threads: trio.CapacityLimiter,
+) -> EngineCore:
+    """Build the engine's services and wire them: each is given the handles it shares and
+    the others' entry points it calls, and the core (the hub the engine's callers reach
+    it through) is handed them all."""
+    events: EventStore = store.events
+    visibility: VisibilityStore = store.visibility
+    if observers is not None:
+        events = observers.wrap_events(events)
+        visibility = observers.wrap_visibility(visibility)
+    registry = Registry()
+    stuck: dict[str, str] = {}
+    transient = Transient(config.completion_retry, epoch, observers)
+    cluster_mode = cluster is not None
+    core = EngineCore(
+        store=store,
+        events=events,
+        visibility=visibility,
+        epoch=epoch,
+        workflows=workflows,
+        activities=activities,
+        config=config,
+        clock=clock,
+        dispatcher=dispatcher,
+        observers=observers,
+        cluster=cluster,
+        registry=registry,
+        stuck=stuck,
+        transient=transient,
+        service_threads=service_threads,
+    )
+    # Services built later are reached through these closures (called only once all exist).
+    teardown: RunTeardown
+    recovery: Recovery
+    recorders = Recorders(
+        events=events,
+        epoch=epoch,
+        clock=clock,
+        registry=registry,
+        forget=lambda workflow_id: teardown.forget_workflow(workflow_id),
+        recover=lambda workflow_id: recovery.recover_one(workflow_id),
+        observers=observers,
+        cluster=cluster,
+    )
+    timers = Timers(
+        events=events,
+        clock=clock,
+        epoch=epoch,
+        transient=transient,
+        cluster_mode=cluster_mode,
+        recorder_for=recorders.recorder_for,
+        deadline_teardown=lambda recorder, run_id: teardown.deadline_teardown(recorder, run_id),
+    )
+    visibility_rows = VisibilityRows(
+        visibility=visibility,
+        epoch=epoch,
+        config=config,
+        cluster=cluster,
+        recorder_for=recorders.recorder_for,
+        stuck_reason=stuck.get,
+    )
+    window = ScheduleWindow(
+        clock=clock,
+        epoch=epoch,
+        config=config,
+        cluster_mode=cluster_mode,
+        park_if_closing=functools.partial(park_if_closing, epoch),
+    )
+    steps: StepRecorder
+    runner = Runner(
+        recorders=recorders,
+        registry=registry,
+        epoch=epoch,
+        clock=clock,
+        codec=config.codec,
+        workflows=workflows,
+        stuck=stuck,
+        port_for=lambda lease: LeasePort(core, steps, lease),
+        run_exit=functools.partial(handle_run_exit, core),
+        upsert_visibility=visibility_rows.upsert_quietly,
+        recover=lambda workflow_id: recovery.recover_one(workflow_id),
+        guard=functools.partial(children.guarded, core),
+        arm_timer=timers.arm,
+    )
+    activity_dispatch = ActivityDispatch(
+        epoch=epoch,
+        config=config,
+        clock=clock,
+        dispatcher=dispatcher,
+        transient=transient,
+        registry=registry,
+        cluster_mode=cluster_mode,
+        held=lambda recorder, request, resume: recovery.held(recorder, request, resume),
+        mark_stuck=runner.mark_stuck,
+    )
+    steps = StepRecorder(
+        epoch=epoch,
+        config=config,
+        transient=transient,
+        cluster_mode=cluster_mode,
+        window=window,
+        inflight=activity_dispatch.inflight,
+        children_hub=core,
+        loaded_recorder=recorders.loaded_recorder,
+        dispatch=activity_dispatch.dispatch,
+        arm_timer=timers.arm,
+        forget_timer=timers.forget,
+        mark_stuck=runner.mark_stuck,
+    )
+    teardown = RunTeardown(
+        events=events,
+        epoch=epoch,
+        config=config,
+        clock=clock,
+        registry=registry,
+        stuck=stuck,
+        cluster=cluster,
+        timers=timers,
+        activity_dispatch=activity_dispatch,
+        completion_hub=core,
+        run_closed=core.run_closed,
+        upsert_visibility=visibility_rows.upsert,
+    )
+    recovery = Recovery(
+        events=events,
+        cluster=cluster,
+        config=config,
+        observers=observers,
+        transient=transient,
+        workflows=workflows,
+        stuck=stuck,
+        recorders=recorders,
+        runner=runner,
+        timers=timers,
+        activity_dispatch=activity_dispatch,
+        visibility_rows=visibility_rows,
+        teardown=teardown,
+        hub=core,
+        children_hub=core,
+    )
+    core.attach(
+        recorders=recorders,
+        runner=runner,
+        timers=timers,
+        activity_dispatch=activity_dispatch,
+        visibility_rows=visibility_rows,
+        window=window,
+        steps=steps,
+        teardown=teardown,
+        recovery=recovery,
+    )
+    return core

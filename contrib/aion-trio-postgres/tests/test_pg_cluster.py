@@ -189,7 +189,7 @@ async def test_expired_lease_is_taken_over_and_the_stale_node_relinquishes(
             await eventually(lambda: finished(pg_url, schema, "w"))
             assert await fresh.result("w") == "noted once"
             # The stale node's timer fire was refused: it stopped the workflow, retried nothing.
-            await eventually(lambda: _true(stale._core.relinquished == 1))
+            await eventually(lambda: _true(stale._core.recorders.relinquished == 1))
             assert [e.workflow_id for e in seen] == ["w"]
             assert seen[0].node_id == "stale"
             assert stale._core.loaded_recorder("w") is None
@@ -477,9 +477,9 @@ async def test_an_interrupted_deadline_teardown_is_finished_by_its_owner_only(
             assert b._core.cluster is not None
             assert await b._core.cluster.command_target("w") == "a"
             # (Asked again here, the heap is checked before the timer service can run.)
-            await b._core.resume_teardowns(set())
+            await b._core.teardown.resume(set())
             assert not b._core.timers.armed_for("w")
-            assert b._core.relinquished == 0
+            assert b._core.recorders.relinquished == 0
             assert await owner_of(pg_url, schema, "w") == "a"
         async with aion.open_engine(store_a, workflows=WORKFLOWS, activities=[note], config=FAST):
             await eventually(lambda: _deadline_retired(pg_url, schema, run_id))

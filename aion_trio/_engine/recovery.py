@@ -1,0 +1,222 @@
+"""Recovery: resuming every active workflow from its history when an engine opens.
+
+:class:`Recovery` runs the startup sweep: it lists the workflows to resume
+(a transient fault is retried through the engine's one retry primitive until
+the store answers), counts them for the poison-run guard, and recovers each
+one (replay its run, re-dispatch unsettled activities, arm its timers, start
+recorded children and successors that never started), then finishes
+interrupted deadline teardowns and reconciles visibility.  One workflow's
+failure is logged and marks it stuck; it does not stop the others.  What it
+needs of the rest of the engine it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, final
+
+import trio
+
+from .. import _children as children
+from .._activities import ActivityRequest
+from .._definitions import WorkflowDefinition
+from .._errors import BackendUnavailable, NotOwner
+from .._events import WorkflowContinuedAsNew, WorkflowStarted, WorkflowStatus
+from .._hub import ChildrenHub, RecoveryHub
+from .._observe import ObserverHub, RecoveryFinished
+from .._poison import RecoveryGuard, poison_reason
+from .._projections import (
+    current_lease_terminal,
+    latest_run_id,
+    outstanding_timers,
+    run_segment,
+    workflow_status,
+)
+from .._recorder import Recorder
+from .._registry import Residency
+from .._store import ClusterStore, EventStore
+from .._transient import Transient
+from .config import EngineConfig
+from .dispatch import ActivityDispatch
+from .log import logger
+from .recorders import Recorders
+from .runner import Runner
+from .teardown import RunTeardown
+from .timers import Timers
+from .visibility import VisibilityRows
+
+
+@final
+class Recovery:
+    """The startup sweep and the recovery of one workflow."""
+
+    def __init__(
+        self,
+        *,
+        events: EventStore,
+        cluster: ClusterStore | None,
+        config: EngineConfig,
+        observers: ObserverHub | None,
+        transient: Transient,
+        workflows: Mapping[str, WorkflowDefinition[Any]],
+        stuck: dict[str, str],
+        recorders: Recorders,
+        runner: Runner,
+        timers: Timers,
+        activity_dispatch: ActivityDispatch,
+        visibility_rows: VisibilityRows,
+        teardown: RunTeardown,
+        hub: RecoveryHub,
+        children_hub: ChildrenHub,
+    ) -> None:
+        self._events = events
+        self._cluster = cluster
+        self._config = config
+        self._observers = observers
+        self._transient = transient
+        self._workflows = workflows
+        self._stuck = stuck
+        self._recorders = recorders
+        self._runner = runner
+        self._timers = timers
+        self._dispatch = activity_dispatch
+        self._visibility = visibility_rows
+        self._teardown = teardown
+        self._hub = hub
+        self._children_hub = children_hub
+        #: The startup sweep's poison-run bookkeeping (``None``: the store cannot count).
+        self.guard: RecoveryGuard | None = None
+
+    def held(self, recorder: Recorder, request: ActivityRequest, resume: bool) -> bool:
+        """Whether the poison-run guard holds this dispatch back (the dispatch service's hook)."""
+        return self.guard is not None and self.guard.hold(recorder, request, resume)
+
+    async def recover(self) -> None:
+        """The startup sweep: resume every active workflow; one failure does not stop the others.
+
+        Cluster mode: the active workflows this node owns (re-claimed) and the
+        orphans it can claim now, not every active workflow of the store.
+        """
+        began = trio.current_time()
+        active = await self._list_recoverable()
+        guard = self.guard = RecoveryGuard.for_core(self._hub)
+        if guard is not None:
+            await guard.count(active)
+        resumed = 0
+        try:
+            for workflow_id in active:
+                if await self.recover_one(workflow_id):
+                    resumed += 1
+        finally:
+            if guard is not None:
+                await guard.release()
+        if active:
+            logger.info(
+                "recovery resumed %d of %d active workflows",
+                resumed,
+                len(active),
+                extra={"active": len(active), "resumed": resumed},
+            )
+        await self._teardown.resume(set(active))
+        await self._visibility.reconcile(set(active))
+        if self._observers is not None:
+            self._observers.emit(
+                RecoveryFinished(active=len(active), resumed=resumed, seconds=trio.current_time() - began)
+            )
+
+    async def _list_recoverable(self) -> list[str]:
+        """The workflows the sweep resumes.  A transient read fault is retried (the
+        engine's one retry, loud) until the store answers: recovery needs the list."""
+        cluster = self._cluster
+
+        async def listing() -> list[str]:
+            if cluster is None:
+                return await self._events.list_active()
+            active = await cluster.owned_active()
+            return active + await cluster.claim_orphans(self._config.sweep_batch)
+
+        return await self._transient.call("list the active workflows for recovery", listing, logger)
+
+    async def recover_one(self, workflow_id: str) -> bool:
+        """Recover one workflow; returns whether it was resumed now.
+
+        A transient fault loading its history (nothing has been done for it yet) is
+        retried in the epoch with backoff until it loads or the epoch closes, while
+        the sweep goes on; any other failure is logged and marks it stuck.
+        """
+        resumed: list[bool] = []
+        await children.guarded(
+            self._children_hub,
+            "load a workflow's history for recovery",
+            {"workflow_id": workflow_id},
+            self._recover_loaded,
+            workflow_id,
+            resumed,
+        )
+        return bool(resumed)
+
+    async def _recover_loaded(self, workflow_id: str, resumed: list[bool]) -> None:
+        """Raises only ``BackendUnavailable``, and only before anything was done."""
+        try:
+            recorder = await self._recorders.recorder_for(workflow_id)
+        except BackendUnavailable:
+            raise
+        except Exception as exc:
+            self._recovery_failed(workflow_id, exc)
+            return
+        try:
+            await self.recover_workflow(recorder)
+        except Exception as exc:
+            self._recovery_failed(workflow_id, exc)
+            return
+        resumed.append(True)
+
+    def _recovery_failed(self, workflow_id: str, exc: Exception) -> None:
+        if isinstance(exc, NotOwner):
+            return  # claimed by another node meanwhile: relinquished (logged there)
+        reason = f"recovery failed: {type(exc).__name__}: {exc}"
+        self._stuck[workflow_id] = reason
+        logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
+
+    async def recover_workflow(self, recorder: Recorder) -> None:
+        """Resume one loaded workflow from its history alone."""
+        workflow_id = recorder.workflow_id
+        history = recorder.history
+        run_id = latest_run_id(history)
+        status = workflow_status(history)
+        if run_id is None or status is None:
+            return
+        segment = run_segment(history, run_id)
+        start = segment[0].body
+        assert isinstance(start, WorkflowStarted)
+        runner = self._runner
+        if status is WorkflowStatus.RUNNING:
+            lease = runner.new_lease(recorder, run_id, start.workflow_type)
+            guard = self.guard
+            unfinished = guard.poisoned(lease) if guard is not None else None
+            if unfinished is not None:
+                await runner.mark_stuck(lease, poison_reason(unfinished))
+                return
+            if guard is not None:
+                guard.watch(lease)
+            if start.workflow_type not in self._workflows:
+                await runner.mark_stuck(
+                    lease,
+                    f"workflow type {start.workflow_type!r} is not registered with this engine; register it "
+                    "and restart, or terminate the run",
+                )
+                return
+            runner.spawn_run(lease)
+            await self._dispatch.redispatch_unsettled(recorder, run_id)
+            for timer in outstanding_timers(segment):
+                await self._timers.arm(workflow_id, run_id, timer.timer_id, timer.fire_at)
+            await children.repair_children(self._children_hub, recorder, run_id)
+            await children.close_if_orphaned(self._children_hub, recorder, run_id)
+        elif status is WorkflowStatus.CONTINUED_AS_NEW:
+            terminal = current_lease_terminal(segment)
+            if terminal is not None and isinstance(terminal.body, WorkflowContinuedAsNew):
+                lease = runner.new_lease(recorder, run_id, start.workflow_type)
+                lease.residency = Residency.SUSPENDED
+                lease.cached_status = WorkflowStatus.CONTINUED_AS_NEW
+                await runner.start_successor(lease, terminal.body)
+        await self._visibility.upsert_quietly(workflow_id)
