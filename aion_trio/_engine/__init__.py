@@ -1,7 +1,10 @@
 """The engine, as a package: configuration, the core, the client API and ``open_engine``.
 
-Modules import downwards only: ``config`` and ``log`` at the bottom, then
-``core``, ``describe``, ``client``, and ``wiring`` (``open_engine``) on top.
+Modules import downwards only: ``config`` and ``log`` at the bottom, then the
+services (``timers``, ``dispatch``, ``recorders``, ``window``, ``visibility``;
+``runner``, ``steps``, ``teardown``; ``recovery``), ``core``, ``describe``,
+``client``, and ``wiring`` (``open_engine``, which builds and wires the
+services) on top.
 This module re-exports the names the rest of ``aion_trio`` imports from the engine.
 """
 
