@@ -16,6 +16,7 @@ so.  ``--fresh`` starts over with a new database.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -43,6 +44,7 @@ from ._definitions import activity, workflow
 from ._engine import Engine, IdReusePolicy, open_engine
 from ._errors import ActivityFailure, NotRunning, QueryError, TerminalError, WorkflowFailure
 from ._events import ActivityFailed, SignalReceived, WorkflowStarted, WorkflowStatus
+from ._interrupt import Interrupted, run_interruptible
 from ._plugins import open_store
 from ._projections import workflow_status
 from ._retry import Fixed, RetryPolicy
@@ -314,7 +316,7 @@ def _interrupted(exc: BaseException) -> bool:
     """A Ctrl-C, possibly inside the exception groups of the nurseries it crossed."""
     if isinstance(exc, BaseExceptionGroup):
         return all(_interrupted(inner) for inner in exc.exceptions)
-    return isinstance(exc, KeyboardInterrupt)
+    return isinstance(exc, (KeyboardInterrupt, Interrupted))
 
 
 @click.command("demo")
@@ -351,7 +353,7 @@ def demo_command(db: Path, orders: int | None, fresh: bool) -> None:
     level = package_log.level
     package_log.setLevel(logging.ERROR)
     try:
-        summary = trio.run(run_demo, db, orders, console)
+        summary = run_interruptible(functools.partial(run_demo, db, orders, console))
     except BaseException as exc:
         if not _interrupted(exc):
             raise

@@ -84,6 +84,7 @@ SEAMS: dict[str, tuple[str, ...]] = {
         "aion_trio._logs",
         "aion_trio._watchdog",
         "aion_trio._contain",
+        "aion_trio._interrupt",
         "aion_trio._wire",
         "aion_trio._events",
         "aion_trio._commands",

@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from typing import NoReturn, TypeVar
 
 import click
-import trio
 
 from .._errors import (
     AionError,
@@ -27,6 +26,7 @@ from .._errors import (
     WorkflowFailure,
     WorkflowNotFound,
 )
+from .._interrupt import Interrupted, run_interruptible
 from .._urls import redact_url
 from .options import STORE_ENV
 
@@ -51,6 +51,12 @@ class UserError(click.ClickException):
     """A user error with a one-line message (exit status 1)."""
 
     exit_code = 1
+
+
+class CommandInterrupted(click.ClickException):
+    """SIGINT (Ctrl-C) stopped the command after its code unwound (exit status 130)."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 class UsageProblem(UserError):
@@ -102,15 +108,21 @@ def _user_error(exc: BaseException, store: str) -> click.ClickException | None:
 
 
 def run(store: str, fn: Callable[[], Awaitable[T]]) -> T:
-    """``trio.run(fn)``, with the typed errors a user can fix turned into one error line."""
+    """``trio.run(fn)``, with the typed errors a user can fix turned into one error line.
+
+    Ctrl-C cancels ``fn`` (see :mod:`aion_trio._interrupt`) and ends the command with
+    ``Error: interrupted`` and exit status 130.
+    """
     try:
-        return trio.run(fn)
+        return run_interruptible(fn)
     except click.ClickException:
         raise
     except BaseException as raw:
         exc = _single(raw)
         if isinstance(exc, click.ClickException):
             raise exc from None
+        if isinstance(exc, Interrupted):
+            raise CommandInterrupted("interrupted") from None
         error = _user_error(exc, store)
         if error is None:
             raise
