@@ -277,7 +277,7 @@ class LocalCommands:
                 core.stop_run_locally(workflow_id, run_id, found.event)
             else:
                 run_id, segment = await _running_run(recorder, "terminate")
-                bodies: list[Any] = [
+                bodies: list[EventBody] = [
                     CancelledEvent(reason=reason, terminated=True, request_id=request_id),
                     *teardown_bodies(segment, run_id, retire_timers=True),
                 ]

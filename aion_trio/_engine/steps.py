@@ -40,6 +40,7 @@ from .._events import (
     ActivityFailed,
     ChildWorkflowStarted,
     Event,
+    EventBody,
     FailureCause,
     MarkerRecorded,
     TimerCancelCause,
@@ -59,7 +60,7 @@ from .log import logger
 from .window import ScheduleWindow, schedule_bodies
 
 #: Builds the bodies to append from the recorder's history (re-evaluated per attempt).
-Build = Callable[[Sequence[Event]], list[Any]]
+Build = Callable[[Sequence[Event]], list[EventBody]]
 
 
 def lease_fields(lease: Lease) -> dict[str, Any]:
@@ -175,18 +176,22 @@ class StepRecorder:
             raise RunAborted() from exc
 
     async def _decide(
-        self, lease: Lease, what: str, decide: Callable[[Sequence[Event]], tuple[Event | None, Any]]
+        self,
+        lease: Lease,
+        what: str,
+        decide: Callable[[Sequence[Event]], tuple[Event | None, EventBody | None]],
     ) -> Event:
         """Run ``decide(history) -> (existing_event | None, body_to_append)`` under the lock,
         retrying transient failures; returns the event that settles the await."""
         result: list[Event] = []
 
-        def build(history: Sequence[Event]) -> list[Any]:
+        def build(history: Sequence[Event]) -> list[EventBody]:
             result.clear()
             existing, body = decide(history)
             if existing is not None:
                 result.append(existing)
                 return []
+            assert body is not None, "a decision appends a body when no event settles it"
             return [body]
 
         await self.append(lease, what, build)
@@ -201,9 +206,9 @@ class StepRecorder:
     ) -> None:
         """Record a run's pending commands as one batch, then start what they start."""
 
-        def build(history: Sequence[Event]) -> list[Any]:
+        def build(history: Sequence[Event]) -> list[EventBody]:
             state.sync()
-            bodies: list[Any] = []
+            bodies: list[EventBody] = []
             started_now: set[str] = set()
             for p in pending:
                 if isinstance(p, ScheduleActivity):
@@ -257,7 +262,7 @@ class StepRecorder:
                 self._dispatch(lease.recorder, first_request(lease, p, at))
 
     async def record_marker(self, lease: Lease, name: str, value: Payload) -> None:
-        def build(history: Sequence[Event]) -> list[Any]:
+        def build(history: Sequence[Event]) -> list[EventBody]:
             segment = run_segment(history, lease.run_id)
             if any(isinstance(e.body, MarkerRecorded) and e.body.name == name for e in segment):
                 return []
@@ -271,7 +276,7 @@ class StepRecorder:
         """A timeout scope expired while awaiting an activity: record the activity's final
         failure (unless it settled first, under the lock) and stop its running attempt."""
 
-        def decide(history: Sequence[Event]) -> tuple[Event | None, Any]:
+        def decide(history: Sequence[Event]) -> tuple[Event | None, EventBody | None]:
             state.sync()
             settled = state.settled.get(activity_id)
             if settled is not None:
@@ -307,11 +312,11 @@ class StepRecorder:
         replay finds them settled and records nothing."""
         cancelled: list[int] = []
 
-        def build(history: Sequence[Event]) -> list[Any]:
+        def build(history: Sequence[Event]) -> list[EventBody]:
             state.sync()
             cancelled.clear()
             segment = run_segment(history, lease.run_id)
-            bodies: list[Any] = []
+            bodies: list[EventBody] = []
             for activity_id in activity_ids:
                 if activity_id in state.settled or activity_id not in state.scheduled:
                     continue
@@ -338,7 +343,7 @@ class StepRecorder:
     ) -> Event:
         """A timeout scope expired during a sleep: cancel the sleep's timer (unless it fired first)."""
 
-        def decide(history: Sequence[Event]) -> tuple[Event | None, Any]:
+        def decide(history: Sequence[Event]) -> tuple[Event | None, EventBody | None]:
             state.sync()
             resolved = state.timer_resolutions.get(timer_id)
             if resolved is not None:

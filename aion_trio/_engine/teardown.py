@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, final
+from typing import final
 
 import trio
 
@@ -22,7 +22,7 @@ from .._clock import EngineClock
 from .._completion import forget_retired, reconcile_registry, teardown_bodies
 from .._epoch import EngineEpoch
 from .._errors import StoreError
-from .._events import Event, TimeoutKind, TimerFired, WorkflowTimedOut
+from .._events import Event, EventBody, TimeoutKind, TimerFired, WorkflowTimedOut
 from .._hub import CompletionHub
 from .._ids import deadline_timer_id
 from .._projections import current_lease_terminal, outstanding_timers, run_segment
@@ -107,7 +107,7 @@ class RunTeardown:
             if not any(t.timer_id == deadline for t in outstanding_timers(segment)):
                 return False  # already retired
             if current_lease_terminal(segment) is None:
-                bodies: list[Any] = [
+                bodies: list[EventBody] = [
                     WorkflowTimedOut(timeout_kind=TimeoutKind.DEADLINE),
                     *(
                         b
