@@ -301,7 +301,7 @@ async def test_a_held_back_attempt_whose_workflow_was_taken_over_meanwhile_never
             assert CALLS == ["once"]
             await store_c.renew_lease()  # the partition heals
             assert store_c.lease_valid()
-            await eventually(lambda: _true(cut._core.relinquished == 1))
+            await eventually(lambda: _true(cut._core.recorders.relinquished == 1))
             assert CALLS == ["once"], "the held-back attempt ran on the node that lost the workflow"
             assert getattr(gate, "not_owned", 0) == 1
             assert [e.workflow_id for e in seen] == ["w"]
