@@ -73,7 +73,6 @@ from ._projections import (
     run_segment,
     workflow_status,
 )
-from ._transient import Transient
 
 if TYPE_CHECKING:
     from ._hub import ChildrenHub
@@ -237,7 +236,7 @@ async def start_child_run(
             fields = {"workflow_id": child_id, "run_id": run_id, "parent_workflow_id": parent_workflow_id}
 
             async def until_answered(attempt: Callable[[], Awaitable[None]]) -> None:
-                await _transient(core).call("start a child workflow", attempt, logger, fields)
+                await core.transient.call("start a child workflow", attempt, logger, fields)
 
             # Retried here, under the lock, until the store answers: a try whose commit landed
             # with its acknowledgement lost is then found, and this call runs the child it
@@ -438,10 +437,6 @@ async def _close_if_parent_ended(
 # -- retrying transient failures in the epoch ---------------------------------------
 
 
-def _transient(core: ChildrenHub) -> Transient:
-    return Transient(core.config.completion_retry, core.epoch, core.observers)
-
-
 async def guarded(
     core: ChildrenHub,
     what: str,
@@ -456,4 +451,4 @@ async def guarded(
     async def attempt() -> None:
         await fn(*args)
 
-    await _transient(core).now_or_in_background(what, attempt, logger, fields)
+    await core.transient.now_or_in_background(what, attempt, logger, fields)

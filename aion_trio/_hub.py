@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ._recorder import Recorder
     from ._registry import Lease, Registry
     from ._store import ClusterStore, EventStore, Store
-    from ._transient import Ladder
+    from ._transient import Ladder, Transient
 
 
 class Settings(Protocol):
@@ -94,6 +94,9 @@ class CompletionHub(Protocol):
 
 class RecoveryHub(Protocol):
     """What the poison-run guard (``_poison``) asks of the engine."""
+
+    @property
+    def transient(self) -> Transient: ...
 
     @property
     def config(self) -> Settings: ...
@@ -170,6 +173,9 @@ class ClientCommands(Protocol):
 
 class ChildrenHub(Protocol):
     """What child workflows (``_children``) ask of the engine."""
+
+    @property
+    def transient(self) -> Transient: ...
 
     @property
     def config(self) -> Settings: ...

@@ -31,7 +31,6 @@ from ._errors import StoreError
 from ._events import ActivityCancelled, ActivityCompleted, ActivityFailed, ActivityFallbackRouted
 from ._registry import Lease, Residency
 from ._store import RecoveryCounts
-from ._transient import Transient
 
 if TYPE_CHECKING:
     from ._activities import ActivityRequest
@@ -92,13 +91,15 @@ class RecoveryGuard:
         if not workflow_ids:
             return
         try:
-            known = await self._transient.call("read the recovery counts", self.store.recovery_counts, logger)
+            known = await self.core.transient.call(
+                "read the recovery counts", self.store.recovery_counts, logger
+            )
             # A run already past the limit is not counted again: it stays at limit + 1
             # until an operator clears it (or it is terminated).
             sweep = set(workflow_ids)
             over = {wid: n for wid, n in known.items() if n > self.limit and wid in sweep}
             ids = [wid for wid in workflow_ids if wid not in over]
-            counted = await self._transient.call(
+            counted = await self.core.transient.call(
                 "count the recoveries of the active workflows",
                 lambda: self.store.count_recoveries(ids),
                 logger,
@@ -210,7 +211,7 @@ class RecoveryGuard:
         if not ids:
             return
         try:
-            await self._transient.call(
+            await self.core.transient.call(
                 "clear the recovery counts of recovered workflows",
                 lambda: self.store.clear_recoveries(ids),
                 logger,
@@ -219,7 +220,3 @@ class RecoveryGuard:
             logger.warning("could not clear recovery counts (they count once more): %s", exc)
             return
         self.counted.difference_update(ids)
-
-    @property
-    def _transient(self) -> Transient:
-        return Transient(self.core.config.completion_retry, self.core.epoch, self.core.observers)
