@@ -156,10 +156,13 @@ def _type_names(value: Iterable[type[BaseException] | str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _max_attempts(value: int) -> int:
+def _max_attempts(value: int | None) -> int | None:
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
-            f"max_attempts counts every attempt including the first and must be an int >= 1, got {value!r}"
+            "max_attempts counts every attempt including the first and must be an int >= 1, "
+            f"or None for no limit, got {value!r}"
         )
     return value
 
@@ -178,14 +181,16 @@ def _default_backoff() -> Backoff:
 class RetryPolicy:
     """How often an activity is attempted.
 
-    ``max_attempts`` counts the first attempt (``max_attempts=1``: no retry).
+    ``max_attempts`` counts the first attempt (``max_attempts=1``: no retry);
+    ``None`` (the default) sets no limit: the activity is retried until it
+    succeeds, fails terminally, or its ``schedule_to_close`` runs out.
     Any exception is retried within the budget except ``TerminalError`` and
     the types listed in ``non_retryable`` (classes, or names matched against
     the exception's class name and those of its bases).  Attempt timeouts and
     policy refusals are retry-eligible too.
     """
 
-    max_attempts: int = attrs.field(converter=_max_attempts)
+    max_attempts: int | None = attrs.field(default=None, converter=_max_attempts)
     backoff: Backoff = attrs.field(factory=_default_backoff, validator=_check_backoff)
     non_retryable: tuple[str, ...] = attrs.field(default=(), converter=_type_names)
 

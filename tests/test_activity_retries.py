@@ -854,3 +854,40 @@ async def test_worker_loss_respects_settlement_elsewhere(autojump_clock: trio.te
         history = await engine.history("w")
     assert len(dispatcher.seen) == 1, "no re-dispatch after the activity settled elsewhere"
     assert trail(history) == [("started", 1, None), ("failed", 1, True)]
+
+
+# --------------------------------------------------------------------------
+# Unlimited retries: a policy without max_attempts
+# --------------------------------------------------------------------------
+
+
+def test_a_policy_without_max_attempts_has_no_limit_and_records_it() -> None:
+    policy = RetryPolicy(backoff=Fixed(5))
+    assert policy.max_attempts is None
+    assert policy.to_json()["max_attempts"] is None
+    assert RetryPolicy.from_json(policy.to_json()) == policy
+    assert RetryPolicy().backoff == Exponential(initial=1, multiplier=2, maximum=60), "the default backoff"
+
+
+async def test_an_unlimited_policy_retries_until_the_activity_succeeds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    dispatcher = Scripted([fail(aion.FailureCause.RETRYABLE, "reset")] * 150 + [ok("finally")])
+    start = trio.current_time()
+    result, history = await run_one(dispatcher, {"retry": None})
+    assert result == "finally"
+    assert dispatcher.attempts == list(range(1, 152)), "150 failures, then the 151st attempt succeeds"
+    steps = trail(history)
+    assert steps[-1] == ("completed", 151, None)
+    assert sum(1 for kind, _, final in steps if kind == "failed" and final is False) == 150
+    assert trio.current_time() - start >= 150 * 600, "every retry waited its backoff"
+
+
+async def test_an_unlimited_policy_is_bounded_by_schedule_to_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    dispatcher = Scripted([fail(aion.FailureCause.RETRYABLE, "reset")] * 100)
+    result, _ = await run_one(dispatcher, {"retry": None, "schedule_to_close": 6500})
+    assert result["cause"] == "timeout"
+    assert "schedule_to_close of 6500.0s" in result["message"]
+    assert len(dispatcher.seen) == 11, "600s backoffs: attempt 12 would start after the 6500s bound"

@@ -398,7 +398,7 @@ class ActivityDriver:
                 if policy is not None or error.cause is not FailureCause.TERMINAL or self.options.advisory:
                     await self._advisory(state.attempt, f"{error.type}: {error.message}")
                 return await self._final(state.attempt, self._settle_failure(state.attempt, error))
-            if state.same_provider_attempt >= policy.max_attempts:
+            if policy.max_attempts is not None and state.same_provider_attempt >= policy.max_attempts:
                 word = "policy_refused" if error.cause is FailureCause.POLICY_REFUSED else "exhausted"
                 configured = " configured" if word == "policy_refused" else ""
                 final_error = attrs.evolve(
