@@ -18,7 +18,7 @@ import hashlib
 import logging
 import random
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, final, overload
 
@@ -28,12 +28,14 @@ from ._errors import Timeout
 from ._events import (
     Event,
     EventBody,
+    SearchValue,
     SignalReceived,
     TimerCancelled,
     TimerFired,
     TimerStarted,
     WorkflowStarted,
     input_digest,
+    validate_search_attributes,
 )
 from ._handles import (
     ActivityHandle,
@@ -55,8 +57,15 @@ from ._ids import (
     validate_workflow_id,
 )
 from ._payload import Payload
-from ._ports import CancelTimer, ScheduleActivity, StartChild, WorkflowPort
-from ._projections import COMMAND_ACTIVITY, COMMAND_CHILD, COMMAND_PATCH, CommandKey
+from ._ports import CancelTimer, ScheduleActivity, StartChild, UpsertSearchAttributes, WorkflowPort
+from ._projections import (
+    COMMAND_ACTIVITY,
+    COMMAND_CHILD,
+    COMMAND_PATCH,
+    COMMAND_SEARCH_ATTRIBUTES,
+    CommandKey,
+    search_attributes_digest,
+)
 from ._queries import QueryHandlers
 from ._replay import Replay
 from ._retry import UNSET, RetryPolicy, check_layer, duration_seconds, explicit
@@ -146,6 +155,8 @@ class WorkflowContext:
         self._patches: set[str] = set()
         self._signals_taken: dict[str, int] = {}
         self._named_timers: set[str] = set()
+        #: The run's search attributes as its code has set them so far (built on first use).
+        self._search: dict[str, SearchValue] | None = None
         self._rng = random.Random(_seed(replay.workflow_id, replay.run_id))
         self.logger: logging.LoggerAdapter = _ReplayAwareLogger(  # type: ignore[type-arg]
             logging.getLogger(f"aion_trio.workflow.{self._port.workflow_type}"), self
@@ -523,6 +534,46 @@ class WorkflowContext:
         self._replay.require_own_task("ctx.timeout()")
         seconds = _duration(duration, "timeout", allow_zero=False)
         return TimeoutScope(self._replay, seconds)
+
+    # -- search attributes -----------------------------------------------------
+
+    @property
+    def search_attributes(self) -> Mapping[str, SearchValue]:
+        """The run's search attributes: those it was started with, updated by each
+        :meth:`upsert_search_attributes` the code made so far (a copy; same on replay)."""
+        return dict(self._search_values())
+
+    def upsert_search_attributes(self, attributes: Mapping[str, Any]) -> None:
+        """Set search attributes of this run (added, or replacing the values of the same names).
+
+        A recorded command, like :meth:`start_timer`: it is written with the
+        run's next await (or when the code returns), and the run's visibility
+        row then lists the new values (``engine.list(search=[...])``).  On replay
+        the recorded upsert is found instead; other values than those recorded
+        at this point are a :class:`NonDeterminismError`.  Values are str, int,
+        float, bool or a list of str; a bad name or value raises ``ValueError``
+        here, before anything is recorded.
+        """
+        replay = self._replay
+        replay.require_own_task("ctx.upsert_search_attributes()")
+        values = validate_search_attributes(attributes)
+        search = self._search_values()
+        state = replay.state
+        state.sync()
+        key = CommandKey(COMMAND_SEARCH_ATTRIBUTES, "", digest=search_attributes_digest(values))
+        if replay.resolve_command(key) is None:
+            recorded = sum(1 for k, _ in state.commands if k.kind == COMMAND_SEARCH_ATTRIBUTES)
+            queued = sum(1 for p in replay.pending if isinstance(p, UpsertSearchAttributes))
+            replay.pending.append(UpsertSearchAttributes(ordinal=recorded + queued, attributes=values))
+        search.update(values)
+
+    def _search_values(self) -> dict[str, SearchValue]:
+        if self._search is None:
+            start = self._replay.state.start
+            assert start is not None
+            assert isinstance(start.body, WorkflowStarted)
+            self._search = dict(start.body.search_attributes)
+        return self._search
 
     # -- versioning ----------------------------------------------------------
 

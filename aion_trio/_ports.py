@@ -8,7 +8,8 @@ here and is handed an implementation; it never imports the engine.
   :class:`~aion_trio.WorkflowContext`) may ask of the engine.  One port per
   execution of a run's code; a test drives a context against a fake one.
 * The commands workflow code issues (:class:`ScheduleActivity`,
-  :class:`StartTimer`, :class:`CancelTimer`, :class:`StartChild`): the context
+  :class:`StartTimer`, :class:`CancelTimer`, :class:`StartChild`,
+  :class:`UpsertSearchAttributes`): the context
   queues them, the port records them as one batch.
 * :class:`ActiveRun` -- what the engine's services read of a run's code while
   it executes (queries, the recovery watch).
@@ -28,7 +29,7 @@ from ._payload import Payload
 
 if TYPE_CHECKING:
     from ._definitions import ActivityDefinition, WorkflowDefinition
-    from ._events import Event
+    from ._events import Event, SearchValue
     from ._payload import PayloadCodec
     from ._projections import RunState
 
@@ -84,7 +85,16 @@ class StartChild:
     options: ChildOptions
 
 
-WorkflowCommand = Union[ScheduleActivity, StartTimer, CancelTimer, StartChild]
+@final
+@attrs.define(eq=False)
+class UpsertSearchAttributes:
+    """Record the run's ``ordinal``-th search-attribute upsert (``ctx.upsert_search_attributes``)."""
+
+    ordinal: int
+    attributes: Mapping[str, SearchValue]
+
+
+WorkflowCommand = Union[ScheduleActivity, StartTimer, CancelTimer, StartChild, UpsertSearchAttributes]
 """A command workflow code issued, queued until its next await records the batch."""
 
 

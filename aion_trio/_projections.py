@@ -9,6 +9,8 @@ property tests hold the two to the same answers on every prefix).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeGuard, final
@@ -512,8 +514,16 @@ def _marker_command(body: MarkerRecorded) -> CommandKey | None:
     return None
 
 
+def search_attributes_digest(attributes: Mapping[str, SearchValue]) -> str:
+    """The digest an upsert's command key carries: replay compares the values, not only
+    that an upsert happened (key order does not matter; value types do)."""
+    items = {key: list(value) if isinstance(value, tuple) else value for key, value in attributes.items()}
+    text = json.dumps(items, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
 def _upsert_command(body: SearchAttributesUpserted) -> CommandKey:
-    return CommandKey(COMMAND_SEARCH_ATTRIBUTES, "")
+    return CommandKey(COMMAND_SEARCH_ATTRIBUTES, "", digest=search_attributes_digest(body.attributes))
 
 
 _COMMAND_KEYS: Mapping[type, Callable[[Any], CommandKey | None]] = {

@@ -43,6 +43,7 @@ from .._events import (
     EventBody,
     FailureCause,
     MarkerRecorded,
+    SearchAttributesUpserted,
     TimerCancelCause,
     TimerCancelled,
     TimerStarted,
@@ -50,8 +51,16 @@ from .._events import (
 )
 from .._hub import ChildrenHub
 from .._payload import Payload
-from .._ports import CancelTimer, RunAborted, ScheduleActivity, StartChild, StartTimer, WorkflowCommand
-from .._projections import RunState, retry_trail, run_segment
+from .._ports import (
+    CancelTimer,
+    RunAborted,
+    ScheduleActivity,
+    StartChild,
+    StartTimer,
+    UpsertSearchAttributes,
+    WorkflowCommand,
+)
+from .._projections import COMMAND_SEARCH_ATTRIBUTES, RunState, retry_trail, run_segment
 from .._recorder import Recorder
 from .._registry import Lease
 from .._transient import RetryAbandoned, Transient
@@ -111,6 +120,7 @@ class StepRecorder:
         arm_timer: Callable[[str, str, str, datetime], Awaitable[None]],
         forget_timer: Callable[[str, str], Awaitable[None]],
         mark_stuck: Callable[[Lease, str], Awaitable[None]],
+        refresh_visibility: Callable[[str], Awaitable[None]],
     ) -> None:
         self._epoch = epoch
         self._config = config
@@ -124,6 +134,7 @@ class StepRecorder:
         self._arm_timer = arm_timer
         self._forget_timer = forget_timer
         self._mark_stuck = mark_stuck
+        self._refresh_visibility = refresh_visibility
 
     # -- the one append ------------------------------------------------------
 
@@ -232,6 +243,9 @@ class StepRecorder:
                         bodies.append(
                             MarkerRecorded(name=child_marker_name(p.ordinal), value=p.options.to_payload())
                         )
+                elif isinstance(p, UpsertSearchAttributes):
+                    if p.ordinal >= _upserts_recorded(state):
+                        bodies.append(SearchAttributesUpserted(attributes=p.attributes))
                 elif (p.timer_id in state.timers or p.timer_id in started_now) and (
                     p.timer_id not in state.timer_resolutions
                 ):
@@ -249,6 +263,7 @@ class StepRecorder:
                 return
         await self.append(lease, "record workflow commands", build, keep_deferred=True)
         state.sync()
+        upserted = False
         for p in pending:
             if isinstance(p, StartTimer):
                 await self._arm_timer(lease.workflow_id, lease.run_id, p.timer_id, p.fire_at)
@@ -256,10 +271,15 @@ class StepRecorder:
                 await self._forget_timer(lease.workflow_id, p.timer_id)
             elif isinstance(p, StartChild):
                 await self.start_recorded_child(lease, p.ordinal)
+            elif isinstance(p, UpsertSearchAttributes):
+                upserted = True
             else:
                 scheduled = state.scheduled.get(p.ordinal)
                 at = scheduled.recorded_at if scheduled is not None else None
                 self._dispatch(lease.recorder, first_request(lease, p, at))
+        if upserted:
+            # Visibility follows the new values (rewritten from history after a crash).
+            await self._refresh_visibility(lease.workflow_id)
 
     async def record_marker(self, lease: Lease, name: str, value: Payload) -> None:
         def build(history: Sequence[Event]) -> list[EventBody]:
@@ -391,6 +411,11 @@ class StepRecorder:
             lease.workflow_id,
             child,
         )
+
+
+def _upserts_recorded(state: RunState) -> int:
+    """How many search-attribute upserts the run's code has recorded."""
+    return sum(1 for key, _ in state.commands if key.kind == COMMAND_SEARCH_ATTRIBUTES)
 
 
 def _open_child(lease: Lease, ordinal: int) -> children.OpenChild | None:

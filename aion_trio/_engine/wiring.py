@@ -352,6 +352,7 @@ def build_core(
         arm_timer=timers.arm,
         forget_timer=timers.forget,
         mark_stuck=runner.mark_stuck,
+        refresh_visibility=visibility_rows.refresh_soon,
     )
     teardown = RunTeardown(
         events=events,
