@@ -67,7 +67,7 @@ from ._projections import (
     search_attributes_digest,
 )
 from ._queries import QueryHandlers
-from ._replay import Replay
+from ._replay import Replay, Satisfied, SignalHandlers
 from ._retry import UNSET, RetryPolicy, check_layer, duration_seconds, explicit
 
 T = TypeVar("T")
@@ -523,6 +523,100 @@ class WorkflowContext:
         assert isinstance(event.body, SignalReceived)
         self._signals_taken[name] = index + 1
         return self._port.codec.decode(event.body.payload)
+
+    def set_signal_handler(self, name: str, handler: Callable[[Any], object]) -> None:
+        """Give every signal called ``name`` to ``handler(payload)``, in the order recorded.
+
+        A handler is a plain (sync) function that updates the workflow's state
+        (it must not issue commands); the workflow waits for that state with
+        :meth:`wait_condition`.  Signals are delivered at the run's awaits:
+        each one recorded before what resolves an await is handed over before
+        that await returns, so replay delivers it at the same point.  Signals
+        recorded before the handler was registered are delivered at the next
+        await; an exception from a handler is raised at that await.
+        Registering a name again replaces its handler.
+        """
+        self._replay.require_own_task("ctx.set_signal_handler()")
+        self._signal_handlers().register(name, handler)
+
+    @overload
+    def signal_handler(self, name: str, /) -> Callable[[F], F]: ...
+
+    @overload
+    def signal_handler(self, handler: F, /) -> F: ...
+
+    def signal_handler(self, name_or_handler: str | F, /) -> Callable[[F], F] | F:
+        """Decorator form of :meth:`set_signal_handler`.
+
+        ``@ctx.signal_handler("approve")`` registers under the given name;
+        bare ``@ctx.signal_handler`` under the function's ``__name__``.
+        """
+        if isinstance(name_or_handler, str):
+            name = name_or_handler
+
+            def register(handler: F) -> F:
+                self.set_signal_handler(name, handler)
+                return handler
+
+            return register
+        handler = name_or_handler
+        handler_name = getattr(handler, "__name__", None)
+        if not isinstance(handler_name, str):
+            raise TypeError(
+                f"cannot name signal handler {handler!r} (no __name__); use @ctx.signal_handler('name')"
+            )
+        self.set_signal_handler(handler_name, handler)
+        return handler
+
+    def _signal_handlers(self) -> SignalHandlers:
+        replay = self._replay
+        if replay.signal_handlers is None:
+            replay.signal_handlers = SignalHandlers()
+        return replay.signal_handlers
+
+    @_command("ctx.wait_condition()")
+    async def wait_condition(
+        self, predicate: Callable[[], bool], *, timeout: timedelta | float | None = None
+    ) -> None:
+        """Wait until ``predicate()`` is true; it reads state the signal handlers set.
+
+        Returns at once if it is already true (nothing is recorded).  Otherwise
+        the predicate is checked again after each signal is handed to its
+        handler, in the order the signals were recorded, so replay returns at
+        the same signal the live run did.  With ``timeout`` (a durable, recorded
+        timer, as for :meth:`wait_signal`) or inside ``ctx.timeout``, an expiry
+        recorded before the condition held raises :class:`Timeout`.
+        The predicate is a plain function: it must not issue commands.
+        """
+        replay = self._replay
+        replay.require_own_task("ctx.wait_condition()")
+        if not callable(predicate):
+            raise TypeError(f"wait_condition needs a callable predicate, got {predicate!r}")
+        handlers = self._signal_handlers()
+        what = "the wait_condition predicate"
+        if handlers.call(what, predicate):
+            return
+        replay.state.sync()
+        timer_id: str | None = None
+        if timeout is not None:
+            seconds = _duration(timeout, "wait_condition timeout", allow_zero=True)
+            timer_id = anonymous_timer(replay.next_timer)
+            replay.next_timer += 1
+            replay.issue_timer(timer_id, replay.now + timedelta(seconds=seconds))
+
+        def check() -> Satisfied | Event | None:
+            if handlers.call(what, predicate):
+                return Satisfied(replay.position)
+            fired = replay.fired_scopes(timer_id)
+            return min(fired, key=lambda e: e.seq) if fired else None
+
+        outcome = await replay.wait_until(check)
+        if isinstance(outcome, Event):
+            replay.consume(outcome)
+        if timer_id is not None and replay.resolve_timer_cancel(timer_id):
+            replay.pending.append(CancelTimer(timer_id=timer_id))
+        if isinstance(outcome, Event):
+            raise Timeout("the condition did not hold in time")
 
     def timeout(self, duration: timedelta | float) -> TimeoutScope:
         """``async with ctx.timeout(d):`` — awaits inside raise :class:`Timeout` once ``d`` passed.

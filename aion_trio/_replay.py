@@ -15,6 +15,8 @@ handles and the query handlers are built on it.
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, final
@@ -26,6 +28,7 @@ from ._errors import NonDeterminismError, QueryReadOnly, Timeout, WorkflowCancel
 from ._events import (
     Event,
     EventBody,
+    SignalReceived,
     TimerCancelCause,
     TimerCancelled,
     TimerFired,
@@ -83,6 +86,9 @@ class Replay:
         #: The query whose handler runs now (commands are refused meanwhile).
         self.answering: str | None = None
         self.query_violation: QueryReadOnly | None = None
+        #: Signal handlers by name and how many of each name's signals they were given
+        #: (built when the code registers the first one).
+        self.signal_handlers: SignalHandlers | None = None
 
     # -- guards ----------------------------------------------------------------
 
@@ -91,6 +97,14 @@ class Replay:
             error = QueryReadOnly(self.workflow_id, self.run_id, self.answering, what)
             self.query_violation = error
             raise error
+        handlers = self.signal_handlers
+        if handlers is not None and handlers.running is not None:
+            raise WorkflowCommandError(
+                f"{what} was called from {handlers.running} of workflow {self.workflow_id!r}: signal "
+                "handlers and wait_condition predicates are plain functions that read and update the "
+                "workflow's state; issue commands from the workflow code (wait for the state with "
+                "ctx.wait_condition)"
+            )
 
     def require_own_task(self, what: str) -> None:
         self.refuse_in_query(what)
@@ -343,9 +357,13 @@ class Replay:
                 raise RunAborted()
             found = check()
             cancel = self.cancel_in_force()
+            expired = self.expired_scope()
+            if self.signal_handlers is not None and self.signal_handlers.deliver_next(
+                self, self._cut(found, cancel, expired)
+            ):
+                continue  # a handler changed the state: decide again
             if found is not None and (cancel is None or _resolution_seq(found) < cancel.seq):
                 return found
-            expired = self.expired_scope()
             if cancel is not None:
                 fired = self.state.timer_resolutions.get(expired) if expired is not None else None
                 if fired is None or cancel.seq < fired.seq:
@@ -374,6 +392,90 @@ class Replay:
             if self.poisoned is not None:
                 raise self.poisoned
 
+    def _cut(self, found: object, cancel: Event | None, expired: str | None) -> float:
+        """The seq of what ends the current wait, if history holds it (else infinity):
+        signals recorded before it are delivered to their handlers first, live and on replay."""
+        cut = math.inf
+        if found is not None:
+            cut = _resolution_seq(found)
+        if cancel is not None:
+            cut = min(cut, cancel.seq)
+        if expired is not None:
+            fired = self.state.timer_resolutions.get(expired)
+            if fired is not None:
+                cut = min(cut, fired.seq)
+        return cut
+
+
+@final
+class SignalHandlers:
+    """The signal handlers one execution of a run's code registered, and what they were given.
+
+    A handler is a plain function of the signal's payload that updates the
+    workflow's state.  Signals are given to it in the order they were recorded,
+    at the run's awaits: before an await resolves, every handled signal recorded
+    before its resolution (or before the cancel or timeout that ends it) is
+    delivered.  That depends on history alone, so replay delivers each signal
+    at the same point the live run did.  A signal recorded before its handler
+    was registered is delivered at the next await.
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Callable[[Any], object]] = {}
+        self._delivered: dict[str, int] = {}
+        #: What runs now ("signal handler 'x'", "the wait_condition predicate"): commands are refused.
+        self.running: str | None = None
+
+    def register(self, name: str, handler: Callable[[Any], object]) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"signal name must be a non-empty str, got {name!r}")
+        if not callable(handler):
+            raise TypeError(f"signal handler {name!r} must be callable, got {handler!r}")
+        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 -- an object with an async __call__
+        ):
+            raise TypeError(
+                f"signal handler {name!r} is an async function; handlers must be plain functions "
+                "(def, not async def) that update the workflow's state; wait for that state in the "
+                "workflow with ctx.wait_condition"
+            )
+        self._handlers[name] = handler
+
+    def deliver_next(self, replay: Replay, below: float) -> bool:
+        """Give the earliest undelivered handled signal recorded before seq ``below`` to its
+        handler; ``False`` if there is none.  A handler's exception is raised at the await."""
+        signals = replay.state.signals
+        earliest: Event | None = None
+        for name in self._handlers:
+            received = signals.get(name)
+            index = self._delivered.get(name, 0)
+            if received is not None and index < len(received):
+                candidate = received[index]
+                if candidate.seq < below and (earliest is None or candidate.seq < earliest.seq):
+                    earliest = candidate
+        if earliest is None:
+            return False
+        body = earliest.body
+        assert isinstance(body, SignalReceived)
+        self._delivered[body.name] = self._delivered.get(body.name, 0) + 1
+        replay.consume(earliest)
+        value = replay.port.codec.decode(body.payload)
+        self.call(f"signal handler {body.name!r}", self._handlers[body.name], value)
+        return True
+
+    def call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run a handler or predicate with commands refused."""
+        self.running = what
+        try:
+            result = fn(*args)
+        finally:
+            self.running = None
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError(f"{what} returned an awaitable; it must be a plain function")
+        return result
+
 
 def _argument_change(recorded: Event, arguments: Payload | None) -> str:
     """Which argument differs between a recorded command's input and ``arguments``
@@ -396,9 +498,17 @@ def _argument_change(recorded: Event, arguments: Payload | None) -> str:
     )
 
 
+@final
+@attrs.frozen
+class Satisfied:
+    """A wait whose condition holds: it became true at replay position ``seq``."""
+
+    seq: int
+
+
 def _resolution_seq(found: Any) -> int:
     """The seq at which an await's resolution became complete in history."""
-    if isinstance(found, Event):
+    if isinstance(found, (Event, Satisfied)):
         return found.seq
     if isinstance(found, tuple):
         return _resolution_seq(found[-1])
