@@ -583,13 +583,16 @@ class QueryReadOnly(QueryError, WorkflowCommandError):
 
 
 class QueryUnavailable(QueryError):
-    """The run is Running, but its code is not executing in this engine (stuck or not resident)."""
+    """Nothing here can run the handler: the run is Running but its code is not executing
+    in this engine (stuck or not resident), or it is closed and replaying its history with
+    this engine's code is not possible (its type is not registered, or the code diverged)."""
 
-    def __init__(self, workflow_id: str, run_id: str, reason: str) -> None:
+    def __init__(self, workflow_id: str, run_id: str, reason: str, *, status: str = "Running") -> None:
         self.workflow_id = workflow_id
         self.run_id = run_id
         self.reason = reason
-        super().__init__(f"cannot query workflow {workflow_id!r} run {run_id}: it is Running, but {reason}")
+        self.status = status
+        super().__init__(f"cannot query workflow {workflow_id!r} run {run_id}: it is {status}, but {reason}")
 
 
 class ActivityFailure(AionError):

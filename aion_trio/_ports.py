@@ -126,6 +126,12 @@ class WorkflowPort(Protocol):
         ...
 
     @property
+    def read_only(self) -> bool:
+        """A replay that only rebuilds the code's state (a query of a closed run): at the
+        end of history the code is unwound with :class:`RunAborted`, nothing is executed."""
+        ...
+
+    @property
     def codec(self) -> PayloadCodec: ...
 
     def run_state(self) -> RunState:

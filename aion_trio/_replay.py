@@ -163,6 +163,8 @@ class Replay:
         return ended if ended is not None and ended.seq <= self.start_head else None
 
     def past_the_end(self, requested: str) -> BaseException:
+        if self.port.read_only:
+            return RunAborted()  # a replay for a query stops at the end of history
         ended = self.state.ended
         assert ended is not None
         return self.poison(

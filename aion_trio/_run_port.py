@@ -5,6 +5,11 @@ them from the run's lease (identity, the recorder's history), looks up
 definitions through :class:`Definitions`, and hands the writes to the engine's
 step recorder (:class:`Steps`) with the lease and the run's index attached.
 It needs of the engine only these two protocols, so it never imports it.
+
+:class:`HistoryPort` serves a throwaway replay of a closed run's history (a
+query of a closed run): it reads a copy of the history, records nothing, and
+unwinds the code with :class:`~aion_trio._ports.RunAborted` wherever it would
+go past the end of history.
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, final
 
+from ._ports import RunAborted
+from ._projections import RunState
+
 if TYPE_CHECKING:
     from ._definitions import ActivityDefinition, WorkflowDefinition
     from ._events import Event
     from ._payload import Payload, PayloadCodec
     from ._ports import WorkflowCommand
-    from ._projections import RunState
     from ._registry import Lease
 
 
@@ -77,6 +84,7 @@ class LeasePort:
         self.run_id = lease.run_id
         self.workflow_type = lease.workflow_type
         self.start_head = lease.start_head
+        self.read_only = False
         self.codec = definitions.codec
 
     def run_state(self) -> RunState:
@@ -130,3 +138,76 @@ class LeasePort:
 
     async def cancel_recorded_child(self, ordinal: int) -> None:
         await self._steps.cancel_recorded_child(self._lease, ordinal)
+
+
+@final
+class HistoryPort:
+    """The port of a read-only replay of a closed run: its history, and nothing else."""
+
+    def __init__(
+        self,
+        definitions: Definitions,
+        history: Sequence[Event],
+        *,
+        workflow_id: str,
+        run_id: str,
+        workflow_type: str,
+    ) -> None:
+        self._definitions = definitions
+        self._history = list(history)
+        self._state = RunState(run_id, self._history)
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.workflow_type = workflow_type
+        self.start_head = self._history[-1].seq if self._history else 0
+        self.read_only = True
+        self.codec = definitions.codec
+
+    def run_state(self) -> RunState:
+        self._state.sync()
+        return self._state
+
+    def history_length(self) -> int:
+        return len(self._history)
+
+    async def wait_changed(self) -> None:
+        raise RunAborted()  # history never grows here: nothing would wake the code
+
+    def parked(self) -> None:
+        pass
+
+    def activity_definition(self, activity: ActivityDefinition[Any] | str) -> ActivityDefinition[Any]:
+        return self._definitions.activity_definition(activity)
+
+    def workflow_definition(self, workflow: WorkflowDefinition[Any] | str) -> WorkflowDefinition[Any]:
+        return self._definitions.workflow_definition(workflow)
+
+    def registered_workflow(self, workflow_type: str) -> WorkflowDefinition[Any] | None:
+        return self._definitions.workflows.get(workflow_type)
+
+    def resolved_activity_options(
+        self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
+    ) -> tuple[str, Payload]:
+        return self._definitions.resolved_activity_options(definition, call_layer)
+
+    # Every write unwinds the code: a read-only replay records and starts nothing.
+
+    async def record_commands(self, commands: Sequence[WorkflowCommand]) -> None:
+        raise RunAborted()
+
+    async def record_marker(self, name: str, value: Payload) -> None:
+        raise RunAborted()
+
+    async def record_activities_cancelled(
+        self, activity_ids: Sequence[int], *, by_workflow: bool = False
+    ) -> None:
+        raise RunAborted()
+
+    async def record_activity_scope_timeout(self, activity_id: int, scope_timer: str) -> Event:
+        raise RunAborted()
+
+    async def record_timer_scope_timeout(self, timer_id: str, scope_timer: str) -> Event:
+        raise RunAborted()
+
+    async def cancel_recorded_child(self, ordinal: int) -> None:
+        raise RunAborted()

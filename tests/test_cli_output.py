@@ -66,15 +66,14 @@ def test_a_refused_reopen_is_worded_like_every_other_error(store: Path) -> None:
     assert "CannotReopen" not in line
 
 
-def test_a_query_refused_on_a_closed_workflow_does_not_speak_of_recording(store: Path) -> None:
+def test_a_query_of_a_closed_workflow_is_answered_by_replaying_it(store: Path) -> None:
     assert run_cli("start", "approval", "1", "--id", "ap", "--no-wait").exit_code == 0
     assert run_cli("terminate", "ap").exit_code == 0
-    refused = run_cli("query", "ap", "pending")
-    assert refused.exit_code == 1
-    assert error_lines(refused) == [
-        "Error: cannot query 'pending' workflow 'ap': it is cancelled, not running; "
-        "only a running workflow answers queries"
-    ]
+    before = run_cli("history", "ap", "--json").stdout
+    answered = run_cli("query", "ap", "pending")
+    assert answered.exit_code == 0, error_lines(answered)
+    assert answered.stdout == '{"order":1,"waiting":true}\n'
+    assert run_cli("history", "ap", "--json").stdout == before, "a query records nothing"
     # A write refused the same way still says that nothing was recorded.
     late = run_cli("signal", "ap", "approve")
     assert error_lines(late)[-1].endswith("not running; nothing was recorded")
@@ -94,7 +93,7 @@ async def test_no_query_error_says_nothing_was_recorded() -> None:
                     await engine.query("q", name)
                 assert "recorded" not in str(raised.value)
         await engine.terminate("q")
-        with pytest.raises(aion.NotRunning) as closed:
+        with pytest.raises(aion.QueryFailed) as closed:  # closed: replayed, and the handler raised
             await engine.query("q", "boom")
         assert "recorded" not in str(closed.value)
 

@@ -67,6 +67,7 @@ class FakePort:
         self.append(*history)
         #: Everything already in history when the execution begins replays.
         self.start_head = len(self.history)
+        self.read_only = False
         self.state = RunState(RUN_ID, self.history)
         self.batches: list[list[WorkflowCommand]] = []
         self.parks = 0

@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 import aion_trio as aion
+import aion_trio.events
 import aion_trio_memory
 
 # Steps that take a while without being a durable wait (the run is mid-step, not parked).
@@ -263,9 +264,8 @@ async def test_each_bad_query_gets_its_own_typed_error_and_the_run_is_unharmed(
             assert await engine.query("f", "ratio", 3) == 2.0
         await engine.signal("f", "finish")
         assert await run.result() == 6
-        async with appends_nothing(engine, "f"):
-            with pytest.raises(aion.NotRunning, match="cannot query 'ratio' workflow 'f': it is completed"):
-                await engine.query("f", "ratio", 3)
+        async with appends_nothing(engine, "f"):  # closed: answered by replaying its history
+            assert await engine.query("f", "ratio", 3) == 2.0
 
 
 async def test_a_handler_that_issues_any_command_is_refused_as_read_only_and_the_run_is_unharmed(
@@ -359,7 +359,7 @@ async def test_a_query_waits_for_a_run_in_the_middle_of_a_step(
         assert await run.result() == "done"
 
 
-async def test_a_query_waiting_on_a_run_that_then_ends_gets_not_running(
+async def test_a_query_waiting_on_a_run_that_then_ends_is_answered_from_its_final_state(
     autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
 ) -> None:
     HOLDS["e"] = trio.Event()
@@ -370,8 +370,7 @@ async def test_a_query_waiting_on_a_run_that_then_ends_gets_not_running(
         async with trio.open_nursery() as nursery:
 
             async def ask() -> None:
-                with pytest.raises(aion.NotRunning, match="completed"):
-                    await engine.query("e", "phase")
+                assert await engine.query("e", "phase") == "done"
 
             nursery.start_soon(ask)
             await trio.testing.wait_all_tasks_blocked()
@@ -515,3 +514,154 @@ async def test_a_run_not_resident_in_this_engine_cannot_answer(
         async with appends_nothing(engine, "ghost"):
             with pytest.raises(aion.QueryUnavailable, match="not resident in this engine"):
                 await engine.query("ghost", "count")
+
+
+# -- closed runs: answered by replaying their history ---------------------------------
+
+CHARGES: list[str] = []
+
+
+@aion.activity
+async def charge(order: str) -> str:
+    CHARGES.append(order)
+    return f"charged {order}"
+
+
+@aion.activity
+async def refund(order: str) -> str:
+    CHARGES.append(f"refund {order}")
+    return f"refunded {order}"
+
+
+@aion.workflow
+async def checkout(ctx: aion.WorkflowContext, order: str, fail: bool) -> str:
+    state: dict[str, Any] = {"order": order, "steps": []}
+    ctx.set_query_handler("state", lambda: state)
+    try:
+        state["steps"].append(await ctx.run(charge, order))
+        state["approved_by"] = await ctx.wait_signal("approve")
+        state["steps"].append("approved")
+        if fail:
+            raise ValueError("out of stock")
+        state["steps"].append(await ctx.run(charge, f"{order}-shipping"))
+    except aion.WorkflowCancelled:
+        with ctx.cleanup():
+            state["steps"].append(await ctx.run(refund, order))
+        raise
+    return "done"
+
+
+async def _closed_history(engine: aion.Engine, workflow_id: str) -> tuple[list[aion.Event], list[str]]:
+    """The history and the activity executions so far (a closed-run query must add to neither)."""
+    return await engine.history(workflow_id), list(CHARGES)
+
+
+async def test_a_completed_run_is_queried_by_replaying_its_history_and_nothing_runs_again(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
+) -> None:
+    CHARGES.clear()
+    url = store_url()
+    async with aion.open_engine(url, workflows=[checkout], activities=[charge, refund]) as engine:
+        run = await engine.start(checkout, "o-1", False, workflow_id="c")
+        await engine.signal("c", "approve", "ana")
+        assert await run.result() == "done"
+    async with aion.open_engine(url, workflows=[checkout], activities=[charge, refund]) as engine:
+        before = await _closed_history(engine, "c")
+        answer = await engine.query("c", "state")
+        assert answer == {
+            "order": "o-1",
+            "steps": ["charged o-1", "approved", "charged o-1-shipping"],
+            "approved_by": "ana",
+        }
+        assert await _closed_history(engine, "c") == before, "nothing recorded, no activity run again"
+        with pytest.raises(aion.UnknownQuery):
+            await engine.query("c", "nope")
+
+
+async def test_failed_cancelled_and_terminated_runs_answer_with_the_state_they_ended_in(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
+) -> None:
+    CHARGES.clear()
+    async with aion.open_engine(store_url(), workflows=[checkout], activities=[charge, refund]) as engine:
+        failed = await engine.start(checkout, "f", True, workflow_id="f")
+        await engine.signal("f", "approve", "bo")
+        cancelled = await engine.start(checkout, "x", False, workflow_id="x")
+        terminated = await engine.start(checkout, "t", False, workflow_id="t")
+        await trio.testing.wait_all_tasks_blocked()
+        await engine.cancel("x", "changed my mind")
+        await engine.terminate("t", "operator")
+        for run in (failed, cancelled, terminated):
+            with pytest.raises(aion.WorkflowFailure):
+                await run.result()
+        before = {w: await _closed_history(engine, w) for w in "fxt"}
+        assert (await engine.query("f", "state"))["steps"] == ["charged f", "approved"]
+        # The compensation is resolved from history, not run again.
+        assert (await engine.query("x", "state"))["steps"] == ["charged x", "refunded x"]
+        # Terminated while waiting: the replay stops at the wait that history does not resolve.
+        assert await engine.query("t", "state") == {"order": "t", "steps": ["charged t"]}
+        assert {w: await _closed_history(engine, w) for w in "fxt"} == before
+
+
+@aion.workflow(name="checkout")
+async def checkout_changed(ctx: aion.WorkflowContext, order: str, fail: bool) -> str:
+    ctx.set_query_handler("state", lambda: "new code")
+    await ctx.sleep(60)  # where the recorded run scheduled an activity
+    return "done"
+
+
+async def test_a_closed_run_whose_replay_diverges_or_whose_type_is_unknown_cannot_answer(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str]
+) -> None:
+    CHARGES.clear()
+    url = store_url()
+    async with aion.open_engine(url, workflows=[checkout], activities=[charge, refund]) as engine:
+        run = await engine.start(checkout, "o", False, workflow_id="c")
+        await engine.signal("c", "approve", "ana")
+        assert await run.result() == "done"
+        before = await engine.history("c")
+    async with aion.open_engine(url, workflows=[checkout_changed]) as engine:
+        with pytest.raises(aion.QueryUnavailable, match="it is completed, but replaying its history") as info:
+            await engine.query("c", "state")
+        assert "activity 'charge'" in str(info.value)
+        assert await engine.history("c") == before
+    async with aion.open_engine(url, workflows=[counter]) as engine:
+        with pytest.raises(aion.QueryUnavailable, match="'checkout' is not registered"):
+            await engine.query("c", "state")
+
+
+@aion.workflow
+async def signalled_then_charges(ctx: aion.WorkflowContext) -> str:
+    state = {"phase": "waiting"}
+    ctx.set_query_handler("phase", lambda: state["phase"])
+    await ctx.wait_signal("go")
+    state["phase"] = "signalled"
+    await ctx.run(charge, "late")
+    state["phase"] = "charged"
+    return state["phase"]
+
+
+async def test_a_command_past_the_end_of_a_closed_history_is_not_executed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Terminated after the signal was recorded, before the run took it: the replay reaches
+    the charge, which history does not hold, and stops there without running it."""
+    CHARGES.clear()
+    url = f"memory://closed-{uuid.uuid4().hex}"
+    at = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    bodies = [
+        aion.WorkflowStarted(
+            workflow_type="signalled_then_charges", input=aion.Payload("[]"), run_id=str(uuid.uuid4())
+        ),
+        aion.SignalReceived(name="go", payload=aion.Payload("null")),
+        aion.events.WorkflowCancelled(reason="operator", terminated=True),
+    ]
+    events = [aion.Event(workflow_id="s", seq=i, recorded_at=at, body=b) for i, b in enumerate(bodies, 1)]
+    try:
+        async with aion.open_store(url) as store:
+            await store.events.append("s", events, 0)
+        async with aion.open_engine(url, workflows=[signalled_then_charges], activities=[charge]) as engine:
+            assert await engine.query("s", "phase") == "signalled"
+            assert await engine.history("s") == events
+        assert CHARGES == []
+    finally:
+        aion_trio_memory.forget(url.removeprefix("memory://"))

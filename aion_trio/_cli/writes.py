@@ -320,9 +320,9 @@ def query(
     args_json: tuple[str, ...],
     queue_timeout: float,
 ) -> None:
-    """Ask a running workflow's query handler NAME (with JSON arguments); prints the JSON answer.
+    """Ask a workflow's query handler NAME (with JSON arguments); prints the JSON answer.
 
-    Read-only: nothing is recorded.  If a worker owns the store the query is
+    A closed workflow is answered by replaying its history.  Read-only: nothing is recorded.  If a worker owns the store the query is
     queued for it and this waits for the answer; otherwise an engine opens here
     (replaying the run) and answers.
     """

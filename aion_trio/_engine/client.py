@@ -349,25 +349,29 @@ class Engine:
         return RunHandle(self, workflow_id, found.run_id)
 
     async def query(self, workflow_id: str, name: str, *args: Any) -> Any:
-        """Ask the workflow's running run a question: its handler ``name`` answers from its state.
+        """Ask the workflow's latest run a question: its handler ``name`` answers from its state.
 
         The handler (registered by the workflow code with
         ``ctx.set_query_handler``) runs while the run is parked between
         steps; a run that is replaying history or in the middle of a step is
-        waited for.  Nothing is ever recorded.  ``args`` and the result pass
+        waited for.  A closed run (completed, failed, cancelled, timed out) is
+        answered by replaying its history with this engine's code in a
+        throwaway execution, then asking the handler: every command resolves
+        from history, and the replay stops where history ends (nothing is
+        executed).  Nothing is ever recorded.  ``args`` and the result pass
         through the payload codec, so they must be JSON-serialisable
         (:class:`PayloadNotSerializable` / :class:`PayloadTooLarge` otherwise).
 
         The query goes to the workflow's latest run (a run that continued as
         new is answered by its successor).
 
-        Raises :class:`WorkflowNotFound` (no such workflow), :class:`NotRunning`
-        (the latest run ended), :class:`UnknownQuery` (no handler of that
+        Raises :class:`WorkflowNotFound` (no such workflow), :class:`UnknownQuery` (no handler of that
         name), :class:`QueryFailed` (the handler raised; original in
         ``__cause__``), :class:`QueryReadOnly` (the handler issued a command),
         :class:`QueryUnavailable` (Running, but stuck or not resident in this
         engine: nothing here can answer, so it fails at once rather than
-        waiting), :class:`EngineEpochClosed` (the engine is shutting down).
+        waiting; or closed, and its type is not registered here or replaying
+        it with this code diverged), :class:`EngineEpochClosed` (the engine is shutting down).
         The run is unaffected by every failure.  Cancellation simply abandons
         the wait.
         """

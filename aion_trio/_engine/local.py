@@ -20,6 +20,8 @@ import trio
 from .. import _children as children
 from .._commands import IdReusePolicy
 from .._completion import forget_retired, teardown_bodies
+from .._contain import is_structural
+from .._context import RunActivation
 from .._definitions import WorkflowDefinition
 from .._errors import (
     CannotReopen,
@@ -54,6 +56,7 @@ from .._ids import (
     validate_workflow_id,
 )
 from .._payload import Payload
+from .._ports import RunAborted
 from .._projections import (
     RecordedRequest,
     RunState,
@@ -68,6 +71,7 @@ from .._projections import (
 from .._recorder import Recorder
 from .._registry import Residency
 from .._retry import duration_seconds
+from .._run_port import HistoryPort
 from .core import EngineCore
 from .log import logger
 
@@ -371,10 +375,10 @@ class LocalCommands:
                 # This engine is starting the successor right now: the query goes to it.
                 await recorder.wait_changed()
                 continue
-            if status is not WorkflowStatus.RUNNING or run_id is None:
-                raise NotRunning(
-                    workflow_id, status.value if status else "unknown", f"query {name!r}", writes=False
-                )
+            if run_id is None or status is None:
+                raise NotRunning(workflow_id, "unknown", f"query {name!r}", writes=False)
+            if status is not WorkflowStatus.RUNNING:
+                return await self._query_closed(workflow_id, run_id, status, list(history), name, arguments)
             if lease is None or lease.residency is Residency.SUSPENDED:
                 reason = core.stuck.get(workflow_id)
                 raise QueryUnavailable(
@@ -407,6 +411,58 @@ class LocalCommands:
                 await recorder.wait_changed()
             finally:
                 lease.query_waiters -= 1
+
+    async def _query_closed(
+        self,
+        workflow_id: str,
+        run_id: str,
+        status: WorkflowStatus,
+        history: Sequence[Event],
+        name: str,
+        arguments: Payload,
+    ) -> Any:
+        """Answer a query of a closed run: replay its history in a throwaway execution of its
+        code (in this task), then ask the handler.  Read-only like every query: each command
+        resolves from history, and where the code would go past the end of history it is
+        unwound (nothing is recorded, started or executed)."""
+        core = self._core
+        start = run_segment(history, run_id)[0].body
+        assert isinstance(start, WorkflowStarted)
+        definition = core.workflows.get(start.workflow_type)
+        if definition is None:
+            raise QueryUnavailable(
+                workflow_id,
+                run_id,
+                f"its workflow type {start.workflow_type!r} is not registered with this engine, so its "
+                "history cannot be replayed to answer",
+                status=status.value,
+            )
+        port = HistoryPort(
+            core, history, workflow_id=workflow_id, run_id=run_id, workflow_type=start.workflow_type
+        )
+        activation = RunActivation(port)
+        raw_args = core.codec.decode(activation.input)
+        args = raw_args if isinstance(raw_args, list) else [raw_args]
+        try:
+            await definition.fn(activation.context, *args)
+        except RunAborted:
+            pass  # the end of history: the state is what the code had built by then
+        except BaseException as exc:
+            # How the run ended (a failure, a cancellation, continue-as-new) leaves its
+            # state as it was; only the caller's cancellation and a Ctrl-C pass.
+            if is_structural(exc):
+                raise
+        finally:
+            activation.detach()
+        if activation.poisoned is not None:
+            raise QueryUnavailable(
+                workflow_id,
+                run_id,
+                f"replaying its history with this engine's code diverged ({activation.poisoned})",
+                status=status.value,
+            )
+        value = activation.answer_query(name, core.codec.decode(arguments))
+        return core.codec.decode(core.codec.encode(value, what=f"result of query {name!r}"))
 
 
 async def _running_run(recorder: Recorder, operation: str) -> tuple[str, list[Event]]:
