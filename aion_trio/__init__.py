@@ -30,6 +30,7 @@ from ._commands import (
     QueryCommand as QueryCommand,
     ReopenCommand as ReopenCommand,
     SignalCommand as SignalCommand,
+    SignalWithStartCommand as SignalWithStartCommand,
     StartCommand as StartCommand,
     TerminateCommand as TerminateCommand,
 )

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, ClassVar, Union, final
 
 import attrs
 
 from ._errors import CommandDecodeError, EventDecodeError
-from ._events import OMIT_NONE
+from ._events import OMIT_NONE, FrozenSearchAttributes, SearchValue, validate_search_attributes
 from ._ids import validate_request_id, validate_workflow_id
 from ._payload import NULL, Payload
 from ._wire import loads_strict, record_from_wire, record_to_wire, register_wire_record
@@ -77,6 +79,10 @@ def _payload(instance: object, attribute: attrs.Attribute[Payload], value: Paylo
         raise TypeError(f"{attribute.name} must be a Payload (build one with Payload.of), got {value!r}")
 
 
+def _search_attributes(value: Mapping[str, object]) -> Mapping[str, SearchValue]:
+    return FrozenSearchAttributes(validate_search_attributes(value))
+
+
 def _args(instance: object, attribute: attrs.Attribute[Payload], value: Payload) -> None:
     _payload(instance, attribute, value)
     if not value.json.startswith("["):
@@ -118,6 +124,34 @@ class SignalCommand:
 
     def describe(self) -> str:
         return f"signal {self.name!r} to {self.workflow_id!r}"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SignalWithStartCommand:
+    """Record signal ``signal_name`` for the workflow's running run, or start a run of
+    ``workflow_type`` with ``args`` and the signal in one append if none is running."""
+
+    KIND: ClassVar[str] = "signal_with_start"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+    workflow_type: str = attrs.field(validator=_non_empty)
+    args: Payload = attrs.field(factory=lambda: Payload.trusted("[]"), validator=_args)
+    signal_name: str = attrs.field(validator=_non_empty)
+    payload: Payload = attrs.field(default=NULL, validator=_payload)
+    id_reuse: str = attrs.field(default="allow_duplicate")
+    task_queue: str | None = None
+    search_attributes: Mapping[str, SearchValue] = attrs.field(factory=dict, converter=_search_attributes)
+    timeout: timedelta | None = attrs.field(default=None, metadata={OMIT_NONE: True})
+    request_id: str | None = _request_id()
+
+    @id_reuse.validator
+    def _check_reuse(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in ID_REUSE_VALUES or value == IdReusePolicy.USE_EXISTING.value:
+            allowed = ", ".join(v for v in ID_REUSE_VALUES if v != IdReusePolicy.USE_EXISTING.value)
+            raise ValueError(f"id_reuse of a signal-with-start must be one of {allowed}, got {value!r}")
+
+    def describe(self) -> str:
+        return f"signal {self.signal_name!r} to {self.workflow_id!r}, starting {self.workflow_type} if not running"
 
 
 @final
@@ -179,12 +213,28 @@ class QueryCommand:
         return f"query {self.name!r} of {self.workflow_id!r}"
 
 
-Command = Union[StartCommand, SignalCommand, CancelCommand, TerminateCommand, ReopenCommand, QueryCommand]
+Command = Union[
+    StartCommand,
+    SignalCommand,
+    SignalWithStartCommand,
+    CancelCommand,
+    TerminateCommand,
+    ReopenCommand,
+    QueryCommand,
+]
 """Any inbox command."""
 
 COMMAND_TYPES: dict[str, type[Any]] = {
     cls.KIND: cls
-    for cls in (StartCommand, SignalCommand, CancelCommand, TerminateCommand, ReopenCommand, QueryCommand)
+    for cls in (
+        StartCommand,
+        SignalCommand,
+        SignalWithStartCommand,
+        CancelCommand,
+        TerminateCommand,
+        ReopenCommand,
+        QueryCommand,
+    )
 }
 """Wire type name -> command class."""
 
@@ -234,6 +284,15 @@ def signal_recorded_outcome(workflow_id: str, name: str) -> CommandOutcome:
     """The outcome of a signal command whose ``SignalReceived`` was recorded (or found
     recorded under the command's request id, when it was delivered again)."""
     return CommandOutcome.success(f"signal {name!r} recorded for workflow {workflow_id!r}")
+
+
+def signal_with_start_outcome(workflow_id: str, name: str, run_id: str, *, created: bool) -> CommandOutcome:
+    """The outcome of a signal-with-start: the run that took the signal, and whether this
+    call (or the first with its request id) started it."""
+    verb = "started" if created else "signalled running"
+    return CommandOutcome.success(
+        f"{verb} workflow {workflow_id!r} run {run_id} with signal {name!r}", run_id=run_id
+    )
 
 
 def command_data_json(command: Command) -> tuple[str, str]:

@@ -12,8 +12,8 @@ class.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -249,6 +249,21 @@ class InboxHub(Protocol):
     ) -> StartedRun: ...
 
     async def signal(self, workflow_id: str, name: str, payload: Payload, request_id: str | None) -> None: ...
+
+    async def signal_with_start(
+        self,
+        workflow: str,
+        args: Sequence[Any],
+        signal_name: str,
+        encoded: Payload,
+        *,
+        workflow_id: str,
+        id_reuse: IdReusePolicy,
+        task_queue: str | None,
+        search_attributes: Mapping[str, Any] | None,
+        timeout: timedelta | None,  # noqa: ASYNC109 - a durable workflow deadline
+        request_id: str | None,
+    ) -> StartedRun: ...
 
     async def cancel(self, workflow_id: str, reason: str, request_id: str | None) -> None: ...
 

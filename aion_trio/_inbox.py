@@ -25,9 +25,11 @@ from ._commands import (
     QueryCommand,
     ReopenCommand,
     SignalCommand,
+    SignalWithStartCommand,
     StartCommand,
     TerminateCommand,
     signal_recorded_outcome,
+    signal_with_start_outcome,
 )
 from ._errors import AionError, AionInternalError, BackendUnavailable, EngineEpochClosed, NotOwner, StoreError
 from ._ids import inbox_request_id
@@ -181,6 +183,22 @@ async def apply_command(
         if isinstance(command, SignalCommand):
             await commands.signal(command.workflow_id, command.name, command.payload, key)
             return signal_recorded_outcome(command.workflow_id, command.name)
+        if isinstance(command, SignalWithStartCommand):
+            started = await commands.signal_with_start(
+                command.workflow_type,
+                commands.decode(command.args),
+                command.signal_name,
+                command.payload,
+                workflow_id=command.workflow_id,
+                id_reuse=IdReusePolicy(command.id_reuse),
+                task_queue=command.task_queue,
+                search_attributes=command.search_attributes,
+                timeout=command.timeout,
+                request_id=key,
+            )
+            return signal_with_start_outcome(
+                started.workflow_id, command.signal_name, started.run_id, created=started.created
+            )
         if isinstance(command, CancelCommand):
             await commands.cancel(command.workflow_id, command.reason, key)
             return CommandOutcome.success(f"cancellation requested for workflow {command.workflow_id!r}")

@@ -716,6 +716,30 @@ def test_start_no_wait_then_signal_then_the_result(tmp_path: Path, monkeypatch: 
     assert "started workflow" not in waited.stderr
 
 
+def test_signal_with_start_starts_the_workflow_with_the_signal_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_root(monkeypatch)
+    monkeypatch.setenv("AION_TRIO_STORE", str(tmp_path / "sws.db"))
+    monkeypatch.setenv("AION_TRIO_MODULE", APP)
+    command = ("signal", "ap", "approve", '{"by": "ops"}', "--start", "approval", "--start-arg", "7")
+    first = run_cli(*command, "--request-id", "approve-7")
+    assert first.exit_code == 0, everything(first)
+    assert "started workflow 'ap' run " in first.stderr
+    assert "with signal 'approve'" in first.stderr
+    again = run_cli(*command, "--request-id", "approve-7")  # a retry: records nothing
+    assert again.exit_code == 0, everything(again)
+    history = [json.loads(line) for line in run_cli("history", "ap", "--json").stdout.splitlines()]
+    assert [e["type"] for e in history[:2]] == ["WorkflowStarted", "SignalReceived"]
+    assert [e["type"] for e in history].count("WorkflowStarted") == 1
+    assert [e["type"] for e in history].count("SignalReceived") == 1
+    waited = run_cli("start", "approval", "7", "--id", "ap", "--id-reuse", "use_existing")
+    assert json.loads(waited.stdout) == {"order": 7, "decision": {"by": "ops"}}
+    lonely = run_cli("signal", "ap", "approve", "--start-arg", "7")
+    assert lonely.exit_code == 2
+    assert "--start-arg needs --start TYPE" in everything(lonely)
+
+
 def test_start_a_failing_workflow_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _in_root(monkeypatch)
     result = run_cli(

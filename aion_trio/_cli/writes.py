@@ -19,8 +19,10 @@ from .._commands import (
     QueryCommand,
     ReopenCommand,
     SignalCommand,
+    SignalWithStartCommand,
     StartCommand,
     TerminateCommand,
+    signal_with_start_outcome,
 )
 from .._engine import Engine, IdReusePolicy, open_engine
 from .._errors import StoreOwned
@@ -271,6 +273,20 @@ def _write_command(
 @click.argument("workflow_id")
 @click.argument("name")
 @click.argument("payload_json", required=False, metavar="[PAYLOAD_JSON]")
+@click.option(
+    "--start",
+    "start_type",
+    metavar="TYPE",
+    help="Signal-with-start: if the workflow is not running, start a run of TYPE with the signal "
+    "(one atomic write); if it is, signal it.",
+)
+@click.option(
+    "--start-arg",
+    "start_args_json",
+    multiple=True,
+    metavar="ARG_JSON",
+    help="With --start: an argument of the run to start, as JSON (repeat for each).",
+)
 @_wait_option
 @_request_id_option
 @_queue_timeout_option
@@ -280,29 +296,59 @@ def signal(
     workflow_id: str,
     name: str,
     payload_json: str | None,
+    start_type: str | None,
+    start_args_json: tuple[str, ...],
     wait: bool,
     request_id: str | None,
     queue_timeout: float,
 ) -> None:
     """Send signal NAME with a JSON payload (default null) to a running workflow.
 
+    With --start TYPE (and --start-arg for each argument), a workflow that is
+    not running is started with the signal in one write (signal-with-start).
     If a worker owns the store the signal is queued for it (and, with --wait,
     this waits for its outcome); otherwise an engine opens here and records it.
     """
     url = resolve_store(store)
     payload = json_argument(payload_json, "PAYLOAD_JSON") if payload_json is not None else None
     app = load_app(module)
+    if start_type is None:
+        if start_args_json:
+            raise UsageProblem("--start-arg needs --start TYPE")
+        command = _command(
+            lambda: SignalCommand(
+                workflow_id=workflow_id, name=name, payload=Payload.of(payload), request_id=request_id
+            )
+        )
+
+        async def direct(engine: Engine) -> str:
+            await engine.signal(workflow_id, name, payload, request_id=request_id)
+            return f"signal {name!r} recorded for workflow {workflow_id!r}"
+
+        _write_command(url, app, command, direct, wait, queue_timeout)
+        return
+    workflow_type = start_type
+    args = [json_argument(text, f"--start-arg {i}") for i, text in enumerate(start_args_json, 1)]
+    check_type(app, workflow_type, args)
     command = _command(
-        lambda: SignalCommand(
-            workflow_id=workflow_id, name=name, payload=Payload.of(payload), request_id=request_id
+        lambda: SignalWithStartCommand(
+            workflow_id=workflow_id,
+            workflow_type=workflow_type,
+            args=Payload.of(args),
+            signal_name=name,
+            payload=Payload.of(payload),
+            request_id=request_id,
         )
     )
 
-    async def direct(engine: Engine) -> str:
-        await engine.signal(workflow_id, name, payload, request_id=request_id)
-        return f"signal {name!r} recorded for workflow {workflow_id!r}"
+    async def direct_with_start(engine: Engine) -> str:
+        handle = await engine.signal_with_start(
+            workflow_type, *args, workflow_id=workflow_id, signal=name, payload=payload, request_id=request_id
+        )
+        outcome = signal_with_start_outcome(workflow_id, name, handle.run_id, created=handle.created)
+        return outcome.message
 
-    _write_command(url, app, command, direct, wait, queue_timeout)
+    _write_command(url, app, command, direct_with_start, wait, queue_timeout)
 
 
 @click.command()

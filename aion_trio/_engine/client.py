@@ -19,6 +19,7 @@ from .._commands import (
     QueryCommand,
     ReopenCommand,
     SignalCommand,
+    SignalWithStartCommand,
     TerminateCommand,
 )
 from .._definitions import WorkflowDefinition
@@ -36,6 +37,7 @@ from .._events import (
 from .._ids import (
     check_text,
     validate_caller_request_id,
+    validate_workflow_id,
 )
 from .._inbox import InboxDrainer, Ownership
 from .._ownership import OwnerClaim
@@ -44,6 +46,7 @@ from .._projections import (
 )
 from .._recorder import Recorder
 from .._registry import Residency
+from .._retry import duration_seconds
 from .._store import (
     Store,
     VisibilityFilter,
@@ -256,6 +259,84 @@ class Engine:
             lambda: self._local.signal(workflow_id, name, encoded, request_id),
             lambda: SignalCommand(workflow_id=workflow_id, name=name, payload=encoded, request_id=request_id),
         )
+
+    async def signal_with_start(
+        self,
+        workflow: WorkflowDefinition[Any] | str,
+        *args: Any,
+        workflow_id: str,
+        signal: str,
+        payload: Any = None,
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+        search_attributes: Mapping[str, Any] | None = None,
+        task_queue: str | None = None,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+        request_id: str | None = None,
+    ) -> RunHandle:
+        """Signal the workflow's running run, or start it with the signal: one atomic call.
+
+        If a run of ``workflow_id`` is running, ``signal`` (with ``payload``) is
+        recorded for it, as :meth:`signal` does.  Otherwise a new run of ``workflow``
+        with ``args`` is started (``id_reuse`` decides whether a closed workflow may
+        start again; ``use_existing`` is refused) and its ``WorkflowStarted`` and the
+        ``SignalReceived`` are recorded in one append, so the run's code finds the
+        signal from its first step and no crash can leave one without the other.
+        The decision is made under the workflow's recorder lock; in cluster mode a
+        workflow another node owns gets the command through the inbox.
+
+        Returns the handle of the run that took the signal (``created``: this call,
+        or the first call with its ``request_id``, started it).  ``request_id``: an
+        idempotency key; a retry finds what the first call recorded and records
+        nothing.  Bad input raises before anything is recorded.
+        """
+        core = self._core
+        if not isinstance(signal, str) or not signal:
+            raise ValueError(f"signal name must be a non-empty str, got {signal!r}")
+        check_text(signal, "signal name")
+        validate_workflow_id(workflow_id)
+        if request_id is not None:
+            validate_caller_request_id(request_id)
+        encoded = core.codec.encode(payload, what=f"payload of signal {signal!r}")
+        definition = core.workflow_definition(workflow)
+        definition.check_arguments(args)
+        if not isinstance(id_reuse, IdReusePolicy):
+            raise TypeError(f"id_reuse must be an IdReusePolicy, got {id_reuse!r}")
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, f"signal-with-start {signal!r}")
+        found = await self._here_or_owner(
+            workflow_id,
+            lambda: self._local.signal_with_start(
+                definition,
+                args,
+                signal,
+                encoded,
+                workflow_id=workflow_id,
+                id_reuse=id_reuse,
+                search_attributes=search_attributes,
+                task_queue=task_queue,
+                timeout=timeout,
+                request_id=request_id,
+            ),
+            lambda: SignalWithStartCommand(
+                workflow_id=workflow_id,
+                workflow_type=definition.name,
+                args=core.codec.encode(list(args), what=f"input of workflow {definition.name!r}"),
+                signal_name=signal,
+                payload=encoded,
+                id_reuse=id_reuse.value,
+                task_queue=task_queue,
+                search_attributes={} if search_attributes is None else search_attributes,
+                timeout=None
+                if timeout is None
+                else timedelta(seconds=duration_seconds(timeout, "timeout", allow_zero=False)),
+                request_id=request_id,
+            ),
+        )
+        if isinstance(found, CommandOutcome):
+            assert found.run_id is not None
+            # The owner's outcome says whether it started the run (signal_with_start_outcome).
+            return RunHandle(self, workflow_id, found.run_id, created=found.message.startswith("started "))
+        return RunHandle(self, workflow_id, found.run_id, created=found.created)
 
     # -- cluster mode: commands for workflows another node owns ------------------
 

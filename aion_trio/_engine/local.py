@@ -10,7 +10,7 @@ answers as the first call did.  A refusal is raised as its typed error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, final
 
@@ -126,34 +126,18 @@ class LocalCommands:
         or the inbox's ``inbox:N``.  Decides by the request id and the id reuse policy, then
         records the start through the one start path (``Runner.start_run_locked``)."""
         core = self._core
-        definition = core.workflow_definition(workflow)
-        definition.check_arguments(args)
-        wid = validate_workflow_id(workflow_id) if workflow_id is not None else new_workflow_id()
-        payload = core.codec.encode(list(args), what=f"input of workflow {definition.name!r}")
-        attributes = validate_search_attributes({} if search_attributes is None else search_attributes)
-        queue = validate_task_queue(core.config.default_task_queue if task_queue is None else task_queue)
-        if not isinstance(id_reuse, IdReusePolicy):
-            raise TypeError(f"id_reuse must be an IdReusePolicy, got {id_reuse!r}")
-        deadline_after = _deadline(timeout)
-        if request_id is not None:
-            validate_request_id(request_id)
-            if workflow_id is None:
-                raise ValueError(
-                    "a start with a request_id needs an explicit workflow_id: a retry must name the same workflow"
-                )
+        wid, started = self._start_event(
+            workflow,
+            args,
+            workflow_id=workflow_id,
+            id_reuse=id_reuse,
+            search_attributes=search_attributes,
+            task_queue=task_queue,
+            timeout=timeout,
+            request_id=request_id,
+        )
         if not core.epoch.admitting:
             raise epoch_closed(wid, None, "start a workflow")
-
-        def started(run_id: str) -> WorkflowStarted:
-            return WorkflowStarted(
-                workflow_type=definition.name,
-                input=payload,
-                run_id=run_id,
-                task_queue=queue,
-                search_attributes=attributes,
-                timeout=deadline_after,
-                request_id=request_id,
-            )
 
         fresh = core.recorders.claim_unloaded(wid)
         if fresh is not None:
@@ -216,6 +200,145 @@ class LocalCommands:
                 resume_if_unknown=True,
             )
         await core.refresh_visibility_soon(wid)
+        return Started(wid, run_id, created=True)
+
+    def _start_event(
+        self,
+        workflow: WorkflowDefinition[Any] | str,
+        args: Sequence[Any],
+        *,
+        workflow_id: str | None,
+        id_reuse: IdReusePolicy,
+        search_attributes: Mapping[str, Any] | None,
+        task_queue: str | None,
+        timeout: timedelta | float | None,
+        request_id: str | None,
+    ) -> tuple[str, Callable[[str], WorkflowStarted]]:
+        """Vet a start's input (raising before anything is recorded); returns the workflow id
+        and how to build its ``WorkflowStarted`` for a new run id."""
+        core = self._core
+        definition = core.workflow_definition(workflow)
+        definition.check_arguments(args)
+        wid = validate_workflow_id(workflow_id) if workflow_id is not None else new_workflow_id()
+        payload = core.codec.encode(list(args), what=f"input of workflow {definition.name!r}")
+        attributes = validate_search_attributes({} if search_attributes is None else search_attributes)
+        queue = validate_task_queue(core.config.default_task_queue if task_queue is None else task_queue)
+        if not isinstance(id_reuse, IdReusePolicy):
+            raise TypeError(f"id_reuse must be an IdReusePolicy, got {id_reuse!r}")
+        deadline_after = _deadline(timeout)
+        if request_id is not None:
+            validate_request_id(request_id)
+            if workflow_id is None:
+                raise ValueError(
+                    "a start with a request_id needs an explicit workflow_id: a retry must name the same workflow"
+                )
+
+        def started(run_id: str) -> WorkflowStarted:
+            return WorkflowStarted(
+                workflow_type=definition.name,
+                input=payload,
+                run_id=run_id,
+                task_queue=queue,
+                search_attributes=attributes,
+                timeout=deadline_after,
+                request_id=request_id,
+            )
+
+        return wid, started
+
+    async def signal_with_start(
+        self,
+        workflow: WorkflowDefinition[Any] | str,
+        args: Sequence[Any],
+        signal_name: str,
+        encoded: Payload,
+        *,
+        workflow_id: str,
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+        search_attributes: Mapping[str, Any] | None = None,
+        task_queue: str | None = None,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+        request_id: str | None = None,
+    ) -> Started:
+        """Signal the workflow's running run, or start one with the signal (see
+        ``Engine.signal_with_start``), deciding under the recorder's lock.  A start records
+        ``WorkflowStarted`` and ``SignalReceived`` in one append through the one start path
+        (``Runner.start_run_locked``); both carry ``request_id``, so a retry finds what the
+        first call did and records nothing."""
+        core = self._core
+        if id_reuse is IdReusePolicy.USE_EXISTING:
+            raise ValueError(
+                "signal-with-start signals the running run or starts one; id_reuse=use_existing has "
+                "no meaning here (a closed run cannot take the signal)"
+            )
+        wid, started = self._start_event(
+            workflow,
+            args,
+            workflow_id=workflow_id,
+            id_reuse=id_reuse,
+            search_attributes=search_attributes,
+            task_queue=task_queue,
+            timeout=timeout,
+            request_id=request_id,
+        )
+        what = f"signal-with-start {signal_name!r}"
+        if not core.epoch.admitting:
+            raise epoch_closed(wid, None, what)
+        signal = SignalReceived(name=signal_name, payload=encoded, request_id=request_id)
+        recorder = await core.recorder_for(wid)
+        found: RecordedRequest | None = None
+        async with recorder.lock:
+            history = await recorder.current_history()
+            if request_id is not None:
+                found = recorded_request(history, request_id)
+            if found is None:
+                outcome = await self._signal_or_start_locked(recorder, started, signal, id_reuse)
+        if found is None:
+            if outcome.created:
+                await core.refresh_visibility_soon(wid)
+            return outcome
+        if not isinstance(found.event.body, (WorkflowStarted, SignalReceived)):
+            _recorded(history, wid, request_id, SignalReceived, what)  # raises: another call's key
+        logger.info(
+            "%s with request id %r is already recorded (seq %d); nothing recorded again",
+            what,
+            request_id,
+            found.event.seq,
+            extra={"workflow_id": wid, "run_id": found.run_id, "request_id": request_id},
+        )
+        if isinstance(found.event.body, SignalReceived):
+            return Started(wid, found.run_id)
+        await core.resume_idle(wid)  # its start may have landed unacknowledged: run it
+        return Started(wid, found.run_id, created=True)
+
+    async def _signal_or_start_locked(
+        self,
+        recorder: Recorder,
+        started: Callable[[str], WorkflowStarted],
+        signal: SignalReceived,
+        id_reuse: IdReusePolicy,
+    ) -> Started:
+        """Under the lock: append the signal to the running run, or start a run with it."""
+        core = self._core
+        wid = recorder.workflow_id
+        status = workflow_status(recorder.history)
+        existing_run = latest_run_id(recorder.history)
+        if status is WorkflowStatus.RUNNING and existing_run is not None:
+            await recorder.append([signal], action=f"record signal {signal.name!r}", run_id=existing_run)
+            return Started(wid, existing_run)
+        if existing_run is not None:
+            assert status is not None
+            if not _reuse_allowed(id_reuse, status):
+                raise WorkflowAlreadyStarted(wid, existing_run, status.value, id_reuse.value)
+        run_id = new_run_id()
+        await core.runner.start_run_locked(
+            recorder,
+            started(run_id),
+            now=core.clock.now(),
+            action=f"start a workflow with signal {signal.name!r}",
+            resume_if_unknown=True,
+            delivered=[signal],
+        )
         return Started(wid, run_id, created=True)
 
     async def signal(

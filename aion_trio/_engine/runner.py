@@ -322,8 +322,12 @@ class Runner:
         retry: StartRetry | None = None,
         resume_if_unknown: bool = False,
         landed: Callable[[], None] | None = None,
+        delivered: Sequence[EventBody] = (),
     ) -> Lease:
         """Record a run's start and run it here: the one start path (hold the recorder lock).
+
+        ``delivered``: what the run finds in history from its first step, recorded in
+        the start's own append (signal-with-start's signal): all of it lands, or none.
 
         Appends ``started`` and, if it has a ``timeout`` (and ``arm_deadline``), the
         deadline's ``TimerStarted`` at ``now + timeout``, as one batch recorded at
@@ -349,6 +353,7 @@ class Runner:
         bodies: list[EventBody] = [started]
         if deadline is not None:
             bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + deadline))
+        bodies.extend(delivered)
 
         async def attempt() -> None:
             self._epoch.gate(workflow_id, run_id, action)

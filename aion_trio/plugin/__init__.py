@@ -16,6 +16,7 @@ from .._commands import (
     PendingCommand as PendingCommand,
     ReopenCommand as ReopenCommand,
     SignalCommand as SignalCommand,
+    SignalWithStartCommand as SignalWithStartCommand,
     StartCommand as StartCommand,
     TerminateCommand as TerminateCommand,
     command_data_json as command_data_json,

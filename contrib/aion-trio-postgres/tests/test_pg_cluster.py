@@ -636,3 +636,35 @@ async def _row_status(url: str, schema: str, workflow_id: str, status: str) -> b
         url, schema, "SELECT status FROM visibility WHERE workflow_id = %s", (workflow_id,)
     )
     return rows == [(status,)]
+
+
+async def test_signal_with_start_reaches_the_owner_or_starts_here(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a), node(url, "b") as (_, b):
+        started = await a.start(two_ticks, workflow_id="ticks")
+        assert await owner_of(pg_url, schema, "ticks") == "a"
+        # Running on node a: b's call is a signal, sent to a through the inbox.
+        sent = await b.signal_with_start(
+            two_ticks, workflow_id="ticks", signal="tick", payload=1, request_id="t-1"
+        )
+        assert (sent.run_id, sent.created) == (started.run_id, False)
+        assert b._cluster is not None
+        assert b._cluster.remote_commands == 1
+        # Not running anywhere: b starts it here, with the signal in the start's append.
+        fresh = await b.signal_with_start(two_ticks, workflow_id="fresh", signal="tick", payload="x")
+        assert fresh.created
+        assert await owner_of(pg_url, schema, "fresh") == "b"
+        # Its second tick from a goes to b, the owner.
+        again = await a.signal_with_start(two_ticks, workflow_id="fresh", signal="tick", payload="y")
+        assert (again.run_id, again.created) == (fresh.run_id, False)
+        await a.signal("ticks", "tick", 2)
+        with trio.fail_after(20):
+            assert await a.result("ticks") == [1, 2]
+            assert await b.result("fresh") == ["x", "y"]
+        history = await b.history("fresh")
+        assert [e.type for e in history[:2]] == ["WorkflowStarted", "SignalReceived"]
+        assert [e.type for e in history].count("WorkflowStarted") == 1
+    assert_unforked(pg_url, schema)
