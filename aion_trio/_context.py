@@ -637,16 +637,18 @@ class WorkflowContext:
         :meth:`upsert_search_attributes` the code made so far (a copy; same on replay)."""
         return dict(self._search_values())
 
-    def upsert_search_attributes(self, attributes: Mapping[str, Any]) -> None:
+    @_command("ctx.upsert_search_attributes()")
+    async def upsert_search_attributes(self, attributes: Mapping[str, Any]) -> None:
         """Set search attributes of this run (added, or replacing the values of the same names).
 
-        A recorded command, like :meth:`start_timer`: it is written with the
-        run's next await (or when the code returns), and the run's visibility
-        row then lists the new values (``engine.list(search=[...])``).  On replay
-        the recorded upsert is found instead; other values than those recorded
-        at this point are a :class:`NonDeterminismError`.  Values are str, int,
-        float, bool or a list of str; a bad name or value raises ``ValueError``
-        here, before anything is recorded.
+        A recorded command: it returns once the upsert is recorded (with any
+        command issued before it), and the run's visibility row then lists the
+        new values (``engine.list(search=[...])``); a continue-as-new successor
+        starts with them.  On replay the recorded upsert is found instead;
+        other values than those recorded at this point are a
+        :class:`NonDeterminismError`.  Values are str, int, float, bool or a
+        list of str; a bad name or value raises ``ValueError`` here, before
+        anything is recorded.
         """
         replay = self._replay
         replay.require_own_task("ctx.upsert_search_attributes()")
@@ -659,6 +661,8 @@ class WorkflowContext:
             recorded = sum(1 for k, _ in state.commands if k.kind == COMMAND_SEARCH_ATTRIBUTES)
             queued = sum(1 for p in replay.pending if isinstance(p, UpsertSearchAttributes))
             replay.pending.append(UpsertSearchAttributes(ordinal=recorded + queued, attributes=values))
+            await replay.flush()
+            state.sync()
         search.update(values)
 
     def _search_values(self) -> dict[str, SearchValue]:

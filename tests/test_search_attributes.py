@@ -61,9 +61,9 @@ async def _stuck(engine: aion.Engine, workflow_id: str) -> aion.WorkflowDescript
 @aion.workflow(name="order")
 async def order(ctx: aion.WorkflowContext) -> dict[str, Any]:
     ctx.query_handler("attributes")(lambda: dict(ctx.search_attributes))
-    ctx.upsert_search_attributes({"stage": "paid", "tags": ["vip", "eu"], "total": 42})
+    await ctx.upsert_search_attributes({"stage": "paid", "tags": ["vip", "eu"], "total": 42})
     await ctx.wait_signal("shipped")
-    ctx.upsert_search_attributes({"stage": "shipped"})
+    await ctx.upsert_search_attributes({"stage": "shipped"})
     return dict(ctx.search_attributes)
 
 
@@ -124,7 +124,7 @@ async def test_a_restart_replays_the_upsert_from_history_and_records_it_once(
 
 @aion.workflow(name="order")
 async def order_with_other_values(ctx: aion.WorkflowContext) -> dict[str, Any]:
-    ctx.upsert_search_attributes({"stage": "charged", "tags": ["vip", "eu"], "total": 42})
+    await ctx.upsert_search_attributes({"stage": "charged", "tags": ["vip", "eu"], "total": 42})
     await ctx.wait_signal("shipped")
     return {}
 
@@ -146,7 +146,7 @@ async def test_other_upserted_values_on_replay_are_non_determinism(store_url: Ca
 @aion.workflow
 async def bad_upsert(ctx: aion.WorkflowContext, attributes: Any) -> str:
     try:
-        ctx.upsert_search_attributes(attributes)
+        await ctx.upsert_search_attributes(attributes)
     except (ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return "accepted"
@@ -168,7 +168,9 @@ async def test_a_bad_upsert_raises_in_the_workflow_and_records_nothing(
 
 @aion.workflow
 async def upserts_from_a_query(ctx: aion.WorkflowContext) -> None:
-    ctx.set_query_handler("sneaky", lambda: ctx.upsert_search_attributes({"stage": "x"}))
+    ctx.set_query_handler(
+        "sneaky", lambda: ctx.upsert_search_attributes({"stage": "x"})
+    )  # never awaited: refused
     await ctx.wait_signal("never")
 
 
@@ -178,3 +180,20 @@ async def test_a_query_handler_cannot_upsert(store_url: Callable[[], str]) -> No
         with trio.fail_after(LIMIT), pytest.raises(aion.QueryReadOnly):
             await engine.query("q", "sneaky")
         assert _upserts(await engine.history("q")) == []
+
+
+@aion.workflow
+async def rounds(ctx: aion.WorkflowContext, n: int) -> dict[str, Any]:
+    if n == 0:
+        await ctx.upsert_search_attributes({"stage": "first round done"})
+        raise ctx.continue_as_new(1)
+    return dict(ctx.search_attributes)
+
+
+async def test_continue_as_new_carries_the_upserted_values_over(store_url: Callable[[], str]) -> None:
+    async with aion.open_engine(store_url(), workflows=[rounds]) as engine:
+        run = await engine.start(rounds, 0, workflow_id="r", search_attributes={"customer": "c-1"})
+        with trio.fail_after(LIMIT):
+            assert await run.result() == {"customer": "c-1", "stage": "first round done"}
+        await _row_closed(engine, "r")
+        assert await engine.count(search=[_eq("stage", "first round done")]) == 1

@@ -39,7 +39,7 @@ from .._hub import StartRetry
 from .._ids import deadline_timer_id, new_run_id
 from .._payload import PayloadCodec
 from .._ports import RunAborted, WorkflowPort
-from .._projections import is_active, latest_run_id, run_segment
+from .._projections import is_active, latest_run_id, run_segment, search_attributes
 from .._recorder import Recorder
 from .._registry import Lease, Registry, Residency
 from .._watchdog import register_step
@@ -408,7 +408,8 @@ class Runner:
                         parent_run_id=lease.run_id,
                         parent_workflow_id=start.parent_workflow_id,
                         task_queue=start.task_queue,
-                        search_attributes=start.search_attributes,
+                        # The values the run ended with: its start's, and its code's upserts.
+                        search_attributes=search_attributes(history, lease.run_id),
                         timeout=start.timeout,
                     ),
                     now=self._clock.now(),
