@@ -22,8 +22,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import aion_trio_memory
+
+# Property tests are checked by what they find, never by how fast an example runs: CI runs
+# the suite on a loaded 2-core machine, where hypothesis's default 200 ms deadline per
+# example fails a correct test at random (a DeadlineExceeded, or a Flaky on the rerun).
+# Per-test @settings that do not name a deadline inherit this profile.
+settings.register_profile("aion-trio", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("aion-trio")
 
 STORE_ENV = "AION_TRIO_TEST_STORE"
 DEFAULT_STORE_KIND = "memory"
