@@ -3,6 +3,7 @@ commands of the other modules added to it."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +19,10 @@ from .worker import worker
 from .writes import cancel, query, reopen, signal, start, terminate
 
 PROG_NAME = "aion-trio"
+
+#: Commands of the entry points layered above the CLI, loaded by name when asked for: they
+#: build on the CLI's modules (which cannot import them back), and need extras of their own.
+LAZY_COMMANDS = {"console": "aion_trio._console.command:console"}
 
 
 class Cli(click.Group):
@@ -49,6 +54,16 @@ class Cli(click.Group):
                 fail("interrupted", EXIT_INTERRUPTED)
             fail("aborted", 1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS:
+            module, _, attr = LAZY_COMMANDS[cmd_name].partition(":")
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
+        return super().get_command(ctx, cmd_name)
 
 
 @click.group(cls=Cli, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})

@@ -127,3 +127,13 @@ def run(store: str, fn: Callable[[], Awaitable[T]]) -> T:
         if error is None:
             raise
         raise error from exc
+
+
+def describe_error(exc: BaseException, store: str) -> str | None:
+    """The one-line message ``run`` would print for ``exc`` (a typed error a user can act on,
+    or a CLI error), or ``None`` for a bug; for callers that report errors without exiting."""
+    exc = _single(exc)
+    if isinstance(exc, click.ClickException):
+        return exc.format_message()
+    error = _user_error(exc, store)
+    return None if error is None else error.format_message()

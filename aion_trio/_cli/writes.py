@@ -485,3 +485,8 @@ def reopen(
         return f"reopened workflow {handle.workflow_id!r} run {handle.run_id}"
 
     _write_command(url, app, command, direct, wait, queue_timeout)
+
+
+#: The one way a command reaches a store, for the console's actions as for these commands.
+apply_or_queue = _apply_or_queue
+Delivered = _Delivered

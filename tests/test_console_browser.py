@@ -1,0 +1,295 @@
+"""The web console in a real browser: Debian's chromium, driven by Selenium through
+chromedriver, against a real ``aion-trio console`` subprocess over a real SQLite store that a
+real ``aion-trio worker`` subprocess owns.
+
+Every wait is bounded (WebDriverWait, a deadline on each subprocess line).  With
+``AION_TRIO_CONSOLE_SCREENSHOTS=1`` the list and timeline tests save the screenshots that
+docs/console.md shows (docs/console-list.png, docs/console-timeline.png).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import subprocess
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+import aion_trio
+
+pytestmark = pytest.mark.slow
+
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="the console tests need the test extra (selenium)"
+)
+from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "tests.procs.console_app:app"
+DOCS = ROOT / "docs"
+WAIT = 30.0
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+def _script() -> str:
+    return str(Path(sysconfig.get_path("scripts")) / "aion-trio")
+
+
+def _screenshots() -> bool:
+    return os.environ.get("AION_TRIO_CONSOLE_SCREENSHOTS", "") not in ("", "0")
+
+
+async def _seed(db: Path) -> None:
+    """h-1 completed (region eu); o-1 (region us) past its retried activity, its timer and its
+    child, waiting for the ``approve`` signal."""
+    from procs import console_app
+
+    async with aion_trio.open_engine(
+        f"sqlite:///{db}", workflows=console_app.workflows, activities=console_app.activities
+    ) as engine:
+        h = await engine.start(
+            "hello", "ann", workflow_id="h-1", search_attributes={"region": "eu", "amount": 100}
+        )
+        assert await h.result() == "hello ann"
+        await engine.start("order", "book", workflow_id="o-1", search_attributes={"region": "us"})
+        with trio.fail_after(WAIT):
+            # The run goes on in the engine's tasks: its history is what there is to watch.
+            while not any(  # noqa: ASYNC110
+                isinstance(e.body, aion_trio.ChildWorkflowCompleted) for e in await engine.history("o-1")
+            ):
+                await trio.sleep(0.02)
+
+
+def _read_line(proc: subprocess.Popen[str], what: str) -> str:
+    """The subprocess's next stdout line, within WAIT seconds."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout=WAIT):
+            pytest.fail(f"no {what} within {WAIT}s")
+    line = proc.stdout.readline()
+    if not line:
+        pytest.fail(f"the process exited ({proc.wait(timeout=WAIT)}) before printing {what}")
+    return line.strip()
+
+
+def _wait_logged(log: Path, text: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + WAIT
+    while text not in log.read_text(encoding="utf-8"):
+        if proc.poll() is not None:
+            pytest.fail(f"the worker exited ({proc.returncode}) before logging {text!r}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the worker did not log {text!r} within {WAIT}s")
+        time.sleep(0.02)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def console_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The console's URL with its token; a worker owns the store meanwhile."""
+    directory = tmp_path_factory.mktemp("console")
+    db = directory / "console.db"
+    trio.run(_seed, db)
+    log = directory / "worker.log"
+    with log.open("w", encoding="utf-8") as stderr:
+        worker = subprocess.Popen(
+            [_script(), "worker", APP, "--store", str(db)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+        )
+    try:
+        _wait_logged(log, "ready: serving", worker)
+        console = subprocess.Popen(
+            [_script(), "console", "--store", str(db), "--module", APP, "--port", "0", "--refresh", "0.2"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            line = _read_line(console, "the console's URL")
+            assert line.startswith("aion-trio console on http://127.0.0.1:"), line
+            yield line.rsplit(" ", 1)[1]
+        finally:
+            _stop(console)
+    finally:
+        _stop(worker)
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(arg)
+    browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    browser.set_page_load_timeout(WAIT)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+def _base(url: str) -> str:
+    return url.split("/?token=", 1)[0]
+
+
+def _login(driver: WebDriver, url: str) -> None:
+    driver.get(url)
+    WebDriverWait(driver, WAIT).until(lambda d: d.current_url.rstrip("/") == _base(url))
+
+
+# Read in one script: the live part may be replaced between two WebDriver calls.
+def _ids(driver: WebDriver) -> list[str]:
+    ids: list[str] = driver.execute_script(
+        "return Array.from(document.querySelectorAll('table.list tbody tr'), r => r.dataset.id)"
+    )
+    return ids
+
+
+def _counts(driver: WebDriver) -> dict[str, int]:
+    texts: list[str] = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.count'), c => c.textContent)"
+    )
+    return {text.split()[0]: int(text.split()[1]) for text in texts}
+
+
+def _until_ids(driver: WebDriver, expected: list[str]) -> None:
+    WebDriverWait(driver, WAIT).until(lambda d: sorted(_ids(d)) == sorted(expected), f"rows {expected}")
+
+
+def test_a_wrong_or_missing_token_is_refused(driver: WebDriver, console_url: str) -> None:
+    base = _base(console_url)
+    driver.delete_all_cookies()
+    driver.get(base + "/?token=not-the-token")
+    assert "needs the token" in driver.find_element(By.ID, "message").text
+    assert driver.find_elements(By.CSS_SELECTOR, "table.list") == []
+    driver.get(base + "/workflows/o-1")
+    assert "needs the token" in driver.find_element(By.ID, "message").text
+    _login(driver, console_url)  # the right token: the list, and the token gone from the address
+    assert "token" not in driver.current_url
+    _until_ids(driver, ["o-1-shipping", "o-1", "h-1"])
+
+
+def _filter(driver: WebDriver, base: str, *, type_: str = "", status: str = "", attr: str = "") -> None:
+    driver.get(base + "/")
+    if type_:
+        driver.find_element(By.ID, "f-type").send_keys(type_)
+    if status:
+        driver.find_element(By.CSS_SELECTOR, f"input[name=status][value={status}]").click()
+    if attr:
+        driver.find_element(By.ID, "f-attr-0").send_keys(attr)
+    driver.find_element(By.ID, "apply").click()
+
+
+def test_the_list_filters_as_aion_trio_list_does(driver: WebDriver, console_url: str) -> None:
+    _login(driver, console_url)
+    base = _base(console_url)
+    _until_ids(driver, ["o-1-shipping", "o-1", "h-1"])
+    counts = _counts(driver)
+    assert counts["running"] == 1
+    assert counts["completed"] == 2
+    if _screenshots():
+        driver.save_screenshot(str(DOCS / "console-list.png"))
+    _filter(driver, base, type_="hello")
+    _until_ids(driver, ["h-1"])
+    assert "type=hello" in driver.current_url
+    _filter(driver, base, status="running")
+    _until_ids(driver, ["o-1"])
+    _filter(driver, base, attr="region=eu")
+    _until_ids(driver, ["h-1"])
+    _filter(driver, base, attr="region~u")
+    _until_ids(driver, ["h-1", "o-1"])
+    _filter(driver, base, attr="region")  # what 'aion-trio list --attr region' refuses, refused alike
+    error = driver.find_element(By.ID, "filter-error").text
+    assert "is not KEY=VALUE, KEY>VALUE, KEY<VALUE or KEY~TEXT" in error
+
+
+def test_the_workflow_page_draws_retries_the_timer_and_the_child(driver: WebDriver, console_url: str) -> None:
+    _login(driver, console_url)
+    driver.get(_base(console_url) + "/workflows/o-1")
+    lanes = {
+        lane.get_attribute("data-label"): lane
+        for lane in driver.find_elements(By.CSS_SELECTOR, "#timeline g.lane")
+    }
+    activity = lanes["activity:0 flaky"]
+    kinds = [bar.get_attribute("class") for bar in activity.find_elements(By.CSS_SELECTOR, "rect.bar")]
+    assert kinds == ["bar retrying", "bar retrying", "bar completed"]
+    titles = [t.get_attribute("textContent") for t in activity.find_elements(By.TAG_NAME, "title")]
+    assert "warehouse busy (attempt 2)" in titles[1]
+    assert any(label.startswith("timer ") for label in lanes)
+    child = lanes["child o-1-shipping (shipping)"]
+    assert child.find_elements(By.CSS_SELECTOR, "rect.bar.child")
+    history = driver.find_element(By.CSS_SELECTOR, "table.history").text
+    assert '"activity_type": "flaky"' in history  # payloads pretty-printed
+    if _screenshots():
+        driver.save_screenshot(str(DOCS / "console-timeline.png"))
+    child.find_element(By.TAG_NAME, "a").click()
+    WebDriverWait(driver, WAIT).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "h1 .wid").text == "o-1-shipping"
+    )
+    parent = driver.find_element(By.LINK_TEXT, "o-1")  # the parent, linked back
+    assert parent.get_attribute("href").endswith("/workflows/o-1")
+
+
+def _accept_confirm(driver: WebDriver) -> str:
+    def alert(d: WebDriver) -> object:
+        try:
+            return d.switch_to.alert
+        except NoAlertPresentException:
+            return False
+
+    box = WebDriverWait(driver, WAIT).until(alert)
+    text: str = box.text  # type: ignore[attr-defined]
+    box.accept()  # type: ignore[attr-defined]
+    return text
+
+
+def test_a_signal_sent_from_the_page_completes_the_waiting_workflow(
+    driver: WebDriver, console_url: str
+) -> None:
+    _login(driver, console_url)
+    driver.get(_base(console_url) + "/workflows/o-1")
+    assert driver.find_element(By.ID, "status").text == "running"
+    driver.find_element(By.ID, "signal-name").send_keys("approve")
+    payload = driver.find_element(By.ID, "signal-payload")
+    payload.clear()
+    payload.send_keys('{"ok": tru')  # not JSON: the editor says so and holds the button
+    assert "not JSON" in driver.find_element(By.ID, "signal-json-error").text
+    assert not driver.find_element(By.ID, "do-signal").is_enabled()
+    payload.send_keys("e}")
+    assert driver.find_element(By.ID, "do-signal").is_enabled()
+    driver.find_element(By.ID, "do-signal").click()
+    assert "Send this signal to workflow o-1?" in _accept_confirm(driver)
+    outcome = WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.ID, "outcome"))
+    assert "applied by the worker" in outcome.text, outcome.text
+    assert "signal 'approve'" in outcome.text
+    # The page is live: the worker's completion shows without a reload.
+    WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.ID, "status").text == "completed")
+    result = driver.find_element(By.ID, "result").text
+    assert '"decision": {' in result
+    assert '"ok": true' in result
