@@ -9,12 +9,14 @@ docs/console.md shows (docs/console-list.png, docs/console-timeline.png).
 
 from __future__ import annotations
 
+import http.client
 import os
 import selectors
 import shutil
 import subprocess
 import sysconfig
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,12 +109,17 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def console_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The console's URL with its token; a worker owns the store meanwhile."""
-    directory = tmp_path_factory.mktemp("console")
-    db = directory / "console.db"
+def store_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("console") / "console.db"
     trio.run(_seed, db)
-    log = directory / "worker.log"
+    return db
+
+
+@pytest.fixture(scope="module")
+def console_url(store_db: Path) -> Iterator[str]:
+    """The console's URL with its token; a worker owns the store meanwhile."""
+    db = store_db
+    log = db.parent / "worker.log"
     with log.open("w", encoding="utf-8") as stderr:
         worker = subprocess.Popen(
             [_script(), "worker", APP, "--store", str(db)],
@@ -210,22 +217,29 @@ def test_the_list_filters_as_aion_trio_list_does(driver: WebDriver, console_url:
     _login(driver, console_url)
     base = _base(console_url)
     _until_ids(driver, ["o-1-shipping", "o-1", "h-1"])
+    # o-1 runs until the signal test completes it: read its status, whichever ran first.
+    statuses: dict[str, str] = driver.execute_script(
+        "return Object.fromEntries(Array.from(document.querySelectorAll('table.list tbody tr'),"
+        " r => [r.dataset.id, r.querySelector('.status').textContent]))"
+    )
+    assert statuses["h-1"] == statuses["o-1-shipping"] == "completed"
     counts = _counts(driver)
-    assert counts["running"] == 1
-    assert counts["completed"] == 2
+    assert counts == {s.value: list(statuses.values()).count(s.value) for s in aion_trio.WorkflowStatus}
     if _screenshots():
         driver.save_screenshot(str(DOCS / "console-list.png"))
     _filter(driver, base, type_="hello")
     _until_ids(driver, ["h-1"])
     assert "type=hello" in driver.current_url
-    _filter(driver, base, status="running")
-    _until_ids(driver, ["o-1"])
+    _filter(driver, base, status=statuses["o-1"])
+    _until_ids(driver, [wid for wid, status in statuses.items() if status == statuses["o-1"]])
+    _filter(driver, base, status="failed")
+    WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.CSS_SELECTOR, "p.empty"))
     _filter(driver, base, attr="region=eu")
     _until_ids(driver, ["h-1"])
     _filter(driver, base, attr="region~u")
     _until_ids(driver, ["h-1", "o-1"])
     _filter(driver, base, attr="region")  # what 'aion-trio list --attr region' refuses, refused alike
-    error = driver.find_element(By.ID, "filter-error").text
+    error = WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.ID, "filter-error")).text
     assert "is not KEY=VALUE, KEY>VALUE, KEY<VALUE or KEY~TEXT" in error
 
 
@@ -293,3 +307,98 @@ def test_a_signal_sent_from_the_page_completes_the_waiting_workflow(
     result = driver.find_element(By.ID, "result").text
     assert '"decision": {' in result
     assert '"ok": true' in result
+
+
+# --------------------------------------------------------------------------
+# The token and the CSRF check, over plain HTTP
+# --------------------------------------------------------------------------
+
+
+def _http(
+    url: str, path: str, *, method: str = "GET", cookie: str = "", body: str = "", origin: str = ""
+) -> tuple[int, dict[str, str], str]:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=WAIT)
+    headers = {"Content-Type": "application/x-www-form-urlencoded"} if method == "POST" else {}
+    if cookie:
+        headers["Cookie"] = cookie
+    if origin:
+        headers["Origin"] = origin
+    try:
+        connection.request(method, path, body=body or None, headers=headers)
+        response = connection.getresponse()
+        text = (
+            ""
+            if response.getheader("content-type", "").startswith("text/event-stream")
+            else response.read().decode()
+        )
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, text
+    finally:
+        connection.close()
+
+
+def _cookie(url: str) -> str:
+    status, headers, _ = _http(url, "/?token=" + url.split("?token=", 1)[1])
+    assert status == 303, status
+    return headers["set-cookie"].split(";", 1)[0]
+
+
+def test_every_request_needs_the_token_and_every_post_the_csrf_field(console_url: str) -> None:
+    token = console_url.split("?token=", 1)[1]
+    for path in ("/", "/workflows/o-1", "/static/console.js", "/live/list", "/?token=" + token[:-1] + "x"):
+        status, _, text = _http(console_url, path)
+        assert (status, "needs the token" in text) == (403, True), path
+    status, headers, _ = _http(console_url, f"/workflows/o-1?token={token}&run=x")
+    assert status == 303
+    assert headers["location"] == "/workflows/o-1?run=x"  # the token leaves the address
+    cookie_header = headers["set-cookie"]
+    assert "HttpOnly" in cookie_header
+    assert "SameSite=strict" in cookie_header or "SameSite=Strict" in cookie_header
+    cookie = cookie_header.split(";", 1)[0]
+    status, _, page = _http(console_url, "/workflows/h-1", cookie=cookie)
+    assert status == 200
+    csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    form = urllib.parse.urlencode({"workflow_id": "h-1", "csrf": csrf})
+    refused = [
+        _http(console_url, "/actions/reopen", method="POST", body=form),  # no cookie
+        _http(
+            console_url, "/actions/reopen", method="POST", cookie=cookie, body="workflow_id=h-1"
+        ),  # no field
+        _http(console_url, "/actions/reopen", method="POST", cookie=cookie, body=form + "x"),  # a wrong one
+        _http(
+            console_url,
+            "/actions/reopen",
+            method="POST",
+            cookie=cookie,
+            body=form,
+            origin="http://evil.example",
+        ),
+    ]
+    assert [status for status, _, _ in refused] == [403, 403, 403, 403]
+    assert "CSRF check failed" in refused[1][2]
+    status, headers, _ = _http(console_url, "/live/list", cookie=cookie)
+    assert (status, headers["content-type"].split(";")[0]) == (200, "text/event-stream")
+
+
+def test_a_read_only_console_shows_no_actions_and_takes_none(store_db: Path) -> None:
+    console = subprocess.Popen(
+        [_script(), "console", "--store", str(store_db), "--module", APP, "--port", "0", "--read-only"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        url = _read_line(console, "the console's URL").rsplit(" ", 1)[1]
+        cookie = _cookie(url)
+        status, _, page = _http(url, "/workflows/h-1", cookie=cookie)
+        assert status == 200
+        assert "actions are disabled" in page
+        assert 'name="csrf"' not in page
+        assert "read-only" in page
+        status, _, text = _http(
+            url, "/actions/reopen", method="POST", cookie=cookie, body="workflow_id=h-1&csrf=anything"
+        )
+        assert (status, "runs with --read-only" in text) == (403, True)
+    finally:
+        _stop(console)

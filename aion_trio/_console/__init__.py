@@ -8,3 +8,5 @@ HTML), ``data`` (what is read from the store: the list's keyset pages, a workflo
 page) and ``timeline`` (a run's Gantt, as SVG).  Only ``command`` is imported without
 the ``console`` extra installed; it imports the rest when the command runs.
 """
+
+from .data import BadFilter as BadFilter, ListQuery as ListQuery, list_page as list_page

@@ -211,7 +211,8 @@ async def owners_of(store: Store, rows: Sequence[VisibilityRow]) -> dict[str, st
     owners: dict[str, str] = {}
     for row in rows:
         target = await store.command_target(row.workflow_id)
-        owners[row.workflow_id] = store.node_id if target is None else (target or "(orphaned)")
+        # None: no other live node (the console's own node owns nothing); "": the owner is gone.
+        owners[row.workflow_id] = "-" if target is None else (target or "orphaned: the next claim takes it")
     return owners
 
 

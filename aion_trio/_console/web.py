@@ -176,6 +176,9 @@ def build_app(store: Store, settings: Settings) -> ASGIApp:
             k: v[-1]
             for k, v in urllib.parse.parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()
         }
+        off = settings.actions_off()
+        if off is not None or settings.app is None:
+            return HTMLResponse(message_page("Forbidden", off or ""), status_code=403)
         if not _same_origin(request) or not hmac.compare_digest(
             form.get("csrf", "").encode(), settings.csrf.encode()
         ):
@@ -184,9 +187,6 @@ def build_app(store: Store, settings: Settings) -> ASGIApp:
                 status_code=403,
             )
         workflow_id = form.get("workflow_id", "")
-        off = settings.actions_off()
-        if off is not None or settings.app is None:
-            return HTMLResponse(message_page("Forbidden", off or ""), status_code=403)
         ok, message = await issue(settings, settings.app, name, workflow_id, form)
         key = secrets.token_urlsafe(8)
         outcomes[key] = (ok, message)

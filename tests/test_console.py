@@ -1,0 +1,115 @@
+"""The web console's reads, on every store kind (``store_url``): the list's keyset pages, its
+filters (parsed as ``aion-trio list`` parses them) and its counts.  The pages themselves, the
+token and the actions are driven in a real browser by tests/test_console_browser.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import aion_trio as aion
+from aion_trio._cli import cli
+from aion_trio._console import BadFilter, ListQuery, list_page
+
+T0 = datetime(2031, 3, 4, 10, 0, 0, tzinfo=timezone.utc)
+
+
+def _rows() -> list[aion.VisibilityRow]:
+    """150 rows: 60 started at the same instant (a keyset must not lose or repeat any of
+    them across pages), the rest a second apart; every third one failed, region eu or us."""
+    rows = []
+    for n in range(150):
+        start = T0 if n < 60 else T0 + timedelta(seconds=n)
+        status = aion.WorkflowStatus.FAILED if n % 3 == 0 else aion.WorkflowStatus.RUNNING
+        rows.append(
+            aion.VisibilityRow(
+                workflow_id=f"w-{n:03d}",
+                run_id=f"00000000-0000-4000-8000-{n:012d}",
+                workflow_type="order" if n % 2 else "refund",
+                status=status,
+                start_time=start,
+                close_time=start + timedelta(seconds=1) if status is aion.WorkflowStatus.FAILED else None,
+                search_attributes={"region": "eu" if n % 4 < 2 else "us", "amount": n},
+            )
+        )
+    return rows
+
+
+async def _pages(store: aion.Store, query: ListQuery, page_size: int) -> list[list[str]]:
+    pages = []
+    while True:
+        page = await list_page(store, query, page_size=page_size)
+        pages.append([r.workflow_id for r in page.rows])
+        if page.next_cursor is None:
+            return pages
+        assert len(pages) < 100, "the cursor does not advance"
+        params: dict[str, list[str]] = {"after": [page.next_cursor]}
+        for key, value in query.params():
+            params.setdefault(key, []).append(value)
+        query = ListQuery.from_params(params)
+
+
+@pytest.mark.parametrize(
+    ("params", "matches"),
+    [
+        ({}, lambda r: True),
+        ({"status": ["failed"]}, lambda r: r.status is aion.WorkflowStatus.FAILED),
+        (
+            {"type": ["order"], "attr": ["region=eu"]},
+            lambda r: r.workflow_type == "order" and r.search_attributes["region"] == "eu",
+        ),
+        ({"attr": ["amount>40", "amount<100"]}, lambda r: 40 < r.search_attributes["amount"] < 100),
+        ({"started_after": ["2031-03-04T10:01:00"]}, lambda r: r.start_time >= T0 + timedelta(minutes=1)),
+    ],
+)
+async def test_keyset_pages_list_every_matching_row_once_newest_first(
+    store_url: Callable[[], str], params: dict[str, list[str]], matches: Callable[[aion.VisibilityRow], bool]
+) -> None:
+    rows = _rows()
+    async with aion.open_store(store_url()) as store:
+        for row in rows:
+            await store.visibility.upsert(row)
+        query = ListQuery.from_params(params)
+        pages = await _pages(store, query, page_size=25)
+        expected = [r.workflow_id for r in aion.VisibilityFilter(newest_first=True).apply(rows) if matches(r)]
+        assert [wid for page in pages for wid in page] == expected
+        assert all(len(page) == 25 for page in pages[:-1])
+        first = await list_page(store, query, page_size=25)
+        assert first.total == len(expected)
+        if "status" not in params:  # the counts per status: what the filters and that status select
+            for status in aion.WorkflowStatus:
+                counted = [r for r in rows if matches(r) and r.status is status]
+                assert first.counts[status.value] == len(counted)
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        ({"attr": ["region"]}, "'region' is not KEY=VALUE, KEY>VALUE, KEY<VALUE or KEY~TEXT"),
+        ({"started_after": ["yesterday"]}, "'yesterday' is not an ISO-8601 time"),
+        ({"status": ["sleeping"]}, "status 'sleeping' is not one of running"),
+        ({"after": ["not-a-cursor"]}, "the page cursor 'not-a-cursor' is not START_TIME|WORKFLOW_ID"),
+    ],
+)
+async def test_bad_filters_are_refused_with_the_list_commands_words(
+    store_url: Callable[[], str], params: dict[str, list[str]], problem: str
+) -> None:
+    async with aion.open_store(store_url()) as store:
+        with pytest.raises(BadFilter) as caught:
+            await list_page(store, ListQuery.from_params(params))
+    assert problem in str(caught.value)
+
+
+def test_the_console_command_is_listed_and_has_help() -> None:
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["--help"])
+    assert listed.exit_code == 0
+    assert "console" in listed.output
+    helped = runner.invoke(cli, ["console", "--help"])
+    assert helped.exit_code == 0, helped.output
+    assert "--read-only" in helped.output
+    assert "token" in helped.output
