@@ -22,19 +22,16 @@ from pathlib import Path
 
 import pytest
 import trio
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 import aion_trio
 
 pytestmark = pytest.mark.slow
-
-webdriver = pytest.importorskip(
-    "selenium.webdriver", reason="the console tests need the test extra (selenium)"
-)
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.procs.console_app:app"

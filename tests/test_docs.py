@@ -61,6 +61,7 @@ NOT_RUN_PER_PAGE = {
     "concepts.md": 0,
     "testing.md": 0,
     "operating.md": 1,
+    "console.md": 1,
     "errors.md": 0,
     "writing-a-store-plugin.md": 0,
 }

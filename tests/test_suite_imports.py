@@ -64,7 +64,7 @@ PUBLIC = ("aion_trio", "aion_trio.events", "aion_trio.projections", "aion_trio.p
 #: these private modules, and only their public names (no leading underscore).  Keep this
 #: table and docs/architecture.md's "Testing seams" section the same (checked below).
 SEAMS: dict[str, tuple[str, ...]] = {
-    "entry points": ("aion_trio._cli", "aion_trio._demo"),
+    "entry points": ("aion_trio._cli", "aion_trio._demo", "aion_trio._console"),
     "engine services": ("aion_trio._inbox",),
     "activities": ("aion_trio._activities",),
     "workflow code": ("aion_trio._context", "aion_trio._ports"),

@@ -179,7 +179,10 @@ def render_svg(timeline: Timeline) -> str:
     for i in range(5):
         gx = LABEL + (WIDTH - LABEL - 10) * i / 4
         out.append(f'<line class="grid" x1="{gx:.1f}" y1="{TOP - 6}" x2="{gx:.1f}" y2="{height}"/>')
-        out.append(f'<text class="tick" x="{gx:.1f}" y="{TOP - 10}">+{_seconds(span * i / 4)}</text>')
+        anchor = "end" if i == 4 else "start"
+        out.append(
+            f'<text class="tick" x="{gx:.1f}" y="{TOP - 10}" text-anchor="{anchor}">+{_seconds(span * i / 4)}</text>'
+        )
     for row, lane in enumerate(timeline.lanes):
         y = TOP + row * ROW
         label = html.escape(lane.label if len(lane.label) <= 34 else lane.label[:33] + "…")
