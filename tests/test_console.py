@@ -8,10 +8,11 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import trio
 
 import aion_trio as aion
 from aion_trio._cli import cli
-from aion_trio._console import BadFilter, ListQuery, list_page
+from aion_trio._console import BadFilter, ListQuery, list_page, workflow_page
 
 T0 = datetime(2031, 3, 4, 10, 0, 0, tzinfo=timezone.utc)
 
@@ -113,3 +114,75 @@ def test_the_console_command_is_listed_and_has_help() -> None:
     assert helped.exit_code == 0, helped.output
     assert "--read-only" in helped.output
     assert "token" in helped.output
+
+
+# --------------------------------------------------------------------------
+# A workflow's page: its timeline, children, parent and continue-as-new chain
+# --------------------------------------------------------------------------
+
+_attempts: list[int] = []
+
+
+@aion.activity(retry=aion.RetryPolicy(max_attempts=4, backoff=aion.Fixed(delay=2)))
+async def flaky(item: str) -> str:
+    attempt = aion.activity_info().attempt
+    _attempts.append(attempt)
+    if attempt < 3:
+        raise RuntimeError(f"busy {attempt}")
+    return item
+
+
+@aion.workflow
+async def leaf(ctx: aion.WorkflowContext, item: str) -> str:
+    return item.upper()
+
+
+@aion.workflow
+async def rounds(ctx: aion.WorkflowContext, n: int) -> str:
+    if n == 0:
+        await ctx.run(flaky, "book")
+        await ctx.sleep(timedelta(seconds=30))
+        await ctx.child(leaf, "book", workflow_id="rounds-leaf")
+        await ctx.wait_signal("go")
+        raise ctx.continue_as_new(1)
+    return "done"
+
+
+async def test_the_workflow_page_draws_each_attempt_the_timer_the_child_and_the_signal(
+    store_url: Callable[[], str], autojump_clock: object
+) -> None:
+    _attempts.clear()
+    url = store_url()
+    async with aion.open_engine(url, workflows=[rounds, leaf], activities=[flaky]) as engine:
+        handle = await engine.start(rounds, 0, workflow_id="rounds")
+        await engine.signal("rounds", "go", {"why": "test"})  # kept until the run waits for it
+        with trio.fail_after(3600):
+            assert await handle.result() == "done"
+    async with aion.open_store(url) as store:
+        latest = await workflow_page(store, "rounds")
+        runs = latest.show["run_ids"]
+        assert len(runs) == 2
+        assert latest.run_id == runs[1]
+        assert [lane.label for lane in latest.timeline.lanes] == [f"run {runs[1][:8]}"]
+        first = await workflow_page(store, "rounds", runs[0])
+        assert first.run_id == runs[0]
+        assert first.children == (("rounds-leaf", "leaf"),)
+        lanes = {lane.label: lane for lane in first.timeline.lanes}
+        assert [b.kind for b in lanes["activity:0 flaky"].bars] == ["retrying", "retrying", "completed"]
+        # Each attempt is drawn from its start to its outcome, the retry's backoff between.
+        bars = lanes["activity:0 flaky"].bars
+        assert all(b.end is not None and b.end >= b.start for b in bars)
+        assert bars[1].start - bars[0].start >= timedelta(seconds=2)
+        (timer,) = (lane for label, lane in lanes.items() if label.startswith("timer "))
+        assert timer.bars[0].kind == "timer"
+        assert timer.bars[0].end is not None
+        assert timer.bars[0].end - timer.bars[0].start == timedelta(seconds=30)
+        assert lanes["child rounds-leaf (leaf)"].link == "rounds-leaf"
+        assert lanes["child rounds-leaf (leaf)"].bars[0].kind == "child"
+        (signal,) = lanes["signals"].bars
+        assert "signal go" in signal.title
+        svg = first.timeline.svg()
+        assert svg.count('class="bar retrying"') == 2
+        assert '<a href="/workflows/rounds-leaf">' in svg
+        child = await workflow_page(store, "rounds-leaf")
+        assert child.parent == "rounds"

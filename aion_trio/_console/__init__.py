@@ -9,4 +9,10 @@ page) and ``timeline`` (a run's Gantt, as SVG).  Only ``command`` is imported wi
 the ``console`` extra installed; it imports the rest when the command runs.
 """
 
-from .data import BadFilter as BadFilter, ListQuery as ListQuery, list_page as list_page
+from .data import (
+    BadFilter as BadFilter,
+    ListQuery as ListQuery,
+    list_page as list_page,
+    workflow_page as workflow_page,
+)
+from .timeline import build_timeline as build_timeline
