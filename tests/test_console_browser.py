@@ -23,10 +23,15 @@ from pathlib import Path
 import pytest
 import trio
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
 import aion_trio
@@ -50,8 +55,8 @@ def _screenshots() -> bool:
 
 
 async def _seed(db: Path) -> None:
-    """h-1 completed (region eu); o-1 (region us) past its retried activity, its timer and its
-    child, waiting for the ``approve`` signal."""
+    """h-1 completed (region eu); o-1 (region us) and o-2 (region ap) past their retried
+    activity, their timer and their child, waiting for the ``approve`` signal."""
     from procs import console_app
 
     async with aion_trio.open_engine(
@@ -62,12 +67,15 @@ async def _seed(db: Path) -> None:
         )
         assert await h.result() == "hello ann"
         await engine.start("order", "book", workflow_id="o-1", search_attributes={"region": "us"})
+        await engine.start("order", "pen", workflow_id="o-2", search_attributes={"region": "ap"})
         with trio.fail_after(WAIT):
-            # The run goes on in the engine's tasks: its history is what there is to watch.
-            while not any(  # noqa: ASYNC110
-                isinstance(e.body, aion_trio.ChildWorkflowCompleted) for e in await engine.history("o-1")
-            ):
-                await trio.sleep(0.02)
+            for workflow_id in ("o-1", "o-2"):
+                # The run goes on in the engine's tasks: its history is what there is to watch.
+                while not any(  # noqa: ASYNC110
+                    isinstance(e.body, aion_trio.ChildWorkflowCompleted)
+                    for e in await engine.history(workflow_id)
+                ):
+                    await trio.sleep(0.02)
 
 
 def _read_line(proc: subprocess.Popen[str], what: str) -> str:
@@ -162,9 +170,20 @@ def _base(url: str) -> str:
     return url.split("/?token=", 1)[0]
 
 
+#: Every workflow of the seeded store.
+ALL = ["o-2-shipping", "o-1-shipping", "o-2", "o-1", "h-1"]
+
+
+def _wait(driver: WebDriver) -> WebDriverWait[WebDriver]:
+    # The live part may be replaced between finding an element and reading it: look again.
+    return WebDriverWait(
+        driver, WAIT, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+    )
+
+
 def _login(driver: WebDriver, url: str) -> None:
     driver.get(url)
-    WebDriverWait(driver, WAIT).until(lambda d: d.current_url.rstrip("/") == _base(url))
+    _wait(driver).until(lambda d: d.current_url.rstrip("/") == _base(url))
 
 
 # Read in one script: the live part may be replaced between two WebDriver calls.
@@ -175,6 +194,14 @@ def _ids(driver: WebDriver) -> list[str]:
     return ids
 
 
+def _statuses(driver: WebDriver) -> dict[str, str]:
+    statuses: dict[str, str] = driver.execute_script(
+        "return Object.fromEntries(Array.from(document.querySelectorAll('table.list tbody tr'),"
+        " r => [r.dataset.id, r.querySelector('.status').textContent]))"
+    )
+    return statuses
+
+
 def _counts(driver: WebDriver) -> dict[str, int]:
     texts: list[str] = driver.execute_script(
         "return Array.from(document.querySelectorAll('.count'), c => c.textContent)"
@@ -183,7 +210,7 @@ def _counts(driver: WebDriver) -> dict[str, int]:
 
 
 def _until_ids(driver: WebDriver, expected: list[str]) -> None:
-    WebDriverWait(driver, WAIT).until(lambda d: sorted(_ids(d)) == sorted(expected), f"rows {expected}")
+    _wait(driver).until(lambda d: sorted(_ids(d)) == sorted(expected), f"rows {expected}")
 
 
 def test_a_wrong_or_missing_token_is_refused(driver: WebDriver, console_url: str) -> None:
@@ -196,7 +223,7 @@ def test_a_wrong_or_missing_token_is_refused(driver: WebDriver, console_url: str
     assert "needs the token" in driver.find_element(By.ID, "message").text
     _login(driver, console_url)  # the right token: the list, and the token gone from the address
     assert "token" not in driver.current_url
-    _until_ids(driver, ["o-1-shipping", "o-1", "h-1"])
+    _until_ids(driver, ALL)
 
 
 def _filter(driver: WebDriver, base: str, *, type_: str = "", status: str = "", attr: str = "") -> None:
@@ -213,12 +240,9 @@ def _filter(driver: WebDriver, base: str, *, type_: str = "", status: str = "", 
 def test_the_list_filters_as_aion_trio_list_does(driver: WebDriver, console_url: str) -> None:
     _login(driver, console_url)
     base = _base(console_url)
-    _until_ids(driver, ["o-1-shipping", "o-1", "h-1"])
+    _until_ids(driver, ALL)
     # o-1 runs until the signal test completes it: read its status, whichever ran first.
-    statuses: dict[str, str] = driver.execute_script(
-        "return Object.fromEntries(Array.from(document.querySelectorAll('table.list tbody tr'),"
-        " r => [r.dataset.id, r.querySelector('.status').textContent]))"
-    )
+    statuses = _statuses(driver)
     assert statuses["h-1"] == statuses["o-1-shipping"] == "completed"
     counts = _counts(driver)
     assert counts == {s.value: list(statuses.values()).count(s.value) for s in aion_trio.WorkflowStatus}
@@ -230,13 +254,13 @@ def test_the_list_filters_as_aion_trio_list_does(driver: WebDriver, console_url:
     _filter(driver, base, status=statuses["o-1"])
     _until_ids(driver, [wid for wid, status in statuses.items() if status == statuses["o-1"]])
     _filter(driver, base, status="failed")
-    WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.CSS_SELECTOR, "p.empty"))
+    _wait(driver).until(lambda d: d.find_element(By.CSS_SELECTOR, "p.empty"))
     _filter(driver, base, attr="region=eu")
     _until_ids(driver, ["h-1"])
     _filter(driver, base, attr="region~u")
     _until_ids(driver, ["h-1", "o-1"])
     _filter(driver, base, attr="region")  # what 'aion-trio list --attr region' refuses, refused alike
-    error = WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.ID, "filter-error")).text
+    error = _wait(driver).until(lambda d: d.find_element(By.ID, "filter-error")).text
     assert "is not KEY=VALUE, KEY>VALUE, KEY<VALUE or KEY~TEXT" in error
 
 
@@ -260,9 +284,7 @@ def test_the_workflow_page_draws_retries_the_timer_and_the_child(driver: WebDriv
     if _screenshots():
         driver.save_screenshot(str(DOCS / "console-timeline.png"))
     child.find_element(By.TAG_NAME, "a").click()
-    WebDriverWait(driver, WAIT).until(
-        lambda d: d.find_element(By.CSS_SELECTOR, "h1 .wid").text == "o-1-shipping"
-    )
+    _wait(driver).until(lambda d: d.find_element(By.CSS_SELECTOR, "h1 .wid").text == "o-1-shipping")
     parent = driver.find_element(By.LINK_TEXT, "o-1")  # the parent, linked back
     assert parent.get_attribute("href").endswith("/workflows/o-1")
 
@@ -274,7 +296,7 @@ def _accept_confirm(driver: WebDriver) -> str:
         except NoAlertPresentException:
             return False
 
-    box = WebDriverWait(driver, WAIT).until(alert)
+    box = _wait(driver).until(alert)
     text: str = box.text  # type: ignore[attr-defined]
     box.accept()  # type: ignore[attr-defined]
     return text
@@ -284,7 +306,13 @@ def test_a_signal_sent_from_the_page_completes_the_waiting_workflow(
     driver: WebDriver, console_url: str
 ) -> None:
     _login(driver, console_url)
-    driver.get(_base(console_url) + "/workflows/o-1")
+    base = _base(console_url)
+    driver.get(base + "/?type=order")  # the list stays open in a tab of its own
+    _until_ids(driver, ["o-2", "o-1"])
+    assert _statuses(driver)["o-1"] == "running"
+    listing = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    driver.get(base + "/workflows/o-1")
     assert driver.find_element(By.ID, "status").text == "running"
     driver.find_element(By.ID, "signal-name").send_keys("approve")
     payload = driver.find_element(By.ID, "signal-payload")
@@ -296,14 +324,55 @@ def test_a_signal_sent_from_the_page_completes_the_waiting_workflow(
     assert driver.find_element(By.ID, "do-signal").is_enabled()
     driver.find_element(By.ID, "do-signal").click()
     assert "Send this signal to workflow o-1?" in _accept_confirm(driver)
-    outcome = WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.ID, "outcome"))
+    outcome = _wait(driver).until(lambda d: d.find_element(By.ID, "outcome"))
     assert "applied by the worker" in outcome.text, outcome.text
     assert "signal 'approve'" in outcome.text
     # The page is live: the worker's completion shows without a reload.
-    WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.ID, "status").text == "completed")
+    _wait(driver).until(lambda d: d.find_element(By.ID, "status").text == "completed")
     result = driver.find_element(By.ID, "result").text
     assert '"decision": {' in result
     assert '"ok": true' in result
+    driver.close()
+    driver.switch_to.window(listing)  # the list, never reloaded, shows it too
+    _wait(driver).until(lambda d: _statuses(d)["o-1"] == "completed")
+    assert _counts(driver)["completed"] == 1
+
+
+def _act(driver: WebDriver, action: str, *, reason: str = "") -> str:
+    """Press the action's button, confirm, and return the outcome the page shows."""
+    form = driver.find_element(By.ID, f"do-{action}").find_element(By.XPATH, "./..")
+    if reason:
+        form.find_element(By.NAME, "reason").send_keys(reason)
+    page = driver.find_element(By.TAG_NAME, "html")
+    form.find_element(By.ID, f"do-{action}").click()
+    question = _accept_confirm(driver)
+    assert question.endswith("workflow o-2?"), question
+    _wait(driver).until(staleness_of(page))  # the outcome's page, not the one before
+    outcome: str = _wait(driver).until(lambda d: d.find_element(By.ID, "outcome")).text
+    return outcome
+
+
+def test_terminate_reopen_and_cancel_from_the_page(driver: WebDriver, console_url: str) -> None:
+    _login(driver, console_url)
+    driver.get(_base(console_url) + "/workflows/o-2")
+    assert driver.find_element(By.ID, "status").text == "running"
+    outcome = _act(driver, "terminate", reason="wrong pen")
+    assert outcome == "applied by the worker" + outcome.split("applied by the worker", 1)[1]
+    assert "terminated" in outcome
+    _wait(driver).until(lambda d: d.find_element(By.ID, "status").text == "cancelled")
+    history = driver.find_element(By.CSS_SELECTOR, "table.history").text
+    assert '"reason": "wrong pen"' in history
+    outcome = _act(driver, "reopen")
+    assert "reopened workflow 'o-2'" in outcome, outcome
+    _wait(driver).until(lambda d: d.find_element(By.ID, "status").text == "running")
+    outcome = _act(driver, "cancel", reason="not needed")
+    assert "cancellation requested" in outcome, outcome
+    _wait(driver).until(lambda d: d.find_element(By.ID, "status").text == "cancelled")
+    _act(driver, "reopen")
+    _wait(driver).until(lambda d: d.find_element(By.ID, "status").text == "running")
+    refused = _act(driver, "reopen")  # a running workflow: the worker's refusal, shown as such
+    assert refused.startswith("reopen failed: "), refused
+    assert "bad" in (driver.find_element(By.ID, "outcome").get_attribute("class") or "")
 
 
 # --------------------------------------------------------------------------
