@@ -15,4 +15,3 @@ from .data import (
     list_page as list_page,
     workflow_page as workflow_page,
 )
-from .timeline import build_timeline as build_timeline

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import click
+import functools
 
-from .._cli.errors import UsageProblem, run
+import click
+import trio
+
+from .._cli.errors import CommandInterrupted, UsageProblem, run
 from .._cli.options import MODULE_ENV, resolve_store, store_option
 from .._cli.userapp import load_app
 
@@ -80,15 +83,15 @@ def console(
     )
 
     async def main() -> None:
-        import trio
-
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(
-                lambda task_status: serve_console(settings, host=host, port=port, task_status=task_status)
-            )
+            address = await nursery.start(functools.partial(serve_console, settings, host=host, port=port))
             click.echo(f"aion-trio console on {address}", nl=True)
             off = settings.actions_off()
             if off:
                 click.echo(off, err=True)
 
-    run(url, main)
+    try:
+        run(url, main)
+    except CommandInterrupted:
+        # Ctrl-C is how a console is stopped: not an error.
+        click.echo("console stopped", err=True)
