@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/console.py [--dir DIR] [--seconds S] [--in-flight N] [--refresh R] [--reload L]
+    python bench/console.py [--dir DIR] [--seconds S] [--in-flight N] [--refresh R] [--reload L] [--pairs N]
 
 A worker (an engine in this process) runs 10-step workflows on a fresh SQLite file,
 ``--in-flight`` (32) at a time, for ``--seconds`` (5) per phase; the phases alternate
@@ -10,12 +10,15 @@ without and with a console open on the same file: an ``aion-trio console --read-
 subprocess (its live pages look at the store every ``--refresh`` seconds: 1, the
 console's default) and a poller subprocess acting as a browser that keeps the list and one
 workflow page open (their two server-sent-event streams) and reloads both pages every
-``--reload`` seconds (0.5).  Phases run off, on, off, on: the machine's drift falls on
-both sides alike.  On a small machine the console's and the poller's processes compete
-with the worker for the CPU: that is part of what is measured.
+``--reload`` seconds (0.5).  Phases alternate off, on, ``--pairs`` (2) times: the
+machine's drift falls on both sides alike; the medians are compared.  On a small machine
+the console's and the poller's processes compete with the worker for the CPU: that is
+part of what is measured.
 
-Prints a JSON line per phase (steps/s, the poller's page loads and live updates) and a
-``ratio`` line: steps/s with the console over steps/s without (target: >= 0.9).
+Prints a JSON line per phase (steps/s, this process's CPU time per step, the poller's page
+loads and live updates) and a ``ratio`` line: steps/s with the console over steps/s
+without (target: >= 0.9), and the same for the CPU time per step, which moves far less
+with the machine's load than the rates do.
 Not part of the test run.
 """
 
@@ -27,6 +30,7 @@ import http.client
 import logging
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -76,8 +80,9 @@ def _read_url(proc: subprocess.Popen[str]) -> str:
     return line.rsplit(" ", 1)[1].strip()
 
 
-async def _phase(engine: aion.Engine, seconds: float, in_flight: int) -> tuple[float, int]:
-    """Steps per second while ``in_flight`` workflows run at a time for ``seconds``."""
+async def _phase(engine: aion.Engine, seconds: float, in_flight: int) -> tuple[float, int, float]:
+    """Steps per second while ``in_flight`` workflows run at a time for ``seconds``, the steps,
+    and this process's CPU microseconds per step."""
 
     async def feeder() -> None:
         async def one() -> None:
@@ -99,15 +104,19 @@ async def _phase(engine: aion.Engine, seconds: float, in_flight: int) -> tuple[f
 
     before = _done[0]
     began = time.perf_counter()
+    cpu = time.process_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(feeder)
         await trio.sleep(seconds)
         nursery.cancel_scope.cancel()
     steps = _done[0] - before
-    return steps / (time.perf_counter() - began), steps
+    cpu_us = (time.process_time() - cpu) * 1e6 / max(steps, 1)
+    return steps / (time.perf_counter() - began), steps, cpu_us
 
 
-def measure(directory: str, seconds: float, in_flight: int, refresh: float, reload: float) -> None:
+def measure(
+    directory: str, seconds: float, in_flight: int, refresh: float, reload: float, pairs: int
+) -> None:
     db = os.path.join(directory, "bench.db")
     # The workflows still in flight when the engine closes each log that they stopped: noise here.
     logging.getLogger("aion_trio").setLevel(logging.CRITICAL)
@@ -117,7 +126,8 @@ def measure(directory: str, seconds: float, in_flight: int, refresh: float, relo
             first = await engine.start(chain, workflow_id="first")
             await first.result()
             rates: dict[bool, list[float]] = {False: [], True: []}
-            for console_on in (False, True, False, True):
+            cpus: dict[bool, list[float]] = {False: [], True: []}
+            for console_on in [False, True] * pairs:
                 console = poller = None
                 if console_on:
                     console = await _spawn(
@@ -158,7 +168,7 @@ def measure(directory: str, seconds: float, in_flight: int, refresh: float, relo
                     if ready.strip() != "ready":
                         raise SystemExit(f"the poller did not start: {ready!r}")
                 try:
-                    rate, steps = await _phase(engine, seconds, in_flight)
+                    rate, steps, cpu_us = await _phase(engine, seconds, in_flight)
                 finally:
                     polled = ""
                     if poller is not None:
@@ -169,10 +179,12 @@ def measure(directory: str, seconds: float, in_flight: int, refresh: float, relo
                         assert console.stdout is not None
                         console.stdout.close()
                 rates[console_on].append(rate)
+                cpus[console_on].append(cpu_us)
                 record: dict[str, object] = {
                     "kind": "phase",
                     "console": console_on,
                     "steps_per_s": round(rate, 1),
+                    "cpu_us_per_step": round(cpu_us, 1),
                     "steps": steps,
                     "seconds": seconds,
                     "in_flight": in_flight,
@@ -181,15 +193,22 @@ def measure(directory: str, seconds: float, in_flight: int, refresh: float, relo
                     loads, updates = (int(x) for x in polled.split())
                     record.update(page_loads=loads, live_updates=updates)
                 emit(record)
-            off = sum(rates[False]) / len(rates[False])
-            on = sum(rates[True]) / len(rates[True])
+            off = statistics.median(rates[False])
+            on = statistics.median(rates[True])
+            cpu_off = statistics.median(cpus[False])
+            cpu_on = statistics.median(cpus[True])
             emit(
                 {
                     "kind": "ratio",
+                    "pairs": pairs,
                     "steps_per_s_without": round(off, 1),
                     "steps_per_s_with_console": round(on, 1),
                     "with_over_without": round(on / off, 3) if off else None,
-                    "target": ">= 0.9",
+                    "cpu_us_per_step_without": round(cpu_off, 1),
+                    "cpu_us_per_step_with_console": round(cpu_on, 1),
+                    "cpu_with_over_without": round(cpu_on / cpu_off, 3) if cpu_off else None,
+                    "loadavg_1m": round(os.getloadavg()[0], 2),
+                    "target": "with_over_without >= 0.9",
                 }
             )
 
@@ -267,6 +286,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where the scratch directory goes")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
     parser.add_argument("--in-flight", type=int, default=32)
+    parser.add_argument("--pairs", type=int, default=2, help="phases without then with the console")
     parser.add_argument("--refresh", type=float, default=1.0, help="the console's --refresh (its default)")
     parser.add_argument("--reload", type=float, default=0.5, help="seconds between two reloads of both pages")
     parser.add_argument("--poll", nargs=2, metavar=("URL", "WORKFLOW_ID"), help=argparse.SUPPRESS)
@@ -277,7 +297,9 @@ def main() -> None:
     run_in_scratch(
         "aion-console-bench-",
         args.dir,
-        lambda directory: measure(directory, args.seconds, args.in_flight, args.refresh, args.reload),
+        lambda directory: measure(
+            directory, args.seconds, args.in_flight, args.refresh, args.reload, args.pairs
+        ),
         emit,
     )
 
