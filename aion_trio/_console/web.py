@@ -4,6 +4,7 @@ streams (server-sent events), the actions, and the per-launch token that guards 
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +34,8 @@ from .data import BadFilter, ListQuery, list_page, workflow_page
 from .pages import actions_form, e, layout, list_body, list_live, message_page, workflow_body, workflow_live
 
 COOKIE = "aion_trio_console"
+#: What ends a line in an event stream: each piece of a fragment goes out as one data line.
+_LINES = re.compile(r"\r\n|\r|\n")
 STATIC = Path(__file__).parent / "static"
 MAX_FORM = 1 << 20
 ACTIONS = ("signal", "cancel", "terminate", "reopen")
@@ -233,7 +236,7 @@ def _stream(request: Request, render: Callable[[], Awaitable[tuple[str, str]]], 
             if fingerprint != last:
                 last = fingerprint
                 idle = 0.0
-                yield "event: update\n" + "".join(f"data: {line}\n" for line in fragment.split("\n")) + "\n"
+                yield "event: update\n" + "".join(f"data: {line}\n" for line in _LINES.split(fragment)) + "\n"
             elif idle >= 15:
                 idle = 0.0
                 yield ": still here\n\n"
