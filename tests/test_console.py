@@ -4,6 +4,7 @@ token and the actions are driven in a real browser by tests/test_console_browser
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
@@ -186,3 +187,19 @@ async def test_the_workflow_page_draws_each_attempt_the_timer_the_child_and_the_
         assert '<a href="/workflows/rounds-leaf">' in svg
         child = await workflow_page(store, "rounds-leaf")
         assert child.parent == "rounds"
+
+
+def test_without_its_extra_the_console_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    # As if hypercorn were not installed: the command is listed, and running it names the extra.
+    monkeypatch.setitem(sys.modules, "hypercorn", None)
+    monkeypatch.setitem(sys.modules, "hypercorn.trio", None)
+    for name in ("aion_trio._console.server", "aion_trio._console.web"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    result = CliRunner().invoke(cli, ["console", "--store", "memory://nothing"])
+    assert result.exit_code == 2, result.output
+    assert (
+        "the console needs its extra (hypercorn is missing): pip install 'aion-trio[console]'"
+        in result.output
+    )

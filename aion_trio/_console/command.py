@@ -72,7 +72,8 @@ def console(
         from .web import Settings
     except ImportError as exc:
         raise UsageProblem(
-            f"the console needs its extra ({exc.name} is missing): pip install 'aion-trio[console]'"
+            f"the console needs its extra ({(exc.name or '?').split('.')[0]} is missing): "
+            "pip install 'aion-trio[console]'"
         ) from None
     settings = Settings(
         store_url=url,
