@@ -173,7 +173,14 @@ def workflow_live(page: WorkflowPage) -> str:
             for r in runs
         )
         summary.append(("Continue-as-new chain", links))
-    parts = ['<section class="summary"><dl>']
+    parts = []
+    if page.run_id != show["run_id"]:
+        latest = f'<a href="/workflows/{_q(wid)}">the latest run</a>'
+        parts.append(
+            f'<p class="muted" id="older-run">An earlier run of the chain: the timeline is this run\'s; '
+            f"the status, result and pending work are those of {latest}.</p>"
+        )
+    parts.append('<section class="summary"><dl>')
     parts += [f"<dt>{k}</dt><dd>{v}</dd>" for k, v in summary]
     parts.append("</dl></section>")
     if status == "completed":
