@@ -239,7 +239,7 @@ def history_table(history: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def actions_form(workflow_id: str, status: str, *, csrf: str, enabled: bool, why_not: str) -> str:
+def actions_form(workflow_id: str, *, csrf: str, enabled: bool, why_not: str) -> str:
     if not enabled:
         return f'<section class="actions"><h2>Actions</h2><p class="muted" id="actions-off">{e(why_not)}</p></section>'
     hidden = (

@@ -149,9 +149,7 @@ def build_app(store: Store, settings: Settings) -> ASGIApp:
                 status_code=404,
             )
         off = settings.actions_off()
-        actions = actions_form(
-            workflow_id, str(data.show["status"]), csrf=settings.csrf, enabled=off is None, why_not=off or ""
-        )
+        actions = actions_form(workflow_id, csrf=settings.csrf, enabled=off is None, why_not=off or "")
         outcome = outcomes.get(request.query_params.get("outcome", ""))
         return page(workflow_id, workflow_body(data, actions=actions, outcome=outcome))
 
@@ -172,6 +170,9 @@ def build_app(store: Store, settings: Settings) -> ASGIApp:
         name = request.path_params["action"]
         if name not in ACTIONS:
             return PlainTextResponse(f"unknown action {name!r}", status_code=404)
+        declared = request.headers.get("content-length", "0")
+        if not declared.isdigit() or int(declared) > MAX_FORM:
+            return PlainTextResponse("form too large", status_code=413)
         body = await request.body()
         if len(body) > MAX_FORM:
             return PlainTextResponse("form too large", status_code=413)
