@@ -1,8 +1,9 @@
 """The ``aion-trio`` command line.
 
 Commands: ``stores``, ``list``, ``show``, ``history`` (read-only); ``start``,
-``signal``, ``cancel``, ``terminate``, ``reopen`` (writes) and ``worker`` (serve
-the user's definitions until SIGINT/SIGTERM, then drain).
+``signal``, ``cancel``, ``terminate``, ``reopen`` (writes), ``worker`` (serve
+the user's definitions until SIGINT/SIGTERM, then drain) and ``console`` (a web
+console, ``aion_trio._console``, loaded when it runs).
 
 Writes and the store's owner
 ----------------------------

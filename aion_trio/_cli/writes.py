@@ -489,4 +489,3 @@ def reopen(
 
 #: The one way a command reaches a store, for the console's actions as for these commands.
 apply_or_queue = _apply_or_queue
-Delivered = _Delivered
