@@ -94,7 +94,7 @@ async def _live_owner(opened: Store) -> str | None:
     return f"pid {claim.identity.pid} on {claim.identity.host}"
 
 
-async def _apply_or_queue(
+async def apply_or_queue(
     url: str,
     app: App,
     command: Command,
@@ -104,7 +104,9 @@ async def _apply_or_queue(
     queue_timeout: float,
 ) -> _Delivered:
     """With no live owner, open an engine here and run ``direct``; else queue ``command`` in the
-    store's inbox for the owner and (``wait``) poll for its outcome, at most ``queue_timeout``s."""
+    store's inbox for the owner and (``wait``) poll for its outcome, at most ``queue_timeout``s.
+
+    The one way a command reaches a store: the write commands here and the console's actions."""
     async with open_store(url, registry=load_registry()) as opened:
         owner = await _live_owner(opened)
         if owner is None:
@@ -227,7 +229,7 @@ def start(
         return handle.run_id, (await handle.result() if wait else None)
 
     async def go() -> tuple[str, Any]:
-        delivered = await _apply_or_queue(url, app, command, direct, wait=True, queue_timeout=queue_timeout)
+        delivered = await apply_or_queue(url, app, command, direct, wait=True, queue_timeout=queue_timeout)
         if not delivered.queued:
             run_id, result = delivered.value
             return run_id, result
@@ -261,7 +263,7 @@ def _write_command(
     queue_timeout: float,
 ) -> None:
     delivered = run(
-        url, lambda: _apply_or_queue(url, app, command, direct, wait=wait, queue_timeout=queue_timeout)
+        url, lambda: apply_or_queue(url, app, command, direct, wait=wait, queue_timeout=queue_timeout)
     )
     if not delivered.queued:
         click.echo(f"{delivered.value} ({_DIRECT})", err=True)
@@ -383,7 +385,7 @@ def query(
         )
 
     delivered = run(
-        url, lambda: _apply_or_queue(url, app, command, direct, wait=True, queue_timeout=queue_timeout)
+        url, lambda: apply_or_queue(url, app, command, direct, wait=True, queue_timeout=queue_timeout)
     )
     if delivered.queued:
         assert delivered.outcome is not None
@@ -485,7 +487,3 @@ def reopen(
         return f"reopened workflow {handle.workflow_id!r} run {handle.run_id}"
 
     _write_command(url, app, command, direct, wait, queue_timeout)
-
-
-#: The one way a command reaches a store, for the console's actions as for these commands.
-apply_or_queue = _apply_or_queue
