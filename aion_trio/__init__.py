@@ -155,6 +155,8 @@ from ._observe import (
     Observer as Observer,
     ObserverEvent as ObserverEvent,
     RecoveryFinished as RecoveryFinished,
+    RunEvicted as RunEvicted,
+    RunReloaded as RunReloaded,
     StoreOperation as StoreOperation,
     TransientRetry as TransientRetry,
     WorkflowRelinquished as WorkflowRelinquished,

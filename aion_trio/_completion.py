@@ -30,6 +30,7 @@ from ._events import (
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
+    WorkflowStatus,
     WorkflowTimedOut,
 )
 from ._ids import deadline_timer_id
@@ -264,12 +265,15 @@ async def run_exit_attempt(
 
 
 def reconcile_registry(core: CompletionHub, lease: Lease) -> None:
-    """Status from history; residency Suspended; the entry is kept."""
+    """Status from history; residency Suspended; the entry is kept until the closed
+    workflow is released (``EngineConfig.release_closed_after``)."""
     status = lease.recorder.run_state(lease.run_id).status
     if status is not None:
         lease.cached_status = status
     if lease.residency is Residency.RESIDENT:
         lease.residency = Residency.SUSPENDED
+    if status is not None and status not in (WorkflowStatus.RUNNING, WorkflowStatus.CONTINUED_AS_NEW):
+        core.workflow_closed(lease.workflow_id)
 
 
 async def complete_run_exit(

@@ -44,6 +44,8 @@ __all__ = [
     "ObserverEvent",
     "ObserverHub",
     "RecoveryFinished",
+    "RunEvicted",
+    "RunReloaded",
     "StoreOperation",
     "TransientRetry",
     "WorkflowRelinquished",
@@ -146,6 +148,28 @@ class RecoveryFinished(ObserverEvent):
     active: int
     resumed: int
     seconds: float
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunEvicted(ObserverEvent):
+    """A parked run left memory (``reason``: ``"idle"`` past ``EngineConfig.evict_after``, or
+    ``"capacity"`` beyond ``EngineConfig.max_resident_runs``); a wake replays it."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    reason: str
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunReloaded(ObserverEvent):
+    """An evicted run was made resident again (replayed from the store) because something woke it."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
 
 
 @final

@@ -77,6 +77,9 @@ class RecoveryGuard:
     counted: set[str] = attrs.Factory(set)
     #: Those marked stuck for their count: it stays until the run ends (terminated).
     poisoned_ids: set[str] = attrs.Factory(set)
+    #: Runs the sweep left evicted without replaying them (parked on a timer or a child):
+    #: nothing risky ran, so their counts are cleared with the others at release.
+    quiet: list[str] = attrs.Factory(list)
 
     @classmethod
     def for_core(cls, core: RecoveryHub) -> RecoveryGuard | None:
@@ -149,6 +152,8 @@ class RecoveryGuard:
         done = [wid for wid, w in self.watched.items() if not w.risky and self._past_replay(w.lease)]
         for wid in done:
             del self.watched[wid]
+        done += self.quiet
+        self.quiet = []
         await self._clear(done)
         held, self.held = self.held or [], None
         for recorder, request, resume in held:

@@ -60,6 +60,9 @@ class Recorder:
         self.on_stale = on_stale
         #: The engine's observers (``None``: nobody observes, nothing is built).
         self.observers = observers
+        #: Called (no checkpoint) after each append that landed: set on a recorder the engine
+        #: dropped (its run evicted), so an append through a copy a caller still held wakes it.
+        self.after_append: Callable[[Recorder], None] | None = None
         self._store = store
         self._epoch = epoch
         self._clock = clock
@@ -294,6 +297,8 @@ class Recorder:
         self._grew(events)
         if self.observers is not None:
             self.observers.appended(self._history, events)
+        if self.after_append is not None:
+            self.after_append(self)
         return events
 
     # -- deferred records ------------------------------------------------------

@@ -25,8 +25,12 @@ if TYPE_CHECKING:
 
 class Residency(enum.Enum):
     RESIDENT = "resident"
+    #: Terminal: the run's code has ended (the entry is kept until the workflow is released).
     SUSPENDED = "suspended"
     STUCK = "stuck"
+    #: Parked on something durable and dropped from memory: only what wakes it stays
+    #: (its timers, the inbox, child and activity completions); a wake replays it.
+    EVICTED = "evicted"
 
 
 @final
@@ -92,13 +96,23 @@ class Lease:
 
 
 @final
+@attrs.frozen
+class EvictedRun:
+    """What stays of an evicted run: enough to replay it when something wakes it."""
+
+    run_id: str
+    workflow_type: str
+
+
+@final
 class Registry:
-    """``(workflow_id, run_id) -> current Lease``."""
+    """``(workflow_id, run_id) -> current Lease``, and the evicted runs by workflow id."""
 
     def __init__(self) -> None:
         self._leases: dict[tuple[str, str], Lease] = {}
         # The same leases by workflow id, then run id.
         self._by_workflow: dict[str, dict[str, Lease]] = {}
+        self._evicted: dict[str, EvictedRun] = {}
 
     def get(self, workflow_id: str, run_id: str) -> Lease | None:
         return self._leases.get((workflow_id, run_id))
@@ -118,6 +132,23 @@ class Registry:
             if not runs:
                 del self._by_workflow[workflow_id]
         return removed
+
+    def evict(self, workflow_id: str, run: EvictedRun) -> None:
+        """Drop every lease of ``workflow_id`` and keep ``run`` in their place (no checkpoint)."""
+        for lease in self.leases_of(workflow_id):
+            self.remove(workflow_id, lease.run_id)
+        self._evicted[workflow_id] = run
+
+    def evicted(self, workflow_id: str) -> EvictedRun | None:
+        return self._evicted.get(workflow_id)
+
+    def take_evicted(self, workflow_id: str) -> EvictedRun | None:
+        """Forget the evicted entry of ``workflow_id`` (it is being made resident again)."""
+        return self._evicted.pop(workflow_id, None)
+
+    @property
+    def evicted_count(self) -> int:
+        return len(self._evicted)
 
     def leases(self) -> list[Lease]:
         return list(self._leases.values())

@@ -14,7 +14,7 @@ go past the end of history.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, final
 
 from ._ports import RunAborted
@@ -74,8 +74,16 @@ class Steps(Protocol):
 class LeasePort:
     """The port of one execution of a run's code (its lease's)."""
 
-    def __init__(self, definitions: Definitions, steps: Steps, lease: Lease) -> None:
+    def __init__(
+        self,
+        definitions: Definitions,
+        steps: Steps,
+        lease: Lease,
+        on_parked: Callable[[Lease], None] | None = None,
+    ) -> None:
         self._definitions = definitions
+        #: Told each time the run parks between steps (the engine's residency service).
+        self._on_parked = on_parked
         self._steps = steps
         self._lease = lease
         self._recorder = lease.recorder
@@ -100,6 +108,8 @@ class LeasePort:
     def parked(self) -> None:
         if self._lease.query_waiters:
             self._recorder.notify()  # queries wait for this moment
+        if self._on_parked is not None:
+            self._on_parked(self._lease)
 
     def activity_definition(self, activity: ActivityDefinition[Any] | str) -> ActivityDefinition[Any]:
         return self._definitions.activity_definition(activity)

@@ -54,7 +54,7 @@ AION_TRIO_NAMES = [
     "ObserverEvent", "OutcomeKind", "OwnedStore", "OwnerClaim", "OwnerIdentity", "ParentClosePolicy",
     "Payload", "PayloadCodec", "PayloadError", "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity",
     "PendingCommand", "PluginError", "PolicyRefused", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly",
-    "QueryUnavailable", "RecoveryCounts", "RecoveryFinished", "ReopenCommand", "RetryPolicy", "RunHandle",
+    "QueryUnavailable", "RecoveryCounts", "RecoveryFinished", "ReopenCommand", "RetryPolicy", "RunEvicted", "RunHandle", "RunReloaded",
     "SearchAttributesUpserted", "SearchOp", "SearchPredicate", "SequenceConflict", "SerializationError",
     "SignalCommand", "SignalReceived", "SignalWithStartCommand", "StartCommand", "Store", "StoreDecodeError", "StoreEncodeError", "StoreError", "StoreOpenError",
     "StoreOperation", "StoreOwned", "StorePathError", "StoreSchemeConflict", "StoreTakenOver", "TerminalError",

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, final
 
+import attrs
 import trio
 
 from .._activities import InProcessDispatcher
@@ -33,6 +34,7 @@ from .._events import (
     Event,
     WorkflowReopened,
     WorkflowStarted,
+    WorkflowStatus,
 )
 from .._ids import (
     check_text,
@@ -146,6 +148,10 @@ class Engine:
             epoch=self._core.epoch.statistics(),
             abandoned_activity_threads=0 if self._threads is None else self._threads.abandoned_threads(),
             owner_renewals=0 if self._ownership is None else self._ownership.renewals,
+            evicted_runs=self._core.registry.evicted_count,
+            evictions=self._core.residency.evictions,
+            reloads=self._core.residency.reloads,
+            released_workflows=self._core.residency.released,
         )
 
     async def start(
@@ -186,20 +192,27 @@ class Engine:
         )
         return RunHandle(self, started.workflow_id, started.run_id, created=started.created)
 
-    async def _await_lifecycle(self, workflow_id: str, recorder: Recorder) -> list[Event] | None:
+    async def _await_lifecycle(
+        self, workflow_id: str, recorder: Recorder | None, watch: trio.Event
+    ) -> list[Event] | None:
         """Wait until ``workflow_id``'s history may hold a new lifecycle event.
 
-        ``None``: look at ``recorder`` (this engine drives the workflow).  In
-        cluster mode, for a workflow driven elsewhere (or relinquished while
-        waiting), the history freshly read from the store."""
+        ``None``: look again at what this engine holds (its recorder, or the store for a
+        run not in memory here).  In cluster mode, for a workflow driven elsewhere (or
+        relinquished while waiting), the history freshly read from the store.
+        ``recorder``: the workflow's loaded recorder (``None``: not in memory here: an
+        evicted run is waited for until a wake loads it again, ``watch``)."""
         cluster = self._cluster
         core = self._core
-        if cluster is None or (core.loaded_recorder(workflow_id) is recorder and core.drives(workflow_id)):
-            await recorder.wait_lifecycle()
+        if recorder is not None and (cluster is None or core.drives(workflow_id)):
+            await recorder.wait_lifecycle()  # also woken when the recorder is dropped
             if cluster is None or core.loaded_recorder(workflow_id) is recorder:
                 return None
-        else:
+        elif cluster is not None and not core.drives(workflow_id):
             await cluster.woken()
+        else:
+            await watch.wait()  # evicted here: its next wake loads it (or it is released)
+            return None
         return await core.events.read_history(workflow_id)
 
     async def result(
@@ -208,31 +221,48 @@ class Engine:
         """Wait for the run's terminal and return its result (following continue-as-new).
 
         Raises :class:`WorkflowFailure` if the run failed, was cancelled or timed out.
+        Reads what this engine holds, or the store for a workflow not in memory here
+        (closed and released, or evicted): waiting wakes no evicted run.
         """
-        recorder = await self._local.existing_recorder(workflow_id)
-        current = run_id or latest_run_id(recorder.history)
-        assert current is not None
+        core = self._core
+        current = run_id
         checked = 0
         # Cluster mode: a workflow another node drives grows in the store, not in
         # this node's recorder; it is re-read after each wake-up of the cluster
         # waker (a notification, or every sweep_interval).
         fresh: list[Event] | None = None
         while True:
-            history = recorder.history if fresh is None else fresh
-            if checked and not any(_ends_or_starts(e) for e in history[checked:]):
-                # Nothing that could end (or continue) the run was appended: keep waiting.
+            watch = core.recorders.watch(workflow_id)
+            recorder = core.loaded_recorder(workflow_id)
+            history: Sequence[Event]
+            if fresh is not None:
+                history = fresh
+            elif recorder is not None:
+                history = recorder.history
+            else:
+                history = await core.recorders.history_of(workflow_id)
+                recorder = core.loaded_recorder(workflow_id)
+                if recorder is not None:  # loaded meanwhile: its history is as new or newer
+                    history = recorder.history
+            fresh = None
+            if not history:
+                raise WorkflowNotFound(workflow_id)
+            if current is None:
+                current = latest_run_id(history)
+                if current is None:
+                    raise WorkflowNotFound(workflow_id)
+            if not checked or any(_ends_or_starts(e) for e in history[checked:]):
                 checked = len(history)
-                fresh = await self._await_lifecycle(workflow_id, recorder)
-                continue
+                position = follow_chain(history, current, follow_continue_as_new=follow_continue_as_new)
+                if position.state is ChainState.NOT_STARTED:
+                    raise WorkflowNotFound(workflow_id, current)
+                if position.state is ChainState.SETTLED:
+                    return self._core.codec.decode(settled_result(workflow_id, position))
+                # Running, or its successor's start is owed: wait, following on from where it stands.
+                current = position.run_id
+            # Nothing that could end (or continue) the run was appended: keep waiting.
             checked = len(history)
-            position = follow_chain(history, current, follow_continue_as_new=follow_continue_as_new)
-            if position.state is ChainState.NOT_STARTED:
-                raise WorkflowNotFound(workflow_id, current)
-            if position.state is ChainState.SETTLED:
-                return self._core.codec.decode(settled_result(workflow_id, position))
-            # Running, or its successor's start is owed: wait, following on from where it stands.
-            current = position.run_id
-            fresh = await self._await_lifecycle(workflow_id, recorder)
+            fresh = await self._await_lifecycle(workflow_id, recorder, watch)
 
     async def signal(
         self, workflow_id: str, name: str, payload: Any = None, *, request_id: str | None = None
@@ -480,10 +510,17 @@ class Engine:
             # Another node drives it (cluster mode): what the store holds now.
             history: Sequence[Event] = await self.history(workflow_id)
         else:
-            history = (await self._local.existing_recorder(workflow_id)).history
-        return describe_history(
+            history = await core.recorders.history_of(workflow_id)
+            if not history:
+                raise WorkflowNotFound(workflow_id)
+        description = describe_history(
             workflow_id, history, codec=core.codec, stuck_reason=core.stuck.get(workflow_id)
         )
+        if description.status is WorkflowStatus.RUNNING:
+            residency = core.residency.residency_of(workflow_id, description.run_id)
+            if residency is not None:
+                description = attrs.evolve(description, residency=residency)
+        return description
 
     async def list(self, filter: VisibilityFilter | None = None, **criteria: Any) -> list[VisibilityRow]:
         """Visibility rows matching ``filter`` (or ``VisibilityFilter(**criteria)``).

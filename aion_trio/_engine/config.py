@@ -128,6 +128,25 @@ class EngineConfig:
     #: re-running its in-flight activities) is marked stuck instead of run again.
     #: ``None``: no counting.
     max_recovery_attempts: int | None = 5
+    #: Seconds (Trio's clock) a run may stay parked on something durable (a timer, a
+    #: signal, a child, a cancel) with nothing of it in flight here before it is evicted:
+    #: its task, context and recorder leave memory and the next wake replays it from the
+    #: store.  ``None``: never for idleness.
+    evict_after: float | None = 60.0
+    #: At most this many runs' code executes here: beyond it the runs parked longest are
+    #: evicted first (runs that are not parked are never evicted).  ``None``: no cap.
+    max_resident_runs: int | None = 10_000
+    #: Seconds after a closed workflow's terminal and its bookkeeping before its leases and
+    #: recorder leave memory (handles and ``result()`` then read the store).  ``None``: kept
+    #: until the engine closes.
+    release_closed_after: float | None = 1.0
+    #: Histories the startup sweep reads at a time.
+    recovery_concurrency: int = 32
+    #: The startup sweep leaves a run parked on a timer with nothing else outstanding
+    #: evicted, unreplayed, until its timer (or a signal, a query...) wakes it: opening
+    #: costs a history read per such run, not a replay.  The price: code that no longer
+    #: matches its history is noticed when the run wakes, not at open.
+    lazy_recovery: bool = False
 
     def __attrs_post_init__(self) -> None:
         _check_setting_types(self)
@@ -140,6 +159,16 @@ class EngineConfig:
             raise ValueError(
                 f"loop_stall_warning must be > 0 seconds or None (no watchdog), got {self.loop_stall_warning!r}"
             )
+        for name in ("evict_after", "release_closed_after"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds or None, got {value!r}")
+        if self.max_resident_runs is not None and self.max_resident_runs < 1:
+            raise ValueError(
+                f"max_resident_runs must be an int >= 1 or None (no cap), got {self.max_resident_runs!r}"
+            )
+        if self.recovery_concurrency < 1:
+            raise ValueError(f"recovery_concurrency must be >= 1, got {self.recovery_concurrency!r}")
         if self.drain_timeout is not None and (self.drain_timeout < 0):
             raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout!r}")
         if self.max_activity_threads < 1:
@@ -213,6 +242,9 @@ class WorkflowDescription:
     stuck_reason: str | None = None
     history_length: int = 0
     run_ids: tuple[str, ...] = ()
+    #: Where the latest run is in this engine: ``"resident"`` (its code is in memory),
+    #: ``"evicted"`` (parked, replayed when woken), or ``None`` (not running here).
+    residency: str | None = None
 
 
 @final
@@ -229,3 +261,10 @@ class EngineStatistics:
     #: Heartbeats that renewed this engine's claim on an owned (embedded) store; 0 for a
     #: store without the ownership capability.
     owner_renewals: int = 0
+    #: Runs parked and dropped from memory now (only their registry entry stays).
+    evicted_runs: int = 0
+    #: Runs evicted and runs made resident again by a wake, since the engine opened.
+    evictions: int = 0
+    reloads: int = 0
+    #: Closed workflows whose leases and recorder left memory, since the engine opened.
+    released_workflows: int = 0

@@ -38,6 +38,7 @@ from .config import EngineConfig
 from .dispatch import ActivityDispatch
 from .recorders import Recorders
 from .recovery import Recovery
+from .residency import ResidencyService
 from .runner import Runner
 from .steps import StepRecorder
 from .teardown import RunTeardown
@@ -99,6 +100,7 @@ class EngineCore:
     def attach(
         self,
         *,
+        residency: ResidencyService,
         recorders: Recorders,
         runner: Runner,
         timers: Timers,
@@ -110,6 +112,7 @@ class EngineCore:
         recovery: Recovery,
     ) -> None:
         """Take the services ``open_engine`` built (they call back into this core)."""
+        self.residency = residency
         self.recorders = recorders
         self.runner = runner
         self.timers = timers
@@ -178,6 +181,11 @@ class EngineCore:
 
     async def start_successor(self, lease: Lease, terminal: WorkflowContinuedAsNew) -> Lease | None:
         return await self.runner.start_successor(lease, terminal)
+
+    def workflow_closed(self, workflow_id: str) -> None:
+        """Hook: a closed workflow's terminal is durable and its bookkeeping done; it leaves
+        memory after ``EngineConfig.release_closed_after``.  No checkpoint."""
+        self.residency.closed(workflow_id)
 
     async def run_closed(self, workflow_id: str, run_id: str) -> None:
         """Hook: the run's terminal is durable.  Applies its children's parent-close policy

@@ -10,7 +10,7 @@ recorder here, and the engine's ``forget`` callback stops what else runs of it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import final
 
 import trio
@@ -18,6 +18,7 @@ import trio
 from .._clock import EngineClock
 from .._epoch import EngineEpoch
 from .._errors import EngineEpochClosed, NotOwner, SequenceConflict, StoreError
+from .._events import Event
 from .._ids import check_text
 from .._observe import ObserverHub, WorkflowRelinquished
 from .._recorder import Recorder
@@ -62,6 +63,11 @@ class Recorders:
         self.on_store_fenced: Callable[[NotOwner], None] | None = None
         #: Cluster mode: workflows this engine stopped because another node claimed them.
         self.relinquished = 0
+        #: Makes an evicted run resident again before its recorder is handed out (the
+        #: residency service's ``ensure_resident``; set once it exists).
+        self.ensure_resident: Callable[[str], Awaitable[None]] | None = None
+        #: Waiters for a workflow's recorder to be installed or dropped, by workflow id.
+        self._watches: dict[str, trio.Event] = {}
 
     @property
     def count(self) -> int:
@@ -73,7 +79,69 @@ class Recorders:
         return tuple(self._recorders.values())
 
     async def recorder_for(self, workflow_id: str) -> Recorder:
-        """This engine's one recorder for ``workflow_id`` (loaded from the store once)."""
+        """This engine's one recorder for ``workflow_id`` (loaded from the store once).
+
+        The writer's door: an evicted run of the workflow is made resident first
+        (replayed from the store), so what the caller appends wakes a resident run.
+        Readers that must not wake it use :meth:`history_of`."""
+        while True:
+            if self.ensure_resident is not None:
+                await self.ensure_resident(workflow_id)
+            recorder = await self._recorder_for(workflow_id)
+            # No checkpoint from this check to the caller's ``async with recorder.lock``:
+            # a run evicted meanwhile is made resident first (go round).
+            if self._recorders.get(workflow_id) is recorder and self._registry.evicted(workflow_id) is None:
+                return recorder
+
+    async def history_of(self, workflow_id: str) -> Sequence[Event]:
+        """The workflow's history for a reader: the loaded recorder's, else the store's.
+        Wakes nothing and caches nothing; a load or a start on a new id in flight is waited for."""
+        if not isinstance(workflow_id, str):
+            raise TypeError(f"workflow_id must be str, got {type(workflow_id).__name__}")
+        check_text(workflow_id, "workflow_id")
+        while True:
+            found = self._recorders.get(workflow_id)
+            if found is not None:
+                await trio.lowlevel.checkpoint()
+                return found.history
+            loading = self._loading.get(workflow_id)
+            if loading is None:
+                return await self._events.read_history(workflow_id)
+            await loading.wait()
+
+    def watch(self, workflow_id: str) -> trio.Event:
+        """An event set the next time ``workflow_id``'s recorder is installed here or dropped."""
+        event = self._watches.get(workflow_id)
+        if event is None:
+            event = self._watches[workflow_id] = trio.Event()
+        return event
+
+    def _changed(self, workflow_id: str) -> None:
+        event = self._watches.pop(workflow_id, None)
+        if event is not None:
+            event.set()
+
+    def drop(self, workflow_id: str) -> None:
+        """Drop the workflow's recorder from the cache (evicted or released: nothing else of it
+        is stopped).  Its waiters are woken, so they look again.  No checkpoint."""
+        recorder = self._recorders.pop(workflow_id, None)
+        if recorder is not None:
+            recorder.after_append = self._appended_after_drop
+            recorder.notify()
+        self._changed(workflow_id)
+
+    def _appended_after_drop(self, recorder: Recorder) -> None:
+        """An append landed through a recorder dropped meanwhile (a caller held it across the
+        eviction): make the run resident again so it consumes what was appended."""
+        ensure = self.ensure_resident
+        if ensure is None or self._registry.evicted(recorder.workflow_id) is None:
+            return
+        try:
+            self._epoch.spawn(ensure, recorder.workflow_id, name=f"wake:{recorder.workflow_id}")
+        except EngineEpochClosed:
+            pass  # shutting down: the next engine recovers it
+
+    async def _recorder_for(self, workflow_id: str) -> Recorder:
         while True:
             found = self._recorders.get(workflow_id)
             if found is not None:
@@ -101,6 +169,7 @@ class Recorders:
                 on_stale=self._on_stale,
             )
             self._recorders[workflow_id] = recorder
+            self._changed(workflow_id)
             return recorder
         finally:
             del self._loading[workflow_id]
@@ -207,14 +276,16 @@ class Recorders:
         del self._recorders[workflow_id]
         self._forget(workflow_id)
         recorder.notify()
+        self._changed(workflow_id)
         return True
 
     def loaded_recorder(self, workflow_id: str) -> Recorder | None:
         return self._recorders.get(workflow_id)
 
     def drives(self, workflow_id: str) -> bool:
-        """Whether a run of ``workflow_id`` is registered here (this engine drives it)."""
-        return bool(self._registry.leases_of(workflow_id))
+        """Whether a run of ``workflow_id`` is registered here, resident or evicted (this
+        engine drives it)."""
+        return bool(self._registry.leases_of(workflow_id)) or self._registry.evicted(workflow_id) is not None
 
     def claim_unloaded(self, workflow_id: str) -> Recorder | None:
         """An empty recorder for an id this engine has neither loaded nor is loading, or ``None``.
@@ -244,4 +315,5 @@ class Recorders:
         """
         if adopt:
             self._recorders[recorder.workflow_id] = recorder
+            self._changed(recorder.workflow_id)
         self._loading.pop(recorder.workflow_id).set()

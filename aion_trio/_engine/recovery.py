@@ -12,17 +12,19 @@ needs of the rest of the engine it is given.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, final
 
+import attrs
 import trio
 
 from .. import _children as children
 from .._activities import ActivityRequest
 from .._definitions import WorkflowDefinition
 from .._errors import BackendUnavailable, NotOwner
-from .._events import WorkflowContinuedAsNew, WorkflowStarted, WorkflowStatus
+from .._events import Event, TimerStarted, WorkflowContinuedAsNew, WorkflowStarted, WorkflowStatus
 from .._hub import ChildrenHub, RecoveryHub
+from .._ids import deadline_timer_id
 from .._observe import ObserverHub, RecoveryFinished
 from .._poison import RecoveryGuard, poison_reason
 from .._projections import (
@@ -30,11 +32,12 @@ from .._projections import (
     latest_run_id,
     outstanding_timers,
     run_segment,
+    unsettled_activities,
     workflow_status,
 )
 from .._recorder import Recorder
-from .._registry import Residency
-from .._store import ClusterStore, EventStore
+from .._registry import EvictedRun, Registry, Residency
+from .._store import ClusterStore, EventStore, VisibilityRow
 from .._transient import Transient
 from .config import EngineConfig
 from .dispatch import ActivityDispatch
@@ -60,6 +63,7 @@ class Recovery:
         transient: Transient,
         workflows: Mapping[str, WorkflowDefinition[Any]],
         stuck: dict[str, str],
+        registry: Registry,
         recorders: Recorders,
         runner: Runner,
         timers: Timers,
@@ -76,6 +80,7 @@ class Recovery:
         self._transient = transient
         self._workflows = workflows
         self._stuck = stuck
+        self._registry = registry
         self._recorders = recorders
         self._runner = runner
         self._timers = timers
@@ -96,33 +101,62 @@ class Recovery:
 
         Cluster mode: the active workflows this node owns (re-claimed) and the
         orphans it can claim now, not every active workflow of the store.
+
+        Lazy: the histories are read ``EngineConfig.recovery_concurrency`` at a time
+        before the sweep goes through them; a run parked on a timer with nothing else
+        outstanding is left evicted (its timers armed, not replayed) until something
+        wakes it; the rest are replayed in the background.  A visibility row is
+        written only where it differs from the stored one.
         """
         began = trio.current_time()
         active = await self._list_recoverable()
         guard = self.guard = RecoveryGuard.for_core(self._hub)
         if guard is not None:
             await guard.count(active)
+        running = await self._visibility.running_rows()
+        sweep = _Sweep(running if running is not None else None)
+        if self._cluster is None:
+            await self._prefetch(active, sweep)
         resumed = 0
         try:
             for workflow_id in active:
-                if await self.recover_one(workflow_id):
+                if await self.recover_one(workflow_id, sweep=sweep):
                     resumed += 1
         finally:
             if guard is not None:
                 await guard.release()
         if active:
             logger.info(
-                "recovery resumed %d of %d active workflows",
+                "recovery resumed %d of %d active workflows (%d left evicted until woken)",
                 resumed,
                 len(active),
-                extra={"active": len(active), "resumed": resumed},
+                sweep.evicted,
+                extra={"active": len(active), "resumed": resumed, "evicted": sweep.evicted},
             )
         await self._teardown.resume(set(active))
-        await self._visibility.reconcile(set(active))
+        await self._visibility.reconcile(set(active), running)
         if self._observers is not None:
             self._observers.emit(
                 RecoveryFinished(active=len(active), resumed=resumed, seconds=trio.current_time() - began)
             )
+
+    async def _prefetch(self, active: list[str], sweep: _Sweep) -> None:
+        """Load the histories of ``active``, ``recovery_concurrency`` at a time.  A transient
+        fault is left for the sweep to retry; any other is kept for it to report."""
+        limiter = trio.CapacityLimiter(self._config.recovery_concurrency)
+
+        async def load(workflow_id: str) -> None:
+            async with limiter:
+                try:
+                    await self._recorders.recorder_for(workflow_id)
+                except BackendUnavailable:
+                    return
+                except Exception as exc:
+                    sweep.failed[workflow_id] = exc
+
+        async with trio.open_nursery() as nursery:
+            for workflow_id in active:
+                nursery.start_soon(load, workflow_id)
 
     async def _list_recoverable(self) -> list[str]:
         """The workflows the sweep resumes.  A transient read fault is retried (the
@@ -137,7 +171,7 @@ class Recovery:
 
         return await self._transient.call("list the active workflows for recovery", listing, logger)
 
-    async def recover_one(self, workflow_id: str) -> bool:
+    async def recover_one(self, workflow_id: str, *, sweep: _Sweep | None = None) -> bool:
         """Recover one workflow; returns whether it was resumed now.
 
         A transient fault loading its history (nothing has been done for it yet) is
@@ -152,11 +186,16 @@ class Recovery:
             self._recover_loaded,
             workflow_id,
             resumed,
+            sweep,
         )
         return bool(resumed)
 
-    async def _recover_loaded(self, workflow_id: str, resumed: list[bool]) -> None:
+    async def _recover_loaded(self, workflow_id: str, resumed: list[bool], sweep: _Sweep | None) -> None:
         """Raises only ``BackendUnavailable``, and only before anything was done."""
+        failed = sweep.failed.pop(workflow_id, None) if sweep is not None else None
+        if failed is not None:
+            self._recovery_failed(workflow_id, failed)
+            return
         try:
             recorder = await self._recorders.recorder_for(workflow_id)
         except BackendUnavailable:
@@ -165,11 +204,15 @@ class Recovery:
             self._recovery_failed(workflow_id, exc)
             return
         try:
-            await self.recover_workflow(recorder)
+            await self.recover_workflow(recorder, sweep=sweep)
         except Exception as exc:
             self._recovery_failed(workflow_id, exc)
             return
         resumed.append(True)
+
+    async def revive(self, recorder: Recorder, run: EvictedRun) -> None:
+        """Make an evicted run resident again (the residency service's wake path)."""
+        await self.recover_workflow(recorder, revive=run)
 
     def _recovery_failed(self, workflow_id: str, exc: Exception) -> None:
         if isinstance(exc, NotOwner):
@@ -178,8 +221,15 @@ class Recovery:
         self._stuck[workflow_id] = reason
         logger.error("could not recover workflow: %s", reason, extra={"workflow_id": workflow_id})
 
-    async def recover_workflow(self, recorder: Recorder) -> None:
-        """Resume one loaded workflow from its history alone."""
+    async def recover_workflow(
+        self, recorder: Recorder, *, sweep: _Sweep | None = None, revive: EvictedRun | None = None
+    ) -> None:
+        """Resume one loaded workflow from its history alone.
+
+        ``sweep``: the startup sweep's (a quiet run stays evicted; the row is written only
+        if it changed).  ``revive``: the evicted run a wake makes resident again; nothing of
+        it is outstanding but its timers (still armed) and what woke it, so it is only
+        replayed (its lease installed, its task spawned)."""
         workflow_id = recorder.workflow_id
         history = recorder.history
         run_id = latest_run_id(history)
@@ -192,14 +242,36 @@ class Recovery:
         runner = self._runner
         if status is WorkflowStatus.RUNNING:
             lease = runner.new_lease(recorder, run_id, start.workflow_type)
+            registered = start.workflow_type in self._workflows
+            if revive is not None and revive.run_id == run_id and registered:
+                runner.spawn_run(lease)
+                return
             guard = self.guard
             unfinished = guard.poisoned(lease) if guard is not None else None
             if unfinished is not None:
                 await runner.mark_stuck(lease, poison_reason(unfinished))
                 return
+            if (
+                sweep is not None
+                and registered
+                and self._config.lazy_recovery
+                and _quiet(history, segment, workflow_id, run_id)
+            ):
+                # Parked on a timer with nothing else outstanding: armed, not replayed.
+                self._timers.schedule_indexed(
+                    (timer.fire_at, workflow_id, run_id, timer.timer_id)
+                    for timer in outstanding_timers(segment)
+                )
+                self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type))
+                self._recorders.drop(workflow_id)
+                sweep.evicted += 1
+                if guard is not None:
+                    guard.quiet.append(workflow_id)
+                await self._visibility.upsert_if_changed(workflow_id, history, sweep.known(workflow_id))
+                return
             if guard is not None:
                 guard.watch(lease)
-            if start.workflow_type not in self._workflows:
+            if not registered:
                 await runner.mark_stuck(
                     lease,
                     f"workflow type {start.workflow_type!r} is not registered with this engine; register it "
@@ -219,4 +291,37 @@ class Recovery:
                 lease.residency = Residency.SUSPENDED
                 lease.cached_status = WorkflowStatus.CONTINUED_AS_NEW
                 await runner.start_successor(lease, terminal.body)
-        await self._visibility.upsert_quietly(workflow_id)
+        if sweep is not None:
+            await self._visibility.upsert_if_changed(workflow_id, recorder.history, sweep.known(workflow_id))
+        else:
+            await self._visibility.upsert_quietly(workflow_id)
+
+
+@attrs.define(eq=False)
+class _Sweep:
+    """One startup sweep's state: the visibility rows read at its start, how many it left evicted."""
+
+    rows: Mapping[str, VisibilityRow] | None
+    evicted: int = 0
+    #: Histories whose load failed (not transiently) while prefetching, by workflow id.
+    failed: dict[str, Exception] = attrs.Factory(dict)
+
+    def known(self, workflow_id: str) -> VisibilityRow | None:
+        """The stored row (``None``: none, or the rows could not be read: write it)."""
+        return self.rows.get(workflow_id) if self.rows is not None else None
+
+
+def _quiet(history: Sequence[Event], segment: Sequence[Event], workflow_id: str, run_id: str) -> bool:
+    """Whether a running run can stay evicted at recovery: its last step was to start a timer
+    (not its deadline) and park, and nothing else of it is outstanding (no unsettled activity,
+    no open child, not a child itself)."""
+    start = segment[0].body
+    assert isinstance(start, WorkflowStarted)
+    last = segment[-1].body
+    return (
+        isinstance(last, TimerStarted)
+        and last.timer_id != deadline_timer_id(run_id)
+        and start.parent_workflow_id is None
+        and not unsettled_activities(segment)
+        and not children.open_children(history, workflow_id, run_id)
+    )

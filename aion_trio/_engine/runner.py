@@ -85,6 +85,7 @@ class Runner:
         recover: Callable[[str], Awaitable[object]],
         guard: Guard,
         arm_timer: Callable[[str, str, str, datetime], Awaitable[None]],
+        left: Callable[[Lease], None] | None = None,
     ) -> None:
         self._recorders = recorders
         self._registry = registry
@@ -99,6 +100,10 @@ class Runner:
         self._recover = recover
         self._guard = guard
         self._arm_timer = arm_timer
+        #: Told when a run's code stops executing here (the residency service).
+        self._left = left
+        #: How many runs' code executes here now.
+        self.live_runs = 0
         #: Workflows a :meth:`resume_idle` is looking at now (one at a time: no second run).
         self._resuming: set[str] = set()
 
@@ -208,10 +213,11 @@ class Runner:
         activation = RunActivation(self._port_for(lease))
         lease.task = trio.lowlevel.current_task()
         lease.activation = activation
-        raw_args = self._codec.decode(activation.input)
-        args = raw_args if isinstance(raw_args, list) else [raw_args]
         intent: TerminalIntent
+        self.live_runs += 1
         try:
+            raw_args = self._codec.decode(activation.input)
+            args = raw_args if isinstance(raw_args, list) else [raw_args]
             try:
                 with trio.CancelScope() as scope:
                     lease.cancel_scope = scope
@@ -262,6 +268,7 @@ class Runner:
                 except PayloadError as exc:
                     intent = TerminalIntent.failed(error_info(exc), exit_time)
         finally:
+            self.live_runs -= 1
             lease.task = None
             lease.cancel_scope = None
             activation.detach()
@@ -269,6 +276,10 @@ class Runner:
                 lease.activation = None
             if lease.query_waiters:
                 lease.recorder.notify()
+            if self._left is not None:
+                self._left(lease)
+        if lease.residency is Residency.EVICTED:
+            return  # evicted while its code unwound: nothing is recorded (a wake replays it)
         try:
             await self._run_exit(lease, intent)
         except EngineEpochClosed as exc:
@@ -286,7 +297,10 @@ class Runner:
     ) -> bool:
         """The code ended: mark the run stuck (``True``) if it diverged from history — a
         command of its own failed to match, history holds a command it never issued, or
-        (replaying a finished run) the recorded end is of another kind than this exit."""
+        (replaying a finished run) the recorded end is of another kind than this exit.
+        An evicted run's exit is not its end: ``True``, nothing marked."""
+        if lease.residency is Residency.EVICTED:
+            return True
         if activation.poisoned is not None:
             await self.mark_stuck(lease, str(activation.poisoned))
             return True

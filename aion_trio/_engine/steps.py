@@ -62,7 +62,7 @@ from .._ports import (
 )
 from .._projections import COMMAND_SEARCH_ATTRIBUTES, RunState, retry_trail, run_segment
 from .._recorder import Recorder
-from .._registry import Lease
+from .._registry import Lease, Residency
 from .._transient import RetryAbandoned, Transient
 from .config import EngineConfig
 from .log import logger
@@ -165,6 +165,8 @@ class StepRecorder:
             return None
 
         park_if_closing(self._epoch, lease, what)
+        if lease.residency is Residency.EVICTED:
+            raise RunAborted()  # evicted: its replay takes the step (cleanup code records nothing)
         try:
             try:
                 await attempt()

@@ -90,6 +90,7 @@ class RunTeardown:
         for key, scope in list(self._dispatch.inflight.items()):
             if key[0] == workflow_id:
                 scope.cancel()
+        self._registry.take_evicted(workflow_id)
         self._timers.drop_workflow(workflow_id)
         self._stuck.pop(workflow_id, None)
 

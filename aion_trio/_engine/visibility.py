@@ -7,7 +7,7 @@ reconciliation at recovery and on cluster sweeps).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import attrs
 import trio
@@ -23,7 +23,6 @@ from .._projections import (
     search_attributes,
     workflow_status,
 )
-from .._recorder import Recorder
 from .._store import ClusterStore, VisibilityFilter, VisibilityRow, VisibilityStore
 from .config import EngineConfig
 from .log import logger
@@ -47,7 +46,7 @@ class VisibilityRows:
         epoch: EngineEpoch,
         config: EngineConfig,
         cluster: ClusterStore | None,
-        recorder_for: Callable[[str], Awaitable[Recorder]],
+        history_of: Callable[[str], Awaitable[Sequence[Event]]],
         stuck_reason: Callable[[str], str | None],
     ) -> None:
         self._visibility = visibility
@@ -55,7 +54,8 @@ class VisibilityRows:
         self._config = config
         #: Cluster mode: the store's node capability (a row another node owns is not ours).
         self._cluster = cluster
-        self._recorder_for = recorder_for
+        #: A workflow's history for a reader (wakes no evicted run, caches nothing).
+        self._history_of = history_of
         self._stuck_reason = stuck_reason
         # Background visibility refreshes in flight, by workflow id.
         self._visibility_owed: dict[str, _Refresh] = {}
@@ -85,10 +85,35 @@ class VisibilityRows:
         )
 
     async def upsert(self, workflow_id: str) -> None:
-        recorder = await self._recorder_for(workflow_id)
-        row = self.row(workflow_id, recorder.history)
+        row = self.row(workflow_id, await self._history_of(workflow_id))
         if row is not None:
             await self._visibility.upsert(row)
+
+    async def running_rows(self) -> dict[str, VisibilityRow] | None:
+        """The rows that say Running, by workflow id (one read; ``None`` if it fails)."""
+        try:
+            rows = await self._visibility.list(VisibilityFilter(status=WorkflowStatus.RUNNING))
+        except StoreError as exc:
+            logger.warning("visibility rows not read (recovery writes every row): %s", exc)
+            return None
+        return {row.workflow_id: row for row in rows}
+
+    async def upsert_if_changed(
+        self, workflow_id: str, history: Sequence[Event], known: VisibilityRow | None
+    ) -> None:
+        """Recovery: write the row built from ``history`` unless ``known`` (the stored row) already
+        says the same.  Never raises."""
+        row = self.row(workflow_id, history)
+        if row is None or row == known:
+            return
+        try:
+            await self._visibility.upsert(row)
+        except StoreError as exc:
+            logger.warning(
+                "visibility not updated (it is reconciled from history later): %s",
+                exc,
+                extra={"workflow_id": workflow_id},
+            )
 
     async def upsert_quietly(self, workflow_id: str) -> None:
         try:
@@ -142,14 +167,18 @@ class VisibilityRows:
         for owed in list(self._visibility_owed.values()):
             await owed.done.wait()
 
-    async def reconcile(self, active: set[str]) -> None:
+    async def reconcile(self, active: set[str], running: Mapping[str, VisibilityRow] | None = None) -> None:
         """Rows that still say Running for workflows history says are not active are rewritten
-        (an engine killed between a terminal and its index update leaves one)."""
-        try:
-            rows = await self._visibility.list(VisibilityFilter(status=WorkflowStatus.RUNNING))
-        except StoreError as exc:
-            logger.warning("visibility reconciliation skipped: %s", exc)
-            return
+        (an engine killed between a terminal and its index update leaves one).  ``running``:
+        those rows as already read (by :meth:`running_rows`)."""
+        if running is not None:
+            rows = list(running.values())
+        else:
+            try:
+                rows = await self._visibility.list(VisibilityFilter(status=WorkflowStatus.RUNNING))
+            except StoreError as exc:
+                logger.warning("visibility reconciliation skipped: %s", exc)
+                return
         for row in rows:
             if row.workflow_id not in active:
                 if (

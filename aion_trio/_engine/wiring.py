@@ -48,6 +48,7 @@ from .local import LocalCommands
 from .log import logger
 from .recorders import Recorders
 from .recovery import Recovery
+from .residency import ResidencyService
 from .runner import Runner
 from .steps import StepRecorder, park_if_closing
 from .teardown import RunTeardown
@@ -185,6 +186,7 @@ async def open_engine(
                         # Not epoch.spawn: losing the claim must end the engine, not be logged.
                         nursery.start_soon(ownership.keep_alive, epoch, name="owner-heartbeat")
                     epoch.spawn(core.timers.serve, name="timer-service")
+                    epoch.spawn(core.residency.serve, name="residency-service")
                     if config.activity_schedule_window:
                         epoch.spawn(core.window.serve, name="deferral-service")
                     if services is not None:
@@ -302,7 +304,7 @@ def build_core(
         epoch=epoch,
         config=config,
         cluster=cluster,
-        recorder_for=recorders.recorder_for,
+        history_of=recorders.history_of,
         stuck_reason=stuck.get,
     )
     window = ScheduleWindow(
@@ -313,6 +315,7 @@ def build_core(
         park_if_closing=functools.partial(park_if_closing, epoch),
     )
     steps: StepRecorder
+    residency: ResidencyService
     runner = Runner(
         recorders=recorders,
         registry=registry,
@@ -321,12 +324,13 @@ def build_core(
         codec=config.codec,
         workflows=workflows,
         stuck=stuck,
-        port_for=lambda lease: LeasePort(core, steps, lease),
+        port_for=lambda lease: LeasePort(core, steps, lease, on_parked=residency.parked),
         run_exit=functools.partial(handle_run_exit, core),
         upsert_visibility=visibility_rows.upsert_quietly,
         recover=lambda workflow_id: recovery.recover_one(workflow_id),
         guard=functools.partial(children.guarded, core),
         arm_timer=timers.arm,
+        left=lambda lease: residency.left(lease),
     )
     activity_dispatch = ActivityDispatch(
         epoch=epoch,
@@ -376,6 +380,7 @@ def build_core(
         transient=transient,
         workflows=workflows,
         stuck=stuck,
+        registry=registry,
         recorders=recorders,
         runner=runner,
         timers=timers,
@@ -385,7 +390,19 @@ def build_core(
         hub=core,
         children_hub=core,
     )
+    residency = ResidencyService(
+        config=config,
+        epoch=epoch,
+        registry=registry,
+        recorders=recorders,
+        inflight=activity_dispatch.inflight,
+        live_runs=lambda: runner.live_runs,
+        revive=recovery.revive,
+        observers=observers,
+    )
+    recorders.ensure_resident = residency.ensure_resident
     core.attach(
+        residency=residency,
         recorders=recorders,
         runner=runner,
         timers=timers,
