@@ -132,7 +132,7 @@ class EngineConfig:
     #: signal, a child, a cancel) with nothing of it in flight here before it is evicted:
     #: its task, context and recorder leave memory and the next wake replays it from the
     #: store.  ``None``: never for idleness.
-    evict_after: float | None = 60.0
+    evict_after: float | None = 300.0
     #: At most this many runs' code executes here: beyond it the runs parked longest are
     #: evicted first (runs that are not parked are never evicted).  ``None``: no cap.
     max_resident_runs: int | None = 10_000

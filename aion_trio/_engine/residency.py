@@ -78,6 +78,8 @@ class ResidencyService:
         #: Closed workflows by the Trio time their bookkeeping ended, oldest first.
         self._closed: dict[str, float] = {}
         self._changed = trio.Event()
+        #: Evicted runs whose task is still unwinding (not counted against the cap).
+        self._unwinding: set[tuple[str, str]] = set()
         #: Workflows being made resident now: the event set when done, and the task doing it.
         self._reviving: dict[str, tuple[trio.Event, trio.lowlevel.Task]] = {}
         #: Runs evicted, runs made resident again, closed workflows released (since open).
@@ -95,13 +97,17 @@ class ResidencyService:
         self._parked.pop(key, None)
         self._parked[key] = (trio.current_time(), lease)
         if len(self._parked) == 1 or (
-            self._max_resident is not None and self._live_runs() > self._max_resident
+            self._max_resident is not None and self._resident() > self._max_resident
         ):
             self._changed.set()
+
+    def _resident(self) -> int:
+        return self._live_runs() - len(self._unwinding)
 
     def left(self, lease: Lease) -> None:
         """The run's code stopped executing here (no checkpoint)."""
         self._parked.pop(lease.key, None)
+        self._unwinding.discard(lease.key)
 
     def closed(self, workflow_id: str) -> None:
         """The workflow's terminal is durable and its bookkeeping done (no checkpoint)."""
@@ -128,7 +134,7 @@ class ResidencyService:
         cap = self._max_resident
         if cap is None:
             return
-        excess = self._live_runs() - cap
+        excess = self._resident() - cap
         while excess > 0 and self._parked:
             key = next(iter(self._parked))
             _, lease = self._parked.pop(key)
@@ -208,6 +214,7 @@ class ResidencyService:
         self._recorders.drop(workflow_id)
         if lease.cancel_scope is not None:
             lease.cancel_scope.cancel()
+            self._unwinding.add(lease.key)
         self.evictions += 1
         logger.debug(
             "run evicted (%s): it is replayed when something wakes it",

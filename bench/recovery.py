@@ -1,0 +1,146 @@
+"""Recovery after ``kill -9``: time for ``open_engine`` to return, and until the last parked run answers.
+
+Usage::
+
+    python bench/recovery.py [--runs N] [--concurrency C] [--dir DIR] [--seconds S]
+
+An engine subprocess (this file, ``--engine-process``) starts ``--runs``
+workflows on one SQLite file (FULL), each parked on a signal, and prints
+``READY`` once every start is durable; the driver SIGKILLs it.  Then, in this
+process, an engine opens the same file: ``open_seconds`` is the time until
+``open_engine`` returns; then every workflow is signalled (``--concurrency``
+at a time) and its result awaited: ``all_answered_seconds`` is the time from
+the start of opening until the last one completed with the right result (and
+``signal_p50_ms`` / ``signal_p99_ms`` the time of one signal and its result).
+
+To compare two checkouts, run this file with each one's code on the path, e.g.
+``PYTHONPATH=/path/to/old python bench/recovery.py --runs 10000``: the
+subprocess inherits the environment.  ``--seconds S`` (tox's bench smoke) caps
+the runs at about ``S`` seconds' worth (20 runs per 0.1 s, at least 20).
+Prints one JSON line (``figures``) and the ``done`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+from _common import emitter, percentile, run_in_scratch
+
+import aion_trio as aion
+
+emit = emitter("recovery")
+
+
+@aion.workflow(name="parked")
+async def parked(ctx: aion.WorkflowContext, index: int) -> int:
+    value = await ctx.wait_signal("go")
+    return int(value) + index
+
+
+async def engine_process(url: str, runs: int) -> None:
+    """Start ``runs`` parked workflows, say READY, then wait to be killed."""
+    async with aion.open_engine(url, workflows=[parked]) as engine:
+        limiter = trio.CapacityLimiter(200)
+
+        async def start(index: int) -> None:
+            async with limiter:
+                await engine.start(parked, index, workflow_id=f"wf-{index}")
+
+        async with trio.open_nursery() as nursery:
+            for index in range(runs):
+                nursery.start_soon(start, index)
+        print("READY", flush=True)
+        await trio.sleep_forever()
+
+
+async def measure(url: str, runs: int, concurrency: int) -> dict[str, Any]:
+    began = time.perf_counter()
+    latencies: list[float] = []
+    wrong: list[str] = []
+    async with aion.open_engine(url, workflows=[parked]) as engine:
+        opened = time.perf_counter() - began
+        limiter = trio.CapacityLimiter(concurrency)
+
+        async def answer(index: int) -> None:
+            async with limiter:
+                at = time.perf_counter()
+                await engine.signal(f"wf-{index}", "go", 1000)
+                result = await engine.result(f"wf-{index}")
+                latencies.append(time.perf_counter() - at)
+                if result != 1000 + index:
+                    wrong.append(f"wf-{index}: {result!r}")
+
+        async with trio.open_nursery() as nursery:
+            for index in range(runs):
+                nursery.start_soon(answer, index)
+        answered = time.perf_counter() - began
+        statistics = engine.statistics()
+    latencies.sort()
+    return {
+        "kind": "figures",
+        "runs": runs,
+        "open_seconds": round(opened, 3),
+        "all_answered_seconds": round(answered, 3),
+        "signal_p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
+        "signal_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        "wrong_results": len(wrong),
+        "evictions": getattr(statistics, "evictions", None),
+        "reloads": getattr(statistics, "reloads", None),
+        "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def run(args: argparse.Namespace, directory: str) -> None:
+    url = f"sqlite:///{Path(directory, 'recovery.db')}"
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--engine-process", "--url", url, "--runs", str(args.runs)],
+        stdout=subprocess.PIPE,
+        env=os.environ.copy(),
+    )
+    assert child.stdout is not None
+    began = time.perf_counter()
+    line = child.stdout.readline()
+    if line.strip() != b"READY":
+        child.kill()
+        raise SystemExit(f"the engine process did not start its workflows: {line!r}")
+    started = time.perf_counter() - began
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    figures = trio.run(measure, url, args.runs, args.concurrency)
+    emit({**figures, "start_seconds": round(started, 3), "code": os.path.dirname(aion.__file__)})
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10_000, help="parked workflows (default 10,000)")
+    parser.add_argument("--concurrency", type=int, default=100, help="signals in flight (default 100)")
+    parser.add_argument("--dir", help="parent of the scratch directory")
+    parser.add_argument("--seconds", type=float, help="smoke run: about this many seconds' worth of runs")
+    parser.add_argument("--engine-process", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.seconds is not None:
+        args.runs = min(args.runs, max(20, int(args.seconds * 200)))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(argv)
+    if args.engine_process:
+        trio.run(engine_process, args.url, args.runs)
+        return
+    run_in_scratch("aion-recovery-", args.dir, lambda directory: run(args, directory), emit)
+
+
+if __name__ == "__main__":
+    main()
