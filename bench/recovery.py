@@ -12,6 +12,8 @@ process, an engine opens the same file: ``open_seconds`` is the time until
 at a time) and its result awaited: ``all_answered_seconds`` is the time from
 the start of opening until the last one completed with the right result (and
 ``signal_p50_ms`` / ``signal_p99_ms`` the time of one signal and its result).
+``--lazy`` opens with ``EngineConfig(lazy_recovery=True)``: the runs are
+replayed in the background after ``open_engine`` returns, or when signalled.
 
 To compare two checkouts, run this file with each one's code on the path, e.g.
 ``PYTHONPATH=/path/to/old python bench/recovery.py --runs 10000``: the
@@ -63,11 +65,12 @@ async def engine_process(url: str, runs: int) -> None:
         await trio.sleep_forever()
 
 
-async def measure(url: str, runs: int, concurrency: int) -> dict[str, Any]:
+async def measure(url: str, runs: int, concurrency: int, lazy: bool) -> dict[str, Any]:
     began = time.perf_counter()
     latencies: list[float] = []
     wrong: list[str] = []
-    async with aion.open_engine(url, workflows=[parked]) as engine:
+    config = aion.EngineConfig(lazy_recovery=True) if lazy else aion.EngineConfig()
+    async with aion.open_engine(url, workflows=[parked], config=config) as engine:
         opened = time.perf_counter() - began
         limiter = trio.CapacityLimiter(concurrency)
 
@@ -116,14 +119,24 @@ def run(args: argparse.Namespace, directory: str) -> None:
     started = time.perf_counter() - began
     child.send_signal(signal.SIGKILL)
     child.wait()
-    figures = trio.run(measure, url, args.runs, args.concurrency)
-    emit({**figures, "start_seconds": round(started, 3), "code": os.path.dirname(aion.__file__)})
+    figures = trio.run(measure, url, args.runs, args.concurrency, args.lazy)
+    emit(
+        {
+            **figures,
+            "lazy_recovery": args.lazy,
+            "start_seconds": round(started, 3),
+            "code": os.path.dirname(aion.__file__),
+        }
+    )
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10_000, help="parked workflows (default 10,000)")
     parser.add_argument("--concurrency", type=int, default=100, help="signals in flight (default 100)")
+    parser.add_argument(
+        "--lazy", action="store_true", help="EngineConfig(lazy_recovery=True) (a tree that has it)"
+    )
     parser.add_argument("--dir", help="parent of the scratch directory")
     parser.add_argument("--seconds", type=float, help="smoke run: about this many seconds' worth of runs")
     parser.add_argument("--engine-process", action="store_true", help=argparse.SUPPRESS)

@@ -21,8 +21,16 @@ import trio
 from .. import _children as children
 from .._activities import ActivityRequest
 from .._definitions import WorkflowDefinition
-from .._errors import BackendUnavailable, NotOwner
-from .._events import Event, TimerStarted, WorkflowContinuedAsNew, WorkflowStarted, WorkflowStatus
+from .._epoch import EngineEpoch
+from .._errors import BackendUnavailable, EngineEpochClosed, NotOwner
+from .._events import (
+    ChildWorkflowStarted,
+    Event,
+    TimerStarted,
+    WorkflowContinuedAsNew,
+    WorkflowStarted,
+    WorkflowStatus,
+)
 from .._hub import ChildrenHub, RecoveryHub
 from .._ids import deadline_timer_id
 from .._observe import ObserverHub, RecoveryFinished
@@ -36,7 +44,7 @@ from .._projections import (
     workflow_status,
 )
 from .._recorder import Recorder
-from .._registry import EvictedRun, Registry, Residency
+from .._registry import EvictedRun, Lease, Registry, Residency
 from .._store import ClusterStore, EventStore, VisibilityRow
 from .._transient import Transient
 from .config import EngineConfig
@@ -58,6 +66,7 @@ class Recovery:
         *,
         events: EventStore,
         cluster: ClusterStore | None,
+        epoch: EngineEpoch,
         config: EngineConfig,
         observers: ObserverHub | None,
         transient: Transient,
@@ -75,6 +84,7 @@ class Recovery:
     ) -> None:
         self._events = events
         self._cluster = cluster
+        self._epoch = epoch
         self._config = config
         self._observers = observers
         self._transient = transient
@@ -125,13 +135,25 @@ class Recovery:
         finally:
             if guard is not None:
                 await guard.release()
+        if sweep.queued:
+            try:
+                self._epoch.spawn(self._resume_queued, sweep.queued, name="recovery-resume")
+            except EngineEpochClosed:
+                pass  # closing already: the next engine recovers them
         if active:
             logger.info(
-                "recovery resumed %d of %d active workflows (%d left evicted until woken)",
+                "recovery resumed %d of %d active workflows (%d left evicted until woken, %d replayed "
+                "in the background)",
                 resumed,
                 len(active),
                 sweep.evicted,
-                extra={"active": len(active), "resumed": resumed, "evicted": sweep.evicted},
+                len(sweep.queued),
+                extra={
+                    "active": len(active),
+                    "resumed": resumed,
+                    "evicted": sweep.evicted,
+                    "background": len(sweep.queued),
+                },
             )
         await self._teardown.resume(set(active))
         await self._visibility.reconcile(set(active), running)
@@ -139,6 +161,31 @@ class Recovery:
             self._observers.emit(
                 RecoveryFinished(active=len(active), resumed=resumed, seconds=trio.current_time() - began)
             )
+
+    async def _resume_queued(self, queued: list[str]) -> None:
+        """Lazy recovery: make the runs the sweep left for later resident (the wake path:
+        ``recorder_for`` replays an evicted run), ``recovery_concurrency`` replays at a time,
+        each until it parks or ends.  A wake that comes first replays a run sooner."""
+        limiter = trio.CapacityLimiter(self._config.recovery_concurrency)
+
+        async def resume(workflow_id: str) -> None:
+            async with limiter:
+                try:
+                    await self._recorders.recorder_for(workflow_id)
+                except Exception as exc:
+                    logger.error(
+                        "could not resume workflow: %s: %s",
+                        type(exc).__name__,
+                        exc,
+                        extra={"workflow_id": workflow_id},
+                    )
+                    return
+                for lease in self._registry.leases_of(workflow_id):
+                    await _until_parked(lease)
+
+        async with trio.open_nursery() as nursery:
+            for workflow_id in queued:
+                nursery.start_soon(resume, workflow_id)
 
     async def _prefetch(self, active: list[str], sweep: _Sweep) -> None:
         """Load the histories of ``active``, ``recovery_concurrency`` at a time.  A transient
@@ -269,6 +316,20 @@ class Recovery:
                     guard.quiet.append(workflow_id)
                 await self._visibility.upsert_if_changed(workflow_id, history, sweep.known(workflow_id))
                 return
+            if (
+                sweep is not None
+                and registered
+                and self._config.lazy_recovery
+                and _only_waits(segment, run_id)
+            ):
+                # Maybe parked, maybe with a signal or a cancel to consume: replayed in the
+                # background after the sweep (its history stays loaded), or sooner if woken.
+                self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type))
+                sweep.queued.append(workflow_id)
+                if guard is not None:
+                    guard.quiet.append(workflow_id)
+                await self._visibility.upsert_if_changed(workflow_id, history, sweep.known(workflow_id))
+                return
             if guard is not None:
                 guard.watch(lease)
             if not registered:
@@ -305,10 +366,43 @@ class _Sweep:
     evicted: int = 0
     #: Histories whose load failed (not transiently) while prefetching, by workflow id.
     failed: dict[str, Exception] = attrs.Factory(dict)
+    #: Lazy recovery: runs left evicted for the background to replay after the sweep.
+    queued: list[str] = attrs.Factory(list)
 
     def known(self, workflow_id: str) -> VisibilityRow | None:
         """The stored row (``None``: none, or the rows could not be read: write it)."""
         return self.rows.get(workflow_id) if self.rows is not None else None
+
+
+#: How long (Trio seconds) a background resume waits for one replay to park before it
+#: goes on with the next (a replay normally takes milliseconds).
+_REPLAY_WAIT = 10.0
+
+
+async def _until_parked(lease: Lease) -> None:
+    """Wait until the run's code parks between steps, ends, is stuck or evicted (bounded)."""
+    lease.query_waiters += 1  # the run's port then wakes the recorder's waiters when it parks
+    try:
+        with trio.move_on_after(_REPLAY_WAIT):
+            while lease.residency is Residency.RESIDENT and not lease.completion.is_set:
+                activation = lease.activation
+                if activation is not None and activation.answerable:
+                    return
+                await lease.recorder.wait_changed()
+    finally:
+        lease.query_waiters -= 1
+
+
+def _only_waits(segment: Sequence[Event], run_id: str) -> bool:
+    """Whether nothing of a running run needs the engine but its own code: no unsettled
+    activity, no open child, not a child (whose parent may have ended)."""
+    start = segment[0].body
+    assert isinstance(start, WorkflowStarted)
+    return (
+        start.parent_workflow_id is None
+        and not unsettled_activities(segment)
+        and not any(isinstance(e.body, ChildWorkflowStarted) for e in segment)
+    )
 
 
 def _quiet(history: Sequence[Event], segment: Sequence[Event], workflow_id: str, run_id: str) -> bool:

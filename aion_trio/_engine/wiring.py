@@ -375,6 +375,7 @@ def build_core(
     recovery = Recovery(
         events=events,
         cluster=cluster,
+        epoch=epoch,
         config=config,
         observers=observers,
         transient=transient,
