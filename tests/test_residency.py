@@ -192,6 +192,28 @@ async def test_cancel_and_terminate_reach_an_evicted_run(
             assert engine.statistics().evicted_runs == 0
 
 
+async def test_a_start_retried_with_its_request_id_resumes_an_evicted_run_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(LIMIT):
+        async with aion.open_engine(
+            url(), workflows=WORKFLOWS, activities=ACTIVITIES, config=config()
+        ) as engine:
+            first = await engine.start(waits_for_go, 7, workflow_id="r", request_id="key")
+            await trio.sleep(20)
+            assert engine.statistics().evicted_runs == 1
+            again = await engine.start(waits_for_go, 7, workflow_id="r", request_id="key")
+            assert again.run_id == first.run_id
+            await trio.testing.wait_all_tasks_blocked()
+            stats = engine.statistics()
+            assert (stats.resident_runs, stats.evicted_runs, stats.reloads) == (1, 0, 1)
+            await engine.signal("r", "go", 1)
+            await engine.signal("r", "go", 2)
+            assert await first.result() == 7 + 2 + 3
+            history = await engine.history("r")
+            assert sum(isinstance(e.body, aion.ActivityScheduled) for e in history) == 1
+
+
 async def test_a_run_with_an_activity_in_flight_is_not_evicted(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

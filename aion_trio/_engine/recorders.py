@@ -255,7 +255,9 @@ class Recorders:
         workflow another node owned meanwhile; its in-memory run and recorder
         are then stale, and its recovery must start from the store.  The old
         run and its attempts are cancelled (recording nothing) and an append
-        already in flight under the recorder's lock is waited out."""
+        already in flight under the recorder's lock is waited out.  An evicted run of it is
+        forgotten too: its recovery starts from the store."""
+        self._registry.take_evicted(workflow_id)
         recorder = self._recorders.get(workflow_id)
         if recorder is None:
             return

@@ -288,6 +288,13 @@ class Recovery:
         assert isinstance(start, WorkflowStarted)
         runner = self._runner
         if status is WorkflowStatus.RUNNING:
+            current = self._registry.get(workflow_id, run_id)
+            if (
+                current is not None
+                and current.residency is Residency.RESIDENT
+                and not current.completion.is_set
+            ):
+                return  # already running here (made resident by a wake meanwhile)
             lease = runner.new_lease(recorder, run_id, start.workflow_type)
             registered = start.workflow_type in self._workflows
             if revive is not None and revive.run_id == run_id and registered:
