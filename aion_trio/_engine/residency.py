@@ -147,15 +147,24 @@ class ResidencyService:
         after = self._evict_after
         if after is None:
             return math.inf
+        later: list[Lease] = []
+        due = math.inf
         while self._parked:
             key = next(iter(self._parked))
             since, lease = self._parked[key]
             if since + after > now:
-                return since + after
+                due = since + after
+                break
             del self._parked[key]
             if self._evictable(lease):
                 self._evict(lease, "idle")
-        return math.inf
+            elif lease.task is not None and lease.activation is not None and lease.activation.answerable:
+                later.append(lease)  # still parked, busy now (a query, an attempt): look again later
+        for lease in later:
+            self._parked[lease.key] = (now, lease)
+        if later:
+            due = min(due, now + after)
+        return due
 
     def _release_closed(self, now: float) -> float:
         after = self._release_after
