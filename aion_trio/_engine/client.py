@@ -239,6 +239,10 @@ class Engine:
                 history = fresh
             elif recorder is not None:
                 history = recorder.history
+            elif self._cluster is not None and not core.drives(workflow_id):
+                # Cluster mode, a workflow another node drives: a copy is read (and kept) here.
+                recorder = await self._local.existing_recorder(workflow_id)
+                history = recorder.history
             else:
                 history = await core.recorders.history_of(workflow_id)
                 recorder = core.loaded_recorder(workflow_id)
