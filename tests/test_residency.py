@@ -286,6 +286,29 @@ async def test_lazy_recovery_leaves_timer_parked_runs_evicted_until_woken(
             await engine.terminate("g")
 
 
+async def test_recovery_writes_only_the_visibility_rows_that_changed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = url()
+    with trio.fail_after(LIMIT):
+        async with aion.open_engine(store, workflows=WORKFLOWS, activities=ACTIVITIES) as engine:
+            for index in range(5):
+                await engine.start(waits_for_go, index, workflow_id=f"v{index}")
+            await trio.testing.wait_all_tasks_blocked()
+        seen, observer = observed()
+        async with aion.open_engine(
+            store, workflows=WORKFLOWS, activities=ACTIVITIES, observers=[observer]
+        ) as engine:
+            assert [(r.active, r.resumed) for r in seen if isinstance(r, aion.RecoveryFinished)] == [(5, 5)]
+            upserts = [e for e in seen if isinstance(e, aion.StoreOperation) and e.operation == "upsert"]
+            assert upserts == [], "every row already said what history says"
+            assert [row.workflow_id for row in await engine.list(status=aion.WorkflowStatus.RUNNING)] == [
+                f"v{index}" for index in range(5)
+            ]
+            for index in range(5):
+                await engine.terminate(f"v{index}")
+
+
 @pytest.mark.slow
 def test_sigkilled_engine_with_parked_runs_reopens_lazily_and_every_run_answers(tmp_path: Path) -> None:
     store = tmp_path / "parked.db"
