@@ -54,6 +54,7 @@ __all__ = ["MemoryEventStore", "MemoryStore", "MemoryVisibilityStore", "forget",
 
 @attrs.define(eq=False)
 class _Data:
+    #: Each history is one list, appended to in place; never handed out (readers get copies).
     histories: dict[str, list[Event]] = attrs.field(factory=dict)
     statuses: dict[str, WorkflowStatus | None] = attrs.field(factory=dict)
     timers: dict[tuple[str, str], datetime] = attrs.field(factory=dict)
@@ -99,17 +100,23 @@ class MemoryEventStore(_Closable):
     async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
         await self._enter()
         validate_batch(workflow_id, events, expected_seq)
-        history = self._data.histories.get(workflow_id, [])
-        head = len(history)
+        history = self._data.histories.get(workflow_id)
+        head = 0 if history is None else len(history)
         if head != expected_seq:
             raise SequenceConflict(workflow_id, expected_seq, head)
-        self._data.histories[workflow_id] = [*history, *events]
+        # Extended in place (amortised O(1) per event, not a copy of the whole history):
+        # no reader holds this list, read_history hands out copies of its slices.
+        if history is None:
+            self._data.histories[workflow_id] = list(events)
+        else:
+            history.extend(events)
         self._data.statuses[workflow_id] = status_after(self._data.statuses.get(workflow_id), events)
 
     async def read_history(self, workflow_id: str, from_seq: int = 1) -> list[Event]:
         await self._enter()
-        history = self._data.histories.get(workflow_id, [])
-        return list(history[max(from_seq, 1) - 1 :])
+        history = self._data.histories.get(workflow_id)
+        # A slice is a new list: later appends never show through it.
+        return [] if history is None else history[max(from_seq, 1) - 1 :]
 
     async def list_active(self) -> list[str]:
         await self._enter()
