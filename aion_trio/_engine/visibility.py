@@ -59,6 +59,15 @@ class VisibilityRows:
         self._stuck_reason = stuck_reason
         # Background visibility refreshes in flight, by workflow id.
         self._visibility_owed: dict[str, _Refresh] = {}
+        #: The row last written (or found stored) per running workflow: an upsert of the
+        #: same row again is skipped, so a store that batches its index writes (SQLite's
+        #: riders) is not made to wait for a write that changes nothing.  A closed
+        #: workflow's entry is dropped (its row is final); a failed write drops it too.
+        self._written: dict[str, VisibilityRow] = {}
+        #: Whether the rows already stored were read into ``_written`` (once, at the first
+        #: upsert: a reopened engine's recovery then rewrites no unchanged row).  Cluster
+        #: mode does not: other nodes write rows of the same store.
+        self._primed = cluster is not None
 
     def row(self, workflow_id: str, history: Sequence[Event]) -> VisibilityRow | None:
         run_id = latest_run_id(history)
@@ -85,29 +94,52 @@ class VisibilityRows:
         )
 
     async def upsert(self, workflow_id: str) -> None:
-        row = self.row(workflow_id, await self._history_of(workflow_id))
-        if row is not None:
-            await self._visibility.upsert(row)
+        """Write the workflow's row as its history says, unless it is the row last written."""
+        if not self._primed:
+            await self.running_rows()
+        await self.write(workflow_id, await self._history_of(workflow_id))
+
+    async def write(
+        self, workflow_id: str, history: Sequence[Event], *, stored: VisibilityRow | None = None
+    ) -> None:
+        """Write the row ``history`` gives, unless that very row is already there: ``stored``
+        (the caller's fresh read) or else the row this engine last wrote (or found stored).
+        Then nothing is written, nor waited for (SQLite's riders)."""
+        row = self.row(workflow_id, history)
+        if row is None:
+            return
+        if row == (stored if stored is not None else self._written.get(workflow_id)):
+            return
+        # Dropped first: a write of unknown outcome leaves nothing remembered.
+        self._written.pop(workflow_id, None)
+        await self._visibility.upsert(row)
+        if row.status is WorkflowStatus.RUNNING and self._cluster is None:
+            self._written[workflow_id] = row
 
     async def running_rows(self) -> dict[str, VisibilityRow] | None:
-        """The rows that say Running, by workflow id (one read; ``None`` if it fails)."""
+        """The rows that say Running, by workflow id (one read; ``None`` if it fails).
+
+        Outside cluster mode they are also remembered as written (at most once): a
+        reopened engine then rewrites no unchanged row.  Cluster mode remembers none,
+        since other nodes write rows of the same store."""
+        first = not self._primed
+        self._primed = True
         try:
             rows = await self._visibility.list(VisibilityFilter(status=WorkflowStatus.RUNNING))
         except StoreError as exc:
-            logger.warning("visibility rows not read (recovery writes every row): %s", exc)
+            logger.warning("visibility rows not read (each is rewritten once): %s", exc)
             return None
+        if first and self._cluster is None:
+            for row in rows:
+                self._written.setdefault(row.workflow_id, row)
         return {row.workflow_id: row for row in rows}
 
     async def upsert_if_changed(
         self, workflow_id: str, history: Sequence[Event], known: VisibilityRow | None
     ) -> None:
-        """Recovery: write the row built from ``history`` unless ``known`` (the stored row) already
-        says the same.  Never raises."""
-        row = self.row(workflow_id, history)
-        if row is None or row == known:
-            return
+        """Recovery: :meth:`write` against ``known`` (the stored row).  Never raises."""
         try:
-            await self._visibility.upsert(row)
+            await self.write(workflow_id, history, stored=known)
         except StoreError as exc:
             logger.warning(
                 "visibility not updated (it is reconciled from history later): %s",
