@@ -52,6 +52,7 @@ from ._engine import (
 )
 from ._errors import (
     ActivityFailure as ActivityFailure,
+    AdmissionTimeout as AdmissionTimeout,
     AionError as AionError,
     AionInternalError as AionInternalError,
     AttemptCancelled as AttemptCancelled,

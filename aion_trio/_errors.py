@@ -400,6 +400,28 @@ class CommandNotAnswered(EngineError):
         )
 
 
+class AdmissionTimeout(EngineError):
+    """No slot of an admission pool came free in time: the engine refused the work, nothing was done.
+
+    ``pool`` names the pool (``"starts"``, ``"activities"``), ``capacity`` its
+    bound (how many were in flight), ``timeout`` the seconds waited and
+    ``setting`` what configures it.  The engine is busy, not broken: retry
+    later, or raise the bound or the wait (``EngineConfig``).  A start refused so
+    recorded nothing and may be retried as it is.
+    """
+
+    def __init__(self, pool: str, capacity: int, timeout: float, setting: str) -> None:
+        self.pool = pool
+        self.capacity = capacity
+        self.timeout = timeout
+        self.setting = setting
+        super().__init__(
+            f"refused: all {capacity} slots of the engine's {pool!r} admission pool stayed taken for "
+            f"{timeout:g}s, so nothing was done; retry later, or raise {setting} or "
+            "EngineConfig.admission_timeout"
+        )
+
+
 def epoch_closed(workflow_id: str | None, run_id: str | None, action: str) -> EngineEpochClosed:
     """The one place an :class:`EngineEpochClosed` is constructed."""
     return EngineEpochClosed(workflow_id, run_id, action)

@@ -43,7 +43,7 @@ AION_TRIO_NAMES = [
     "ActivityAdvisoryExhausted", "ActivityAttemptEnded", "ActivityAttemptStarted", "ActivityCancelled", "ActivityCompleted", "ActivityDefinition",
     "ActivityDispatcher", "ActivityError", "ActivityFailed", "ActivityFailure", "ActivityFallbackRouted",
     "ActivityHandle", "ActivityInfo", "ActivityOptions", "ActivityOutcome", "ActivityRequest",
-    "ActivityScheduled", "ActivityStarted", "ActivityTaskQueues", "AionError", "AionInternalError", "AttemptCancelled", "BackendUnavailable",
+    "ActivityScheduled", "ActivityStarted", "ActivityTaskQueues", "AdmissionTimeout", "AionError", "AionInternalError", "AttemptCancelled", "BackendUnavailable",
     "CancelCommand", "CannotReopen", "ChildHandle", "ChildWorkflowCancelled", "ChildWorkflowCompleted",
     "ChildWorkflowFailed", "ChildWorkflowFailure", "ChildWorkflowStarted", "Command", "CommandDecodeError",
     "CommandInbox", "CommandNotAnswered", "CommandOutcome", "CompletionRetryConfig", "DatabaseCorrupt", "DatabaseTooNew", "DelegatingDispatcher", "Engine",

@@ -13,14 +13,16 @@ import gc
 from datetime import datetime, timezone
 
 import aion_trio
-from aion_trio.events import Event, MarkerRecorded, WorkflowStarted
 from aion_trio import Payload
+from aion_trio.events import Event, MarkerRecorded, WorkflowStarted
 
 AT = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def started(workflow_id: str) -> Event:
-    body = WorkflowStarted(workflow_type="w", input=Payload.of([]), run_id="00000000-0000-4000-8000-000000000001")
+    body = WorkflowStarted(
+        workflow_type="w", input=Payload.of([]), run_id="00000000-0000-4000-8000-000000000001"
+    )
     return Event(workflow_id=workflow_id, seq=1, recorded_at=AT, body=body)
 
 

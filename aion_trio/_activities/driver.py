@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .._admission import AdmissionPool
 from .._errors import StoreError
 from .._events import (
     ActivityAdvisoryExhausted,
@@ -98,8 +99,11 @@ class ActivityDriver:
         *,
         clock: Any,
         transient: Transient,
+        admission: AdmissionPool | None = None,
     ) -> None:
         self.recorder = recorder
+        #: Each attempt holds one of its slots while dispatched (``None``: unbounded).
+        self.admission = admission
         self.dispatcher = dispatcher
         self.request = request
         self.options = request.resolved_options()
@@ -233,11 +237,11 @@ class ActivityDriver:
         try:
             if bound == math.inf:
                 # Nothing bounds the attempt: no cancel scope to pay for.
-                return await self.dispatcher.dispatch(request)
+                return await self._admitted(request, clock)
             with trio.move_on_at(bound) as scope:
                 deadline = self._deadline()
                 clock.bind(scope, math.inf if deadline is None else self.clock.trio_deadline(deadline))
-                return await self.dispatcher.dispatch(request)
+                return await self._admitted(request, clock)
         finally:
             current_attempt_clock.reset(token)
         assert scope.cancelled_caught
@@ -248,6 +252,14 @@ class ActivityDriver:
             message = f"attempt {state.attempt} timed out after {self.options.timeout}s"
             kind = "ActivityTimeout"
         return ActivityOutcome(error=ActivityError(cause=FailureCause.TIMEOUT, type=kind, message=message))
+
+    async def _admitted(self, request: ActivityRequest, clock: AttemptClock) -> ActivityOutcome:
+        """Dispatch the attempt holding an admission slot; while it waits for one, its
+        ``timeout`` is stopped (the clock's queue time), ``schedule_to_close`` is not."""
+        if self.admission is None:
+            return await self.dispatcher.dispatch(request)
+        async with self.admission.slot(clock):
+            return await self.dispatcher.dispatch(request)
 
     # -- the loop ----------------------------------------------------------------
 

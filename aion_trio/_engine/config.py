@@ -147,9 +147,30 @@ class EngineConfig:
     #: costs a history read per such run, not a replay.  The price: code that no longer
     #: matches its history is noticed when the run wakes, not at open.
     lazy_recovery: bool = False
+    # -- admission control (docs/operating.md, "Admission control") ---------------
+    #: At most this many workflow starts in flight at once (``Engine.start`` and the
+    #: starts the inbox applies, each from its admission until its ``WorkflowStarted``
+    #: is durable); more wait for a slot, in arrival order.  ``None``: no bound.
+    max_inflight_starts: int | None = 64
+    #: At most this many activity attempts in flight at once; more wait for a slot.
+    #: The wait does not count against the attempt's ``timeout`` (``schedule_to_close``
+    #: keeps counting).  ``None``: no bound.
+    max_inflight_activities: int | None = None
+    #: Seconds a start may wait for a slot before :class:`~aion_trio.AdmissionTimeout`
+    #: is raised (nothing recorded); ``0``: refused at once when every slot is taken;
+    #: ``None``: it waits as long as it takes.
+    admission_timeout: float | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_setting_types(self)
+        for name in ("max_inflight_starts", "max_inflight_activities"):
+            bound = getattr(self, name)
+            if bound is not None and bound < 1:
+                raise ValueError(f"{name} must be an int >= 1 or None (no bound), got {bound!r}")
+        if self.admission_timeout is not None and self.admission_timeout < 0:
+            raise ValueError(
+                f"admission_timeout must be >= 0 seconds or None (wait as long as it takes), got {self.admission_timeout!r}"
+            )
         if self.max_recovery_attempts is not None and self.max_recovery_attempts < 1:
             raise ValueError(
                 f"max_recovery_attempts must be an int >= 1 or None (no counting), got {self.max_recovery_attempts!r}"

@@ -15,6 +15,7 @@ from typing import Any, final
 import trio
 
 from .._activities import ActivityDispatcher, ActivityDriver, ActivityRequest
+from .._admission import AdmissionPool
 from .._clock import EngineClock
 from .._definitions import ActivityDefinition
 from .._epoch import EngineEpoch
@@ -62,6 +63,11 @@ class ActivityDispatch:
         self.mark_stuck = mark_stuck
         #: The running attempts' cancel scopes, by ``(workflow_id, run_id, activity_id)``.
         self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
+        #: The admission pool of activity attempts (``EngineConfig.max_inflight_activities``):
+        #: an attempt beyond it waits for a slot, its own ``timeout`` stopped meanwhile.
+        self.attempt_slots = AdmissionPool(
+            "activities", config.max_inflight_activities, setting="EngineConfig.max_inflight_activities"
+        )
         self._default_options: dict[str, tuple[str, Payload]] = {}
 
     def resolved_options(
@@ -112,7 +118,12 @@ class ActivityDispatch:
     async def _drive(self, recorder: Recorder, request: ActivityRequest, resume: bool) -> None:
         key = (request.workflow_id, request.run_id, request.activity_id)
         driver = ActivityDriver(
-            recorder, self.dispatcher, request, clock=self.clock, transient=self.transient
+            recorder,
+            self.dispatcher,
+            request,
+            clock=self.clock,
+            transient=self.transient,
+            admission=self.attempt_slots,
         )
         with trio.CancelScope() as scope:
             self.inflight[key] = scope

@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from .. import _children as children
+from .._admission import AdmissionPool
 from .._commands import IdReusePolicy
 from .._completion import forget_retired, teardown_bodies
 from .._contain import is_structural
@@ -93,6 +94,14 @@ class LocalCommands:
 
     def __init__(self, core: EngineCore) -> None:
         self._core = core
+        config = core.config
+        #: The admission pool of starts (``EngineConfig.max_inflight_starts``).
+        self._starts = AdmissionPool(
+            "starts",
+            config.max_inflight_starts,
+            timeout=config.admission_timeout,
+            setting="EngineConfig.max_inflight_starts",
+        )
 
     @property
     def admitting(self) -> bool:
@@ -139,6 +148,22 @@ class LocalCommands:
         if not core.epoch.admitting:
             raise epoch_closed(wid, None, "start a workflow")
 
+        # Admission: bad input was refused at once; a valid start waits here for a slot
+        # when max_inflight_starts are in flight (or is refused after admission_timeout).
+        async with self._starts.slot():
+            if not core.epoch.admitting:  # the engine began shutting down meanwhile
+                raise epoch_closed(wid, None, "start a workflow")
+            return await self._record_start(wid, started, id_reuse, request_id)
+
+    async def _record_start(
+        self,
+        wid: str,
+        started: Callable[[str], WorkflowStarted],
+        id_reuse: IdReusePolicy,
+        request_id: str | None,
+    ) -> Started:
+        """Decide by the request id and the id reuse policy, then record the start."""
+        core = self._core
         fresh = core.recorders.claim_unloaded(wid)
         if fresh is not None:
             # Most starts name a new id: append at expected seq 0 without reading
@@ -285,14 +310,18 @@ class LocalCommands:
         if not core.epoch.admitting:
             raise epoch_closed(wid, None, what)
         signal = SignalReceived(name=signal_name, payload=encoded, request_id=request_id)
-        recorder = await core.recorder_for(wid)
         found: RecordedRequest | None = None
-        async with recorder.lock:
-            history = await recorder.current_history()
-            if request_id is not None:
-                found = recorded_request(history, request_id)
-            if found is None:
-                outcome = await self._signal_or_start_locked(recorder, started, signal, id_reuse)
+        # It may start a run: admitted as a start is (max_inflight_starts).
+        async with self._starts.slot():
+            if not core.epoch.admitting:  # the engine began shutting down meanwhile
+                raise epoch_closed(wid, None, what)
+            recorder = await core.recorder_for(wid)
+            async with recorder.lock:
+                history = await recorder.current_history()
+                if request_id is not None:
+                    found = recorded_request(history, request_id)
+                if found is None:
+                    outcome = await self._signal_or_start_locked(recorder, started, signal, id_reuse)
         if found is None:
             if outcome.created:
                 await core.refresh_visibility_soon(wid)
