@@ -157,7 +157,8 @@ class WorkflowContext:
         self._named_timers: set[str] = set()
         #: The run's search attributes as its code has set them so far (built on first use).
         self._search: dict[str, SearchValue] | None = None
-        self._rng = random.Random(_seed(replay.workflow_id, replay.run_id))
+        # Built on first use (most runs never ask): the same seed, so the same sequence.
+        self._rng: random.Random | None = None
         self.logger: logging.LoggerAdapter = _ReplayAwareLogger(  # type: ignore[type-arg]
             logging.getLogger(f"aion_trio.workflow.{self._port.workflow_type}"), self
         )
@@ -188,15 +189,21 @@ class WorkflowContext:
         """
         return self._replay.now
 
+    def _generator(self) -> random.Random:
+        rng = self._rng
+        if rng is None:
+            rng = self._rng = random.Random(_seed(self._replay.workflow_id, self._replay.run_id))
+        return rng
+
     def random(self) -> random.Random:
         """A generator seeded by (workflow_id, run_id): same sequence on replay."""
         self._replay.refuse_in_query("ctx.random()")
-        return self._rng
+        return self._generator()
 
     def uuid4(self) -> uuid.UUID:
         """A deterministic version-4 UUID from :meth:`random`."""
         self._replay.refuse_in_query("ctx.uuid4()")
-        return uuid.UUID(int=self._rng.getrandbits(128), version=4)
+        return uuid.UUID(int=self._generator().getrandbits(128), version=4)
 
     # -- activities --------------------------------------------------------
 

@@ -76,8 +76,10 @@ class Recorder:
         self._deferred: list[tuple[datetime, tuple[EventBody, ...]]] = []
         #: How many deferred chunks the append in flight carries.
         self._pending_deferred = 0
-        self._changed = trio.lowlevel.ParkingLot()
-        self._lifecycle = trio.lowlevel.ParkingLot()
+        # Made when someone waits and dropped when set, so that a recorder nobody waits
+        # on holds none (a sleeping run waits on ``_changed`` only).
+        self._changed: trio.Event | None = None
+        self._lifecycle: trio.Event | None = None
         self._run_states: dict[str, RunState] = {}
         self.appends = 0
         self.rereads = 0
@@ -351,25 +353,40 @@ class Recorder:
     # -- waiting -----------------------------------------------------------
 
     def _grew(self, events: Sequence[Event]) -> None:
-        self._changed.unpark_all()
-        if self._lifecycle and any(_is_lifecycle(e.body) for e in events):
-            self._lifecycle.unpark_all()
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
+        lifecycle = self._lifecycle
+        if lifecycle is not None and any(_is_lifecycle(e.body) for e in events):
+            self._lifecycle = None
+            lifecycle.set()
 
     async def wait_changed(self) -> None:
         """Park until the history grows (or the caller is cancelled)."""
-        await self._changed.park()
+        changed = self._changed
+        if changed is None:
+            changed = self._changed = trio.Event()
+        await changed.wait()
 
     async def wait_lifecycle(self) -> None:
         """Park until a lifecycle event (a terminal, a start or a reopen) is appended,
         or :meth:`notify` is called: what a wait for a run's end needs, without
         waking for every activity record."""
-        await self._lifecycle.park()
+        lifecycle = self._lifecycle
+        if lifecycle is None:
+            lifecycle = self._lifecycle = trio.Event()
+        await lifecycle.wait()
 
     def notify(self) -> None:
         """Wake everything parked in :meth:`wait_changed` or :meth:`wait_lifecycle`
         (e.g. a status mark changed)."""
-        self._changed.unpark_all()
-        self._lifecycle.unpark_all()
+        changed, lifecycle = self._changed, self._lifecycle
+        self._changed = self._lifecycle = None
+        if changed is not None:
+            changed.set()
+        if lifecycle is not None:
+            lifecycle.set()
 
 
 def _is_lifecycle(body: EventBody) -> bool:

@@ -14,7 +14,7 @@ go past the end of history.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, final
 
 from ._ports import RunAborted
@@ -102,8 +102,9 @@ class LeasePort:
     def history_length(self) -> int:
         return len(self._recorder.history)
 
-    async def wait_changed(self) -> None:
-        await self._recorder.wait_changed()
+    def wait_changed(self) -> Coroutine[Any, Any, None]:
+        # The recorder's own wait, handed through: no frame of ours stays parked with it.
+        return self._recorder.wait_changed()
 
     def parked(self) -> None:
         if self._lease.query_waiters:

@@ -7,7 +7,9 @@ reconciliation at recovery and on cluster sweeps).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -26,6 +28,23 @@ from .._projections import (
 from .._store import ClusterStore, VisibilityFilter, VisibilityRow, VisibilityStore
 from .config import EngineConfig
 from .log import logger
+
+
+def fingerprint(row: VisibilityRow) -> tuple[Any, ...]:
+    """Every field of ``row`` as plain values (mappings as sorted pairs, enums as their
+    values): equal exactly when the rows are, and, holding no container the cycle
+    collector must track, dropped from its watch (a row per running workflow is kept)."""
+    return tuple(_plain(getattr(row, field.name)) for field in attrs.fields(VisibilityRow))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return tuple(sorted((key, _plain(item)) for key, item in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(item) for item in value)
+    return value
 
 
 @attrs.define(eq=False)
@@ -59,11 +78,12 @@ class VisibilityRows:
         self._stuck_reason = stuck_reason
         # Background visibility refreshes in flight, by workflow id.
         self._visibility_owed: dict[str, _Refresh] = {}
-        #: The row last written (or found stored) per running workflow: an upsert of the
+        #: The row last written (or found stored) per running workflow, as its
+        #: :func:`fingerprint` (no object the collector tracks): an upsert of the
         #: same row again is skipped, so a store that batches its index writes (SQLite's
         #: riders) is not made to wait for a write that changes nothing.  A closed
         #: workflow's entry is dropped (its row is final); a failed write drops it too.
-        self._written: dict[str, VisibilityRow] = {}
+        self._written: dict[str, tuple[Any, ...]] = {}
         #: Whether the rows already stored were read into ``_written`` (once, at the first
         #: upsert: a reopened engine's recovery then rewrites no unchanged row).  Cluster
         #: mode does not: other nodes write rows of the same store.
@@ -108,13 +128,14 @@ class VisibilityRows:
         row = self.row(workflow_id, history)
         if row is None:
             return
-        if row == (stored if stored is not None else self._written.get(workflow_id)):
+        key = fingerprint(row)
+        if key == (fingerprint(stored) if stored is not None else self._written.get(workflow_id)):
             return
         # Dropped first: a write of unknown outcome leaves nothing remembered.
         self._written.pop(workflow_id, None)
         await self._visibility.upsert(row)
         if row.status is WorkflowStatus.RUNNING and self._cluster is None:
-            self._written[workflow_id] = row
+            self._written[workflow_id] = key
 
     async def running_rows(self) -> dict[str, VisibilityRow] | None:
         """The rows that say Running, by workflow id (one read; ``None`` if it fails).
@@ -131,7 +152,7 @@ class VisibilityRows:
             return None
         if first and self._cluster is None:
             for row in rows:
-                self._written.setdefault(row.workflow_id, row)
+                self._written.setdefault(row.workflow_id, fingerprint(row))
         return {row.workflow_id: row for row in rows}
 
     async def upsert_if_changed(
