@@ -22,7 +22,6 @@ import math
 from collections.abc import AsyncIterator
 from typing import Protocol, final
 
-import attrs
 import trio
 
 from ._errors import AdmissionTimeout
@@ -37,17 +36,6 @@ class Waiting(Protocol):
 
 
 @final
-@attrs.frozen(kw_only=True)
-class PoolStatistics:
-    """A pool's slots now: ``in_use`` of ``capacity`` (``None``: unbounded), ``waiting`` callers."""
-
-    name: str
-    capacity: int | None
-    in_use: int
-    waiting: int
-
-
-@final
 class AdmissionPool:
     """A named bound on work in flight, with its waiting policy (see the module docstring).
 
@@ -55,7 +43,7 @@ class AdmissionPool:
     ``"EngineConfig.max_inflight_starts"``.
     """
 
-    __slots__ = ("_in_use", "_limiter", "capacity", "name", "setting", "timeout")
+    __slots__ = ("_limiter", "capacity", "name", "setting", "timeout")
 
     def __init__(
         self, name: str, capacity: int | None, *, timeout: float | None = None, setting: str = ""
@@ -77,12 +65,6 @@ class AdmissionPool:
         self.timeout = timeout
         self.setting = setting or name
         self._limiter = None if capacity is None else trio.CapacityLimiter(capacity)
-        self._in_use = 0
-
-    def statistics(self) -> PoolStatistics:
-        limiter = self._limiter
-        waiting = 0 if limiter is None else limiter.statistics().tasks_waiting
-        return PoolStatistics(name=self.name, capacity=self.capacity, in_use=self._in_use, waiting=waiting)
 
     @contextlib.asynccontextmanager
     async def slot(self, waiting: Waiting | None = None) -> AsyncIterator[None]:
@@ -95,11 +77,7 @@ class AdmissionPool:
         """
         limiter = self._limiter
         if limiter is None:
-            self._in_use += 1
-            try:
-                yield
-            finally:
-                self._in_use -= 1
+            yield
             return
         token = object()
         try:
@@ -110,11 +88,9 @@ class AdmissionPool:
             await self._wait(limiter, token)
             if waiting is not None:
                 waiting.started()
-        self._in_use += 1
         try:
             yield
         finally:
-            self._in_use -= 1
             limiter.release_on_behalf_of(token)
 
     async def _wait(self, limiter: trio.CapacityLimiter, token: object) -> None:
