@@ -17,8 +17,8 @@ One ``runs`` line per N:
   most (coroutines, parking lots, events, sets, lists, ``random.Random``);
 - ``start_rate_per_s``: N over the time from the first start to the last
   start's return; ``parked_seconds``: until every timer is armed;
-- ``gc_cpu_share``: the collector's time (``gc.callbacks``) over the process
-  CPU time while starting and parking, and ``full_collect_ms``: one
+- ``gc_cpu_share``: the collector's CPU time (``gc.callbacks``) over the CPU
+  time of the loop's thread while starting and parking, and ``full_collect_ms``: one
   ``gc.collect()`` with all N parked (the pause a full collection costs);
 - ``close_seconds``: closing the engine with the N runs resident.
 
@@ -76,7 +76,7 @@ def type_counts() -> collections.Counter[str]:
 
 
 class GcTimer:
-    """The cycle collector's time, from ``gc.callbacks``."""
+    """The cycle collector's CPU time on the loop's thread, from ``gc.callbacks``."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -85,9 +85,9 @@ class GcTimer:
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._began = time.perf_counter()
+            self._began = time.thread_time()
         else:
-            self.seconds += time.perf_counter() - self._began
+            self.seconds += time.thread_time() - self._began
             self.collections += 1
 
 
@@ -138,11 +138,11 @@ def child(args: argparse.Namespace) -> int:
             rss0, objects0, types0 = rss_kib(), len(gc.get_objects()), type_counts()
             timer = GcTimer()
             gc.callbacks.append(timer)
-            cpu0, t0 = time.process_time(), time.perf_counter()
+            cpu0, t0 = time.thread_time(), time.perf_counter()
             await start_many(engine, WARMUP, n)
             t1 = time.perf_counter()
             await all_armed(engine, WARMUP + n)
-            t2, cpu1 = time.perf_counter(), time.process_time()
+            t2, cpu1 = time.perf_counter(), time.thread_time()
             gc.callbacks.remove(timer)
             collect0 = time.perf_counter()
             gc.collect()
