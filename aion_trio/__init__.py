@@ -68,6 +68,7 @@ from ._errors import (
     EventDecodeError as EventDecodeError,
     InvalidArguments as InvalidArguments,
     InvalidBatch as InvalidBatch,
+    InvalidHistory as InvalidHistory,
     InvalidQuery as InvalidQuery,
     InvalidStoreUrl as InvalidStoreUrl,
     NodeInUse as NodeInUse,

@@ -779,8 +779,8 @@ class RunActivation:
 
     Built in the run's own task with the run's :class:`WorkflowPort`; the
     engine calls the code with :attr:`context`, records what the code issued
-    last with :meth:`flush` once it returned, asks :attr:`poisoned` and
-    :meth:`unissued_recorded_command` whether it diverged from history, and
+    last with :meth:`flush` once it returned, asks :meth:`exit_divergence`
+    whether it diverged from history, and
     :meth:`detach`-es it when the code exits.  Meanwhile queries read it
     through :attr:`answerable` and :meth:`answer_query`.
     """
@@ -818,6 +818,11 @@ class RunActivation:
         ``(kind, position in the run's command sequence, description)``.  Replaying a
         finished run, a recorded end of another kind than ``terminal`` counts too."""
         return self._replay.unissued_recorded_command(terminal)
+
+    def exit_divergence(self, exit: str, terminal: type[EventBody]) -> BaseException | None:
+        """The code exited (``exit`` says how; ``terminal`` is the event that exit records):
+        the divergence from history it ends with, if any (see :meth:`Replay.exit_divergence`)."""
+        return self._replay.exit_divergence(exit, terminal)
 
     @property
     def answerable(self) -> bool:

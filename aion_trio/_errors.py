@@ -345,6 +345,19 @@ class EventDecodeError(AionError, ValueError):
     """A wire-form event has an unknown type, an unknown or missing field, or a bad value."""
 
 
+class InvalidHistory(AionError, ValueError):
+    """A history given to the replayer cannot be replayed as it is: a file that is not
+    JSON-lines events, or a workflow's events that are not its whole history (seq 1, 2, ...).
+
+    ``source`` names the file (and line) or the history; the message says what to fix.
+    """
+
+    def __init__(self, source: str, detail: str) -> None:
+        self.source = source
+        self.detail = detail
+        super().__init__(f"{source}: {detail}")
+
+
 class CommandDecodeError(AionError, ValueError):
     """A wire-form inbox command has an unknown type, an unknown or missing field, or a bad value."""
 
@@ -432,6 +445,8 @@ class NonDeterminismError(EngineError):
 
     The run is not failed: it stays Running and is marked stuck until an
     operator deploys compatible code (and restarts) or terminates it.
+    ``seq`` is the recorded event the code diverged at (``None`` when unknown);
+    ``recorded`` is what that event holds, ``requested`` what the code did instead.
     """
 
     def __init__(
@@ -442,6 +457,8 @@ class NonDeterminismError(EngineError):
         ordinal: int,
         recorded: str,
         requested: str,
+        *,
+        seq: int | None = None,
     ) -> None:
         self.workflow_id = workflow_id
         self.run_id = run_id
@@ -449,9 +466,11 @@ class NonDeterminismError(EngineError):
         self.ordinal = ordinal
         self.recorded = recorded
         self.requested = requested
+        self.seq = seq
+        at = f" at seq {seq}" if seq is not None else ""
         super().__init__(
             f"non-determinism in workflow {workflow_id!r} run {run_id}: {family} command "
-            f"#{ordinal} was recorded as {recorded} but the code now requests {requested}; "
+            f"#{ordinal} was recorded as {recorded}{at} but the code now requests {requested}; "
             "the run stays Running (marked stuck) until compatible code is deployed or it is "
             "terminated (use ctx.patched() to change code under running workflows)"
         )

@@ -149,10 +149,16 @@ class Replay:
         self.poisoned = error
         return error
 
-    def divergence(self, position: int, recorded: CommandKey, requested: str) -> BaseException:
+    def divergence(self, position: int, recorded: CommandKey, requested: str, seq: int) -> BaseException:
         return self.poison(
             NonDeterminismError(
-                self.workflow_id, self.run_id, recorded.kind, position, recorded.describe(), requested
+                self.workflow_id,
+                self.run_id,
+                recorded.kind,
+                position,
+                recorded.describe(),
+                requested,
+                seq=seq,
             )
         )
 
@@ -173,8 +179,9 @@ class Replay:
                 self.run_id,
                 "run end",
                 self.next_command,
-                f"the run's end ({type(ended.body).__name__}, seq {ended.seq})",
+                f"the run's end ({type(ended.body).__name__})",
                 requested,
+                seq=ended.seq,
             )
         )
 
@@ -196,7 +203,7 @@ class Replay:
                 wanted = requested.describe()
                 if attrs.evolve(recorded, digest=None) == attrs.evolve(requested, digest=None):
                     wanted += f" with other arguments ({_argument_change(event, arguments)})"
-                raise self.divergence(position, recorded, wanted)
+                raise self.divergence(position, recorded, wanted, event.seq)
             return event
         if self.recorded_end() is not None:
             self.next_command = position
@@ -218,13 +225,13 @@ class Replay:
         commands = self.state.commands
         position = self.next_command
         if position < len(commands):
-            recorded, _ = commands[position]
+            recorded, event = commands[position]
             if recorded.matches(requested):
                 self.next_command = position + 1
                 return "recorded"
             if resolution is not None and command_key(resolution.body) is None:
                 return "none"
-            raise self.divergence(position, recorded, requested.describe())
+            raise self.divergence(position, recorded, requested.describe(), event.seq)
         if resolution is not None:
             return "none"
         if self.recorded_end() is not None:
@@ -246,8 +253,26 @@ class Replay:
             return (recorded.kind, position, recorded.describe())
         ended = self.recorded_end()
         if terminal is not None and ended is not None and not isinstance(ended.body, terminal):
-            return ("run end", position, f"the run's end ({type(ended.body).__name__}, seq {ended.seq})")
+            return ("run end", position, f"the run's end ({type(ended.body).__name__})")
         return None
+
+    def exit_divergence(self, exit: str, terminal: type[EventBody]) -> BaseException | None:
+        """The code exited (``exit`` says how, ``terminal`` is the event that exit records):
+        the divergence from history this execution ends with, if any -- a command of its
+        own failed to match, history holds a command it never issued, or (replaying a
+        finished run) the recorded end is of another kind.  The engine marks such a run
+        stuck; the replayer reports it."""
+        if self.poisoned is not None:
+            return self.poisoned
+        leftover = self.unissued_recorded_command(terminal)
+        if leftover is None:
+            return None
+        family, ordinal, recorded = leftover
+        position = self.next_command
+        commands = self.state.commands
+        ended = self.state.ended
+        seq = commands[position][1].seq if position < len(commands) else ended.seq if ended else None
+        return NonDeterminismError(self.workflow_id, self.run_id, family, ordinal, recorded, exit, seq=seq)
 
     # -- timers --------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ AION_TRIO_NAMES = [
     "CommandInbox", "CommandNotAnswered", "CommandOutcome", "CompletionRetryConfig", "DatabaseCorrupt", "DatabaseTooNew", "DelegatingDispatcher", "Engine",
     "EngineClock", "EngineConfig", "EngineEpochClosed", "EngineError", "EngineStatistics", "ErrorInfo",
     "Event", "EventBody", "EventDecodeError", "EventStore", "Exponential", "FailureCause", "Fixed",
-    "IdReusePolicy", "InvalidArguments", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl", "Linear", "MarkerRecorded",
+    "IdReusePolicy", "InvalidArguments", "InvalidBatch", "InvalidHistory", "InvalidQuery", "InvalidStoreUrl", "Linear", "MarkerRecorded",
     "NoTaskQueues", "NodeInUse", "NonDeterminismError", "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "Observer",
     "ObserverEvent", "OutcomeKind", "OwnedStore", "OwnerClaim", "OwnerIdentity", "ParentClosePolicy",
     "Payload", "PayloadCodec", "PayloadError", "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity",

@@ -15,6 +15,7 @@ from .._version import __version__
 from .errors import EXIT_INTERRUPTED, fail
 from .options import DEFAULT_STORE, STORE_ENV
 from .read import history, list_, show, stores
+from .replay import replay
 from .worker import worker
 from .writes import cancel, query, reopen, signal, start, terminate
 
@@ -94,6 +95,7 @@ for _command in (
     list_,
     show,
     history,
+    replay,
     start,
     signal,
     query,

@@ -14,11 +14,13 @@ from typing import Any, TypeVar
 import click
 
 from .._errors import InvalidQuery
-from .._store import SearchOp, SearchPredicate
+from .._events import WorkflowStatus
+from .._store import SearchOp, SearchPredicate, VisibilityFilter
 
 STORE_ENV = "AION_TRIO_STORE"
 MODULE_ENV = "AION_TRIO_MODULE"
 DEFAULT_STORE = "sqlite:///aion.db"
+DEFAULT_LIST_LIMIT = 100
 
 
 def store_url(value: str) -> str:
@@ -132,3 +134,79 @@ def parse_attr(text: str) -> SearchPredicate:
         return SearchPredicate(key=key, op=op, value=value)
     except InvalidQuery as exc:
         raise click.BadParameter(f"{text!r}: {exc}", param_hint="--attr") from None
+
+
+_STATUS_CHOICES = [s.value for s in WorkflowStatus]
+
+# The visibility filter's options, in the order help shows them (``list``, ``replay --store``).
+_FILTER_OPTIONS = (
+    click.option(
+        "--status",
+        "statuses",
+        multiple=True,
+        type=click.Choice(_STATUS_CHOICES, case_sensitive=False),
+        help="Only workflows in this status (repeatable: any of them).",
+    ),
+    click.option("--type", "workflow_type", metavar="TYPE", help="Only workflows of this type."),
+    click.option("--task-queue", metavar="QUEUE", help="Only workflows on this task queue."),
+    click.option(
+        "--started-after", metavar="TIME", help="Started at or after TIME (ISO-8601; UTC if no offset)."
+    ),
+    click.option("--started-before", metavar="TIME", help="Started at or before TIME."),
+    click.option("--closed-after", metavar="TIME", help="Closed at or after TIME (excludes open workflows)."),
+    click.option(
+        "--closed-before", metavar="TIME", help="Closed at or before TIME (excludes open workflows)."
+    ),
+    click.option(
+        "--attr",
+        "attrs_",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Search attribute filter (repeatable, all must hold): KEY=VALUE equals, KEY>VALUE, KEY<VALUE, "
+        "KEY~TEXT contains. VALUE is JSON when it parses (3, 2.5, true, '\"007\"'), else a string.",
+    ),
+    click.option(
+        "--limit",
+        type=click.IntRange(min=0),
+        default=DEFAULT_LIST_LIMIT,
+        show_default=True,
+        help="At most this many rows.",
+    ),
+    click.option(
+        "--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many rows."
+    ),
+)
+
+
+def filter_options(fn: F) -> F:
+    """The options of a visibility filter; :func:`visibility_filter` builds it from their values."""
+    for option in reversed(_FILTER_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def visibility_filter(
+    *,
+    statuses: tuple[str, ...],
+    workflow_type: str | None,
+    task_queue: str | None,
+    started_after: str | None,
+    started_before: str | None,
+    closed_after: str | None,
+    closed_before: str | None,
+    attrs_: tuple[str, ...],
+    limit: int,
+    offset: int,
+) -> VisibilityFilter:
+    """The newest-first filter the :func:`filter_options` values describe (raises ``InvalidQuery``)."""
+    criteria: dict[str, Any] = {
+        "workflow_type": workflow_type,
+        "task_queue": task_queue,
+        "status": frozenset(WorkflowStatus(s.lower()) for s in statuses) if statuses else None,
+        "started_after": parse_time(started_after, "--started-after"),
+        "started_before": parse_time(started_before, "--started-before"),
+        "closed_after": parse_time(closed_after, "--closed-after"),
+        "closed_before": parse_time(closed_before, "--closed-before"),
+        "search": tuple(parse_attr(a) for a in attrs_),
+    }
+    return VisibilityFilter(**criteria, limit=limit, offset=offset, newest_first=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 from rich.table import Table
@@ -11,18 +10,16 @@ from rich.text import Text
 
 from .._engine import describe_history
 from .._errors import InvalidQuery
-from .._events import Event, WorkflowStatus
+from .._events import Event
 from .._payload import PayloadCodec
-from .._store import VisibilityFilter, VisibilityRow
+from .._store import VisibilityRow
 from .._urls import redact_url
 from .._wire import event_to_json
 from ..plugin import ENTRY_POINT_GROUP
 from .errors import UsageProblem, run
-from .options import parse_attr, parse_time, resolve_store, store_option
+from .options import filter_options, resolve_store, store_option, visibility_filter
 from .render import history_table, make_console, print_show, row_json, short, show_json, status_text, when
 from .stores import load_registry, open_for_reading, read_history
-
-DEFAULT_LIST_LIMIT = 100
 
 
 @click.command()
@@ -56,44 +53,9 @@ def stores(as_json: bool) -> None:
     console.print(table)
 
 
-_STATUS_CHOICES = [s.value for s in WorkflowStatus]
-
-
 @click.command("list")
 @store_option
-@click.option(
-    "--status",
-    "statuses",
-    multiple=True,
-    type=click.Choice(_STATUS_CHOICES, case_sensitive=False),
-    help="Only workflows in this status (repeatable: any of them).",
-)
-@click.option("--type", "workflow_type", metavar="TYPE", help="Only workflows of this type.")
-@click.option("--task-queue", metavar="QUEUE", help="Only workflows on this task queue.")
-@click.option(
-    "--started-after", metavar="TIME", help="Started at or after TIME (ISO-8601; UTC if no offset)."
-)
-@click.option("--started-before", metavar="TIME", help="Started at or before TIME.")
-@click.option("--closed-after", metavar="TIME", help="Closed at or after TIME (excludes open workflows).")
-@click.option("--closed-before", metavar="TIME", help="Closed at or before TIME (excludes open workflows).")
-@click.option(
-    "--attr",
-    "attrs_",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Search attribute filter (repeatable, all must hold): KEY=VALUE equals, KEY>VALUE, KEY<VALUE, "
-    "KEY~TEXT contains. VALUE is JSON when it parses (3, 2.5, true, '\"007\"'), else a string.",
-)
-@click.option(
-    "--limit",
-    type=click.IntRange(min=0),
-    default=DEFAULT_LIST_LIMIT,
-    show_default=True,
-    help="At most this many rows.",
-)
-@click.option(
-    "--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many rows."
-)
+@filter_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table.")
 def list_(
     store: str | None,
@@ -117,18 +79,19 @@ def list_(
       aion-trio list --started-after 2026-11-30T08:00 --attr region=eu --attr 'amount>100'
     """
     url = resolve_store(store)
-    criteria: dict[str, Any] = {
-        "workflow_type": workflow_type,
-        "task_queue": task_queue,
-        "status": frozenset(WorkflowStatus(s.lower()) for s in statuses) if statuses else None,
-        "started_after": parse_time(started_after, "--started-after"),
-        "started_before": parse_time(started_before, "--started-before"),
-        "closed_after": parse_time(closed_after, "--closed-after"),
-        "closed_before": parse_time(closed_before, "--closed-before"),
-        "search": tuple(parse_attr(a) for a in attrs_),
-    }
     try:
-        page = VisibilityFilter(**criteria, limit=limit, offset=offset, newest_first=True)
+        page = visibility_filter(
+            statuses=statuses,
+            workflow_type=workflow_type,
+            task_queue=task_queue,
+            started_after=started_after,
+            started_before=started_before,
+            closed_after=closed_after,
+            closed_before=closed_before,
+            attrs_=attrs_,
+            limit=limit,
+            offset=offset,
+        )
     except InvalidQuery as exc:
         raise UsageProblem(f"bad filter: {exc}") from None
 

@@ -301,14 +301,9 @@ class Runner:
         An evicted run's exit is not its end: ``True``, nothing marked."""
         if lease.residency is Residency.EVICTED:
             return True
-        if activation.poisoned is not None:
-            await self.mark_stuck(lease, str(activation.poisoned))
-            return True
-        leftover = activation.unissued_recorded_command(terminal)
-        if leftover is None:
+        error = activation.exit_divergence(exit, terminal)
+        if error is None:
             return False
-        family, ordinal, recorded = leftover
-        error = NonDeterminismError(lease.workflow_id, lease.run_id, family, ordinal, recorded, exit)
         await self.mark_stuck(lease, str(error))
         return True
 

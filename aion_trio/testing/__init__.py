@@ -23,7 +23,9 @@ A store author proves a store correct without reading aion_trio's tests:
   ``pytest_plugins = ["aion_trio.testing.pytest_plugin"]``.
 
 :class:`FlakyStore` and friends wrap a store and inject faults for engine
-tests.  Importing this package does not import pytest.
+tests.  :func:`replay` replays recorded histories against the current
+workflow code and reports, per run, a match or the first divergence
+(docs/testing.md).  Importing this package does not import pytest.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ from ._flaky import (
     FlakyVisibilityStore as FlakyVisibilityStore,
 )
 from ._kit import ConformanceError as ConformanceError
+from ._replayer import (
+    History as History,
+    ReplayReport as ReplayReport,
+    ReplayResult as ReplayResult,
+    read_histories as read_histories,
+    replay as replay,
+)
 from ._suite import (
     CommandInboxSuite as CommandInboxSuite,
     EventStoreSuite as EventStoreSuite,
