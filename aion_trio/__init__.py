@@ -73,6 +73,7 @@ from ._errors import (
     InvalidStoreUrl as InvalidStoreUrl,
     NodeInUse as NodeInUse,
     NonDeterminismError as NonDeterminismError,
+    NonDeterministicCall as NonDeterministicCall,
     NotAnAionDatabase as NotAnAionDatabase,
     NoTaskQueues as NoTaskQueues,
     NotFound as NotFound,
@@ -145,6 +146,7 @@ from ._events import (
     WorkflowStatus as WorkflowStatus,
     WorkflowTimedOut as WorkflowTimedOut,
 )
+from ._guard import unsafe_nondeterminism as unsafe_nondeterminism
 from ._handles import (
     ActivityHandle as ActivityHandle,
     ChildHandle as ChildHandle,

@@ -476,6 +476,27 @@ class NonDeterminismError(EngineError):
         )
 
 
+class NonDeterministicCall(EngineError, RuntimeError):
+    """Workflow code made a call that breaks replay (a clock, randomness, I/O, a thread).
+
+    On replay the call would answer differently than it did live, and the run
+    would take another branch.  ``call`` names it, ``instead`` the deterministic
+    alternative (``ctx.now()``, ``ctx.sleep()``, ``ctx.random()``, ``ctx.uuid4()``,
+    an activity).  Raised where the call was made, like any exception of the
+    code's own: uncaught, it fails the run.
+    """
+
+    def __init__(self, call: str, instead: str) -> None:
+        self.call = call
+        self.instead = instead
+        super().__init__(
+            f"{call} was called from workflow code, where it breaks replay (a replayed run would get "
+            f"another answer); use {instead} instead, or wrap a block known to be safe in "
+            "'with aion_trio.unsafe_nondeterminism():' (EngineConfig(determinism_guard=False) turns "
+            "the guard off)"
+        )
+
+
 class UnknownWorkflowType(EngineError, LookupError):
     """No workflow of this name is registered with the engine."""
 

@@ -50,7 +50,7 @@ AION_TRIO_NAMES = [
     "EngineClock", "EngineConfig", "EngineEpochClosed", "EngineError", "EngineStatistics", "ErrorInfo",
     "Event", "EventBody", "EventDecodeError", "EventStore", "Exponential", "FailureCause", "Fixed",
     "IdReusePolicy", "InvalidArguments", "InvalidBatch", "InvalidHistory", "InvalidQuery", "InvalidStoreUrl", "Linear", "MarkerRecorded",
-    "NoTaskQueues", "NodeInUse", "NonDeterminismError", "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "Observer",
+    "NoTaskQueues", "NodeInUse", "NonDeterminismError", "NonDeterministicCall", "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning", "Observer",
     "ObserverEvent", "OutcomeKind", "OwnedStore", "OwnerClaim", "OwnerIdentity", "ParentClosePolicy",
     "Payload", "PayloadCodec", "PayloadError", "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity",
     "PendingCommand", "PluginError", "PolicyRefused", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly",
@@ -65,7 +65,7 @@ AION_TRIO_NAMES = [
     "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew", "WorkflowDefinition",
     "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowFenced", "WorkflowNotFound", "WorkflowRelinquished", "WorkflowReopened",
     "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut",
-    "activity", "activity_cancelled", "activity_info", "heartbeat", "open_engine", "open_store", "run_activity_worker", "workflow",
+    "activity", "activity_cancelled", "activity_info", "heartbeat", "open_engine", "open_store", "run_activity_worker", "unsafe_nondeterminism", "workflow",
 ]
 
 PLUGIN_NAMES = [

@@ -47,6 +47,9 @@ def _check_setting_types(config: EngineConfig) -> None:
         elif kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{where} must be an int, got {value!r}")
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise TypeError(f"{where} must be a bool, got {value!r}")
         elif kind == "str":
             if not isinstance(value, str):
                 raise TypeError(f"{where} must be a str, got {value!r}")
@@ -160,6 +163,10 @@ class EngineConfig:
     #: is raised (nothing recorded); ``0``: refused at once when every slot is taken;
     #: ``None``: it waits as long as it takes.
     admission_timeout: float | None = None
+    #: Workflow code that reads a clock, draws random numbers, opens files or sockets or
+    #: starts threads raises :class:`~aion_trio.NonDeterministicCall` naming the safe
+    #: alternative (docs/concepts.md, "The determinism guard").  ``False``: no guard.
+    determinism_guard: bool = True
 
     def __attrs_post_init__(self) -> None:
         _check_setting_types(self)

@@ -35,6 +35,7 @@ from .._events import (
     WorkflowReopened,
     WorkflowStarted,
 )
+from .._guard import install as install_guard, run_workflow_code
 from .._hub import StartRetry
 from .._ids import deadline_timer_id, new_run_id
 from .._payload import PayloadCodec
@@ -86,6 +87,7 @@ class Runner:
         guard: Guard,
         arm_timer: Callable[[str, str, str, datetime], Awaitable[None]],
         left: Callable[[Lease], None] | None = None,
+        determinism_guard: bool = True,
     ) -> None:
         self._recorders = recorders
         self._registry = registry
@@ -104,6 +106,9 @@ class Runner:
         self._left = left
         #: How many runs' code executes here now.
         self.live_runs = 0
+        self._determinism_guard = determinism_guard
+        if determinism_guard:
+            install_guard(d.fn for d in workflows.values())
         #: Workflows a :meth:`resume_idle` is looking at now (one at a time: no second run).
         self._resuming: set[str] = set()
 
@@ -221,7 +226,10 @@ class Runner:
             try:
                 with trio.CancelScope() as scope:
                     lease.cancel_scope = scope
-                    value = await definition.fn(activation.context, *args)
+                    if self._determinism_guard:
+                        value = await run_workflow_code(definition.fn, activation.context, *args)
+                    else:
+                        value = await definition.fn(activation.context, *args)
                     await activation.flush()
                 if scope.cancelled_caught:
                     # Ended from outside (terminate, deadline teardown): that path

@@ -331,6 +331,7 @@ def build_core(
         guard=functools.partial(children.guarded, core),
         arm_timer=timers.arm,
         left=lambda lease: residency.left(lease),
+        determinism_guard=config.determinism_guard,
     )
     activity_dispatch = ActivityDispatch(
         epoch=epoch,

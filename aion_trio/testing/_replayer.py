@@ -43,6 +43,7 @@ from .._events import (
     WorkflowStarted,
     WorkflowTimedOut,
 )
+from .._guard import install as install_guard, run_workflow_code
 from .._payload import Payload, PayloadCodec
 from .._ports import RunAborted, WorkflowCommand
 from .._projections import RunState
@@ -177,6 +178,7 @@ async def replay(
     finds is in the report (call :meth:`ReplayReport.check` to raise it).
     """
     workflow_map, activity_map = index_definitions(tuple(workflows), tuple(activities))
+    install_guard(d.fn for d in workflow_map.values())  # the guard the engine runs the code under
     codec = codec if codec is not None else PayloadCodec()
     results: list[ReplayResult] = []
     for history in _histories(histories):
@@ -311,7 +313,7 @@ async def _replay_run(
     args = raw_args if isinstance(raw_args, list) else [raw_args]
     exit: tuple[str, type[EventBody]]
     try:
-        await definition.fn(activation.context, *args)
+        await run_workflow_code(definition.fn, activation.context, *args)
         await activation.flush()
         exit = ("the workflow to return", WorkflowCompleted)
     except _HistoryEnded:
