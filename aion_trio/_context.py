@@ -18,9 +18,9 @@ import hashlib
 import logging
 import random
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar, final, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, final, overload
 
 from ._childspec import ChildOptions, ParentClosePolicy, derive_child_workflow_id
 from ._definitions import ActivityDefinition, WorkflowDefinition
@@ -70,7 +70,15 @@ from ._queries import QueryHandlers
 from ._replay import Replay, Satisfied, SignalHandlers
 from ._retry import UNSET, RetryPolicy, check_layer, duration_seconds, explicit
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeVarTuple, Unpack
+
+    #: A function's parameters (an activity's, or a workflow's after ``ctx``): what a
+    #: call's arguments are checked against.
+    Ts = TypeVarTuple("Ts")
+
 T = TypeVar("T")
+R = TypeVar("R")
 H = TypeVar("H", ActivityHandle[Any], ChildHandle[Any], TimerHandle)
 P = ParamSpec("P")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -207,10 +215,52 @@ class WorkflowContext:
 
     # -- activities --------------------------------------------------------
 
+    @overload
+    def start(
+        self,
+        activity: ActivityDefinition[Callable[[Unpack[Ts]], Awaitable[R]]],
+        *args: Unpack[Ts],
+        retry: RetryPolicy | None = UNSET,
+        timeout: timedelta | float | None = UNSET,
+        schedule_to_close: timedelta | float | None = UNSET,
+        heartbeat_timeout: timedelta | float | None = UNSET,
+        task_queue: str | None = UNSET,
+        fallback_queues: Sequence[str] | None = UNSET,
+        advisory: bool = UNSET,
+    ) -> ActivityHandle[R]: ...
+
+    @overload
+    def start(
+        self,
+        activity: ActivityDefinition[Callable[[Unpack[Ts]], R]],
+        *args: Unpack[Ts],
+        retry: RetryPolicy | None = UNSET,
+        timeout: timedelta | float | None = UNSET,
+        schedule_to_close: timedelta | float | None = UNSET,
+        heartbeat_timeout: timedelta | float | None = UNSET,
+        task_queue: str | None = UNSET,
+        fallback_queues: Sequence[str] | None = UNSET,
+        advisory: bool = UNSET,
+    ) -> ActivityHandle[R]: ...
+
+    @overload
+    def start(
+        self,
+        activity: str,
+        *args: Any,
+        retry: RetryPolicy | None = UNSET,
+        timeout: timedelta | float | None = UNSET,
+        schedule_to_close: timedelta | float | None = UNSET,
+        heartbeat_timeout: timedelta | float | None = UNSET,
+        task_queue: str | None = UNSET,
+        fallback_queues: Sequence[str] | None = UNSET,
+        advisory: bool = UNSET,
+    ) -> ActivityHandle[Any]: ...
+
     def start(
         self,
         activity: ActivityDefinition[Any] | str,
-        *args: Any,
+        *args: Unpack[Ts],
         retry: RetryPolicy | None = UNSET,
         timeout: timedelta | float | None = UNSET,
         schedule_to_close: timedelta | float | None = UNSET,
@@ -223,6 +273,8 @@ class WorkflowContext:
 
         Keyword options override the activity's own, which override the
         engine's defaults; the resolved options are recorded with the command.
+        Type checkers check ``args`` against the activity's parameters and give
+        the handle its result type (an ``async def``'s awaited value).
         """
         replay = self._replay
         replay.require_own_task("ctx.start()")
@@ -268,8 +320,25 @@ class WorkflowContext:
         )
         return ActivityHandle(replay, ordinal, definition.name)
 
-    @_command("ctx.run()")
-    async def run(self, activity: ActivityDefinition[Any] | str, *args: Any, **options: Any) -> Any:
+    @overload
+    async def run(
+        self,
+        activity: ActivityDefinition[Callable[[Unpack[Ts]], Awaitable[R]]],
+        *args: Unpack[Ts],
+        **options: Any,
+    ) -> R: ...
+
+    @overload
+    async def run(
+        self, activity: ActivityDefinition[Callable[[Unpack[Ts]], R]], *args: Unpack[Ts], **options: Any
+    ) -> R: ...
+
+    @overload
+    async def run(self, activity: str, *args: Any, **options: Any) -> Any: ...
+
+    # mypy cannot match the ParamSpec decorator's signature with the overloads' *Ts.
+    @_command("ctx.run()")  # type: ignore[misc]
+    async def run(self, /, activity: ActivityDefinition[Any] | str, *args: Unpack[Ts], **options: Any) -> Any:
         """Schedule an activity and wait for its result (options as for :meth:`start`)."""
         return await self.start(activity, *args, **options)
 
@@ -357,10 +426,32 @@ class WorkflowContext:
 
     # -- child workflows -----------------------------------------------------
 
+    @overload
+    def start_child(
+        self,
+        workflow: WorkflowDefinition[Callable[[WorkflowContext, Unpack[Ts]], Awaitable[R]]],
+        *args: Unpack[Ts],
+        workflow_id: str | None = None,
+        parent_close_policy: ParentClosePolicy = ParentClosePolicy.CANCEL,
+        timeout: timedelta | float | None = None,
+        task_queue: str | None = None,
+    ) -> ChildHandle[R]: ...
+
+    @overload
+    def start_child(
+        self,
+        workflow: str,
+        *args: Any,
+        workflow_id: str | None = None,
+        parent_close_policy: ParentClosePolicy = ParentClosePolicy.CANCEL,
+        timeout: timedelta | float | None = None,
+        task_queue: str | None = None,
+    ) -> ChildHandle[Any]: ...
+
     def start_child(
         self,
         workflow: WorkflowDefinition[Any] | str,
-        *args: Any,
+        *args: Unpack[Ts],
         workflow_id: str | None = None,
         parent_close_policy: ParentClosePolicy = ParentClosePolicy.CANCEL,
         timeout: timedelta | float | None = None,
@@ -426,7 +517,18 @@ class WorkflowContext:
         )
         return ChildHandle(replay, ordinal, child_id, definition.name)
 
-    async def child(self, workflow: WorkflowDefinition[Any] | str, *args: Any, **options: Any) -> Any:
+    @overload
+    async def child(
+        self,
+        workflow: WorkflowDefinition[Callable[[WorkflowContext, Unpack[Ts]], Awaitable[R]]],
+        *args: Unpack[Ts],
+        **options: Any,
+    ) -> R: ...
+
+    @overload
+    async def child(self, workflow: str, *args: Any, **options: Any) -> Any: ...
+
+    async def child(self, workflow: WorkflowDefinition[Any] | str, *args: Unpack[Ts], **options: Any) -> Any:
         """Start a child workflow and wait for its result (options as for :meth:`start_child`)."""
         return await self.start_child(workflow, *args, **options)
 

@@ -15,6 +15,9 @@ from ._ids import check_text
 from ._retry import UNSET, RetryPolicy, check_layer, explicit
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: A definition's function type: covariant, so a definition of ``(ctx, int) -> str`` is
+#: one of ``(ctx, int) -> Awaitable[str]`` and calls infer argument and result types from it.
+F_co = TypeVar("F_co", bound=Callable[..., Any], covariant=True)
 
 
 class ActivityLoop(enum.Enum):
@@ -93,11 +96,11 @@ def _check_name(name: object, what: str) -> str:
 
 @final
 @attrs.frozen(kw_only=True)
-class WorkflowDefinition(Generic[F]):
+class WorkflowDefinition(Generic[F_co]):
     """A registered workflow: ``fn(ctx, *args)`` is an ``async def``."""
 
     name: str
-    fn: F
+    fn: F_co
     _arity: Arity | None = attrs.field(
         init=False,
         eq=False,
@@ -116,11 +119,11 @@ class WorkflowDefinition(Generic[F]):
 
 @final
 @attrs.frozen(kw_only=True)
-class ActivityDefinition(Generic[F]):
+class ActivityDefinition(Generic[F_co]):
     """A registered activity and the options it sets explicitly."""
 
     name: str
-    fn: F
+    fn: F_co
     loop: ActivityLoop
     #: Options set on the decorator (a layer of the per call > activity > engine resolution).
     options: Mapping[str, Any] = attrs.field(factory=dict)

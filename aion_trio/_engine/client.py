@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, final
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final, overload
 
 import attrs
 import trio
@@ -59,10 +59,23 @@ from .core import EngineCore
 from .describe import describe_history
 from .local import LocalCommands, Started
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeVarTuple, Unpack
+
+    from .._context import WorkflowContext
+
+    #: A workflow's parameters after ``ctx``: what ``start`` checks its arguments against.
+    Ts = TypeVarTuple("Ts")
+
+R = TypeVar("R")
+
 
 @final
-class RunHandle:
+class RunHandle(Generic[R]):
     """A started run: ``await handle.result()``.
+
+    Generic in the workflow's result type: ``engine.start(checkout, order)`` of an
+    ``async def checkout(ctx, order: dict) -> str`` gives a ``RunHandle[str]``.
 
     ``created`` is true when the call that returned the handle recorded the run's
     start (a retry with the same ``request_id`` returns the first call's handle,
@@ -76,8 +89,8 @@ class RunHandle:
         self.run_id = run_id
         self.created = created
 
-    async def result(self, *, follow_continue_as_new: bool = True) -> Any:
-        return await self._engine.result(
+    async def result(self, *, follow_continue_as_new: bool = True) -> R:
+        return await self._engine.result(  # type: ignore[no-any-return]
             self.workflow_id, run_id=self.run_id, follow_continue_as_new=follow_continue_as_new
         )
 
@@ -154,9 +167,23 @@ class Engine:
             released_workflows=self._core.residency.released,
         )
 
+    @overload
     async def start(
         self,
-        workflow: WorkflowDefinition[Any] | str,
+        workflow: WorkflowDefinition[Callable[[WorkflowContext, Unpack[Ts]], Awaitable[R]]],
+        *args: Unpack[Ts],
+        workflow_id: str | None = None,
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+        search_attributes: Mapping[str, Any] | None = None,
+        task_queue: str | None = None,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+        request_id: str | None = None,
+    ) -> RunHandle[R]: ...
+
+    @overload
+    async def start(
+        self,
+        workflow: str,
         *args: Any,
         workflow_id: str | None = None,
         id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
@@ -164,7 +191,19 @@ class Engine:
         task_queue: str | None = None,
         timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
         request_id: str | None = None,
-    ) -> RunHandle:
+    ) -> RunHandle[Any]: ...
+
+    async def start(
+        self,
+        workflow: WorkflowDefinition[Any] | str,
+        *args: Unpack[Ts],
+        workflow_id: str | None = None,
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+        search_attributes: Mapping[str, Any] | None = None,
+        task_queue: str | None = None,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+        request_id: str | None = None,
+    ) -> RunHandle[Any]:
         """Start a workflow run; returns once ``WorkflowStarted`` is durable.
 
         ``request_id``: an idempotency key (needs ``workflow_id``).  A start whose
@@ -176,7 +215,9 @@ class Engine:
         passes, the run is stopped and ends ``TimedOut``, its activities cancelled.
 
         Bad input (unknown workflow, unserialisable or oversized arguments,
-        bad search attributes) raises before anything is recorded.
+        bad search attributes) raises before anything is recorded.  Type checkers
+        check ``args`` against the workflow function's parameters (after ``ctx``)
+        and give the handle its result type; a workflow named by string is untyped.
         """
         if request_id is not None:
             validate_caller_request_id(request_id)
@@ -436,7 +477,7 @@ class Engine:
             lambda: TerminateCommand(workflow_id=workflow_id, reason=reason, request_id=request_id),
         )
 
-    async def reopen(self, workflow_id: str, *, request_id: str | None = None) -> RunHandle:
+    async def reopen(self, workflow_id: str, *, request_id: str | None = None) -> RunHandle[Any]:
         """Reopen a Failed or Cancelled run: ``WorkflowReopened`` supersedes its terminal and
         a new lease replays it (fixed code can now pass where the old failed); activities
         and timers the teardown cancelled are re-dispatched and re-armed.
