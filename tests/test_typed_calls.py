@@ -2,7 +2,7 @@
 check their arguments against the decorated function's parameters and give their handles and
 results its return type, so mypy sees what the engine will do (issue 20, item 1).
 
-mypy runs on ``tests/typing/calls.py`` with the project's configuration (strict); its whole
+mypy runs on ``tests/typecheck/calls.py`` with the project's configuration (strict); its whole
 output is compared with the lines below: every ``reveal_type`` and every refused call
 (``# E`` in the fixture), so a check that stops working and a new false alarm both fail.
 """
@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.slow  # a mypy run in a subprocess: seconds
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "typing" / "calls.py"
+FIXTURE = ROOT / "tests" / "typecheck" / "calls.py"
 
 ASYNC_STR = "Coroutine[Any, Any, str]"
 CHECKOUT = "WorkflowDefinition[Callable[[WorkflowContext, int, str], Coroutine[Any, Any, dict[str, int]]]]"
