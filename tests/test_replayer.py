@@ -396,3 +396,45 @@ def test_report_types_are_public() -> None:
     assert ReplayReport.__module__ == "aion_trio.testing"
     assert replay.__module__ == "aion_trio.testing"
     _: Any = replay_app
+
+
+async def test_a_reopened_run_replays_to_its_recorded_end(autojump_clock: trio.abc.Clock) -> None:
+    failures_left = [1]
+
+    @aion.activity(retry=aion.RetryPolicy(max_attempts=1))
+    async def flaky(order: int) -> str:
+        if failures_left[0]:
+            failures_left[0] -= 1
+            raise ConnectionError("down")
+        return f"charged {order}"
+
+    @aion.workflow(name="reopened")
+    async def reopened(ctx: aion.WorkflowContext, order: int) -> str:
+        result: str = await ctx.run(flaky, order)
+        return result
+
+    async with aion.open_engine("memory://", workflows=[reopened], activities=[flaky]) as engine:
+        run = await engine.start(reopened, 7, workflow_id="again")
+        with trio.fail_after(60):
+            with pytest.raises(aion.WorkflowFailure):
+                await run.result()
+            assert await (await engine.reopen("again")).result() == "charged 7"
+        history = await engine.history("again")
+    assert any(isinstance(e.body, aion.WorkflowReopened) for e in history)
+    [result] = (await replay([reopened], [history])).results
+    assert (result.verdict, result.complete) == ("match", True)
+
+
+async def test_a_cancelled_run_replays_to_its_recorded_end(autojump_clock: trio.abc.Clock) -> None:
+    async with aion.open_engine("memory://", workflows=[checkout_v1], activities=ACTIVITIES) as engine:
+        run = await engine.start(checkout_v1, 7, workflow_id="cancelled")
+        with trio.fail_after(60):
+            await trio.testing.wait_all_tasks_blocked()
+            await engine.cancel("cancelled", reason="changed my mind")
+            with pytest.raises(aion.WorkflowFailure):
+                await run.result()
+        history = await engine.history("cancelled")
+    assert isinstance(history[-1].body, aion.events.WorkflowCancelled)
+    assert (await replay([checkout_v1], [history])).results[0].verdict == "match"
+    [changed] = (await replay([checkout_reordered], [history])).results
+    assert changed.diverged
