@@ -24,6 +24,12 @@ from typing import TYPE_CHECKING, Protocol, final
 import attrs
 import trio
 
+from ._guard import unguarded
+
+#: Trio's clock, read without the determinism guard's check (the engine's reads are never
+#: workflow code's, and the recorder makes them on every step).
+_trio_time = unguarded(trio.current_time)
+
 if TYPE_CHECKING:
     # Not imported at run time: trio.testing imports pytest (about 0.2 s of CPU
     # for every process that imports aion_trio, the CLI's included).
@@ -63,11 +69,11 @@ class TrioClock:
         """
         if wall is not None:
             anchor = wall.astimezone(timezone.utc)
-            return cls(anchor_wall=anchor, anchor_trio=trio.current_time(), last=anchor)
+            return cls(anchor_wall=anchor, anchor_trio=_trio_time(), last=anchor)
         try:
             found = _RUN_ANCHOR.get()
         except LookupError:
-            found = (datetime.now(timezone.utc), trio.current_time())
+            found = (datetime.now(timezone.utc), _trio_time())
             _RUN_ANCHOR.set(found)
         anchor_wall, anchor_trio = found
         clock = cls(anchor_wall=anchor_wall, anchor_trio=anchor_trio, last=anchor_wall)
@@ -75,7 +81,7 @@ class TrioClock:
         return clock
 
     def now(self) -> datetime:
-        current = self._anchor_wall + timedelta(seconds=trio.current_time() - self._anchor_trio)
+        current = self._anchor_wall + timedelta(seconds=_trio_time() - self._anchor_trio)
         if current < self._last:  # pragma: no cover - float rounding only
             current = self._last
         self._last = current
