@@ -112,7 +112,7 @@ def test_version_prints_the_package_version() -> None:
     assert result.output == f"aion-trio {aion_trio.__version__}\n"
 
 
-COMMANDS = ("stores", "list", "show", "history", "start", "signal", "worker")
+COMMANDS = ("stores", "list", "show", "history", "replay", "start", "signal", "worker")
 
 
 @pytest.mark.parametrize(
