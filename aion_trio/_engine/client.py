@@ -347,7 +347,7 @@ class Engine:
         task_queue: str | None = None,
         timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
         request_id: str | None = None,
-    ) -> RunHandle:
+    ) -> RunHandle[Any]:
         """Signal the workflow's running run, or start it with the signal: one atomic call.
 
         If a run of ``workflow_id`` is running, ``signal`` (with ``payload``) is

@@ -381,6 +381,9 @@ class _HistoryPort:
         self.workflow_type = body.workflow_type
         self.start_head = history[-1].seq
         self.codec = codec
+        #: Not a query's read-only replay: code that goes past the end of a finished
+        #: history is a divergence to report, not a stop.
+        self.read_only = False
         self.state = RunState(body.run_id, history)
 
     def run_state(self) -> RunState:
