@@ -788,3 +788,72 @@ class WorkflowCancelled(BaseException):
     def __init__(self, reason: str = "") -> None:
         self.reason = reason
         super().__init__(f"workflow cancelled: {reason}" if reason else "workflow cancelled")
+
+
+# --------------------------------------------------------------------------
+# Schedules (engine.schedules, docs/schedules.md)
+# --------------------------------------------------------------------------
+
+
+class ScheduleError(AionError):
+    """Base class of the errors about durable schedules."""
+
+
+class InvalidSchedule(ScheduleError, ValueError):
+    """A schedule's definition is unusable (a bad cron expression, an unknown time zone, an
+    interval that is not positive, a start after its end, ...); nothing was written.
+
+    ``field`` names the part that is wrong."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        self.field = field
+        super().__init__(f"invalid schedule {field}: {detail}; nothing was written")
+
+
+class ScheduleNotFound(ScheduleError, LookupError):
+    """No schedule with this id exists in the store."""
+
+    def __init__(self, schedule_id: str) -> None:
+        self.schedule_id = schedule_id
+        super().__init__(f"schedule {schedule_id!r} does not exist in this store")
+
+
+class ScheduleAlreadyExists(ScheduleError):
+    """A schedule with this id exists already; nothing was written (``update`` changes one)."""
+
+    def __init__(self, schedule_id: str) -> None:
+        self.schedule_id = schedule_id
+        super().__init__(
+            f"schedule {schedule_id!r} already exists; pick another id, or change it with "
+            "engine.schedules.update()"
+        )
+
+
+class ScheduleConflict(ScheduleError, StoreError):
+    """A schedule write expected ``expected`` as the stored version and found ``found``
+    (``0``: the schedule is gone): another writer changed it in between.  Nothing was
+    written; the writer reads the schedule again and decides anew."""
+
+    def __init__(self, schedule_id: str, expected: int, found: int) -> None:
+        self.schedule_id = schedule_id
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"schedule {schedule_id!r}: expected stored version {expected}, found "
+            f"{found if found else 'none (deleted)'}; nothing was written"
+        )
+
+
+class SchedulesUnsupported(ScheduleError):
+    """The store has no schedule capability (:class:`~aion_trio.ScheduleStore`).
+
+    ``location`` names the store.  The built-in stores (``memory://``, ``sqlite://``)
+    and ``postgresql://`` have it."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        super().__init__(
+            f"the store {location} cannot hold schedules (it does not implement "
+            "aion_trio.ScheduleStore); open the engine on a store that does (memory://, "
+            "sqlite://, postgresql://)"
+        )

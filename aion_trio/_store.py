@@ -486,6 +486,69 @@ class ClusterStore(Protocol):
     def fenced_out(self) -> StoreTakenOver | None: ...
 
 
+# --------------------------------------------------------------------------
+# Schedules (optional capability; engine.schedules, docs/schedules.md)
+# --------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class StoredSchedule:
+    """A schedule as a store holds it: its id, its version (1 when created, one more per
+    write) and its definition and state as JSON text, which the store does not read."""
+
+    schedule_id: str
+    version: int
+    data: str
+
+
+@runtime_checkable
+class ScheduleStore(Protocol):
+    """Optional capability: durable schedules (``engine.schedules``).
+
+    A store holds each schedule as an opaque JSON text under a version that
+    is bumped by every write, so several writers (engines of a cluster, the
+    command line) change one schedule only by compare-and-set:
+
+    * ``create_schedule(schedule_id, data)``: store it at version 1 and
+      return it, or raise :class:`~aion_trio.ScheduleAlreadyExists` (an id
+      that exists, whatever its data) and write nothing.  Of concurrent
+      creators of one id exactly one wins.
+    * ``read_schedule(schedule_id)``: the stored schedule or ``None``.
+    * ``list_schedules()``: every stored schedule, ordered by id.
+    * ``write_schedule(schedule_id, data, expected_version)``: replace the
+      data and bump the version by one if the stored version is
+      ``expected_version``; return the new record.  Otherwise raise
+      :class:`~aion_trio.ScheduleConflict` (``found`` the stored version, 0
+      when the schedule does not exist) and write nothing.  Of concurrent
+      writers with the same expected version exactly one wins.
+    * ``delete_schedule(schedule_id)``: remove it; ``True`` if it existed.
+
+    Schedules survive closing and reopening the store.  Every method is a
+    checkpoint; same close rules as :class:`EventStore`.
+    """
+
+    async def create_schedule(self, schedule_id: str, data: str) -> StoredSchedule: ...
+
+    async def read_schedule(self, schedule_id: str) -> StoredSchedule | None: ...
+
+    async def list_schedules(self) -> list[StoredSchedule]: ...
+
+    async def write_schedule(self, schedule_id: str, data: str, expected_version: int) -> StoredSchedule: ...
+
+    async def delete_schedule(self, schedule_id: str) -> bool: ...
+
+
+def validate_schedule_write(schedule_id: object, data: object, expected_version: object = 1) -> None:
+    """``TypeError``/``ValueError`` for an id that is not a non-empty str, data that is not a
+    str, or an expected version that is not an int >= 1 (the :class:`ScheduleStore` methods)."""
+    if not isinstance(schedule_id, str) or not schedule_id:
+        raise ValueError(f"schedule ids must be non-empty str, got {schedule_id!r}")
+    if not isinstance(data, str):
+        raise TypeError(f"schedule data must be str (JSON text), got {type(data).__name__}")
+    if isinstance(expected_version, bool) or not isinstance(expected_version, int) or expected_version < 1:
+        raise ValueError(f"expected_version must be an int >= 1, got {expected_version!r}")
+
+
 def validate_workflow_ids(workflow_ids: Sequence[str]) -> list[str]:
     """The distinct ids of ``workflow_ids`` in order; ``TypeError``/``ValueError`` for
     one str or an id that is not a non-empty str (the :class:`RecoveryCounts` methods)."""

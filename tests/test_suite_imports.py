@@ -88,6 +88,7 @@ SEAMS: dict[str, tuple[str, ...]] = {
         "aion_trio._wire",
         "aion_trio._events",
         "aion_trio._commands",
+        "aion_trio._schedules",
         "aion_trio._chain",
         "aion_trio._childspec",
         "aion_trio._projections",

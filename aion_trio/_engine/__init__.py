@@ -20,4 +20,5 @@ from .config import (
 )
 from .core import EngineCore as EngineCore
 from .describe import describe_history as describe_history
+from .schedules import ScheduleDescription as ScheduleDescription, Schedules as Schedules
 from .wiring import open_engine as open_engine

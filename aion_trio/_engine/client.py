@@ -58,6 +58,7 @@ from .config import EngineStatistics, WorkflowDescription
 from .core import EngineCore
 from .describe import describe_history
 from .local import LocalCommands, Started
+from .schedules import Schedules, open_schedules
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVarTuple, Unpack
@@ -122,6 +123,18 @@ class Engine:
         #: Cluster mode's services (``None``: a single-owner store): every client built
         #: on this core routes commands for workflows other nodes own the same way.
         self._cluster: ClusterServices | None = core.cluster_services
+        #: Durable schedules (docs/schedules.md); the service that fires them runs in the epoch.
+        self.schedules: Schedules = open_schedules(
+            self,
+            store=core.store,
+            location=type(core.store).__name__,
+            clock=core.clock,
+            workflow_definition=core.workflow_definition,
+            node=None if core.cluster is None else core.cluster.node_id,
+            claim_ttl=core.config.schedule_claim_ttl,
+            poll_interval=core.config.schedule_poll_interval,
+            limiter=core.service_threads,
+        )
 
     @property
     def epoch(self) -> EngineEpoch:

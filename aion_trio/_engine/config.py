@@ -167,6 +167,14 @@ class EngineConfig:
     #: starts threads raises :class:`~aion_trio.NonDeterministicCall` naming the safe
     #: alternative (docs/concepts.md, "The determinism guard").  ``False``: no guard.
     determinism_guard: bool = True
+    #: Stores with :class:`~aion_trio.ScheduleStore`: seconds of wall-clock time between
+    #: looks at the stored schedules for changes other processes made (the command line,
+    #: other nodes); due ticks fire on the engine clock whatever this is.  ``None``: look
+    #: only when this engine changed a schedule or a tick is due.
+    schedule_poll_interval: float | None = 1.0
+    #: Cluster stores: seconds (engine clock) a node's claim on a schedule it works lasts;
+    #: renewed at half-time, taken over by another node once expired.
+    schedule_claim_ttl: float = 30.0
 
     def __attrs_post_init__(self) -> None:
         _check_setting_types(self)

@@ -206,6 +206,9 @@ async def open_engine(
                             epoch.spawn(drainer.poll_forever, name="inbox-poller")
                     if services is not None:
                         epoch.spawn(services.sweeper, name="cluster-sweeper")
+                    # Durable schedules: fired by the one engine owning the store, or in
+                    # cluster mode by the node holding each schedule's claim.
+                    epoch.spawn(engine.schedules.serve, name="schedule-service")
                     yield engine
                 except BaseException:
                     epoch.begin_close()

@@ -32,7 +32,10 @@ from aion_trio.plugin import (
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
+    ScheduleAlreadyExists,
+    ScheduleConflict,
     SequenceConflict,
+    StoredSchedule,
     StoreRegistry,
     TimerEntry,
     VisibilityFilter,
@@ -46,6 +49,7 @@ from aion_trio.plugin import (
     redact_url,
     status_after,
     validate_batch,
+    validate_schedule_write,
     validate_workflow_ids,
 )
 
@@ -70,6 +74,8 @@ class _Data:
     command_requests: dict[str, int] = attrs.field(factory=dict)
     # workflow id -> recoveries begun and not finished (RecoveryCounts)
     recoveries: dict[str, int] = attrs.field(factory=dict)
+    # schedule id -> (version, data json) (ScheduleStore)
+    schedules: dict[str, tuple[int, str]] = attrs.field(factory=dict)
 
 
 _named: dict[str, _Data] = {}
@@ -326,6 +332,48 @@ class MemoryStore:
         await self._enter()
         with self._data.lock:
             return dict(self._data.recoveries)
+
+    # -- schedules (ScheduleStore) -------------------------------------------
+
+    async def create_schedule(self, schedule_id: str, data: str) -> StoredSchedule:
+        await self._enter()
+        validate_schedule_write(schedule_id, data)
+        with self._data.lock:
+            if schedule_id in self._data.schedules:
+                raise ScheduleAlreadyExists(schedule_id)
+            self._data.schedules[schedule_id] = (1, data)
+        return StoredSchedule(schedule_id=schedule_id, version=1, data=data)
+
+    async def read_schedule(self, schedule_id: str) -> StoredSchedule | None:
+        await self._enter()
+        found = self._data.schedules.get(schedule_id)
+        return (
+            None
+            if found is None
+            else StoredSchedule(schedule_id=schedule_id, version=found[0], data=found[1])
+        )
+
+    async def list_schedules(self) -> list[StoredSchedule]:
+        await self._enter()
+        with self._data.lock:
+            items = sorted(self._data.schedules.items())
+        return [StoredSchedule(schedule_id=sid, version=v, data=d) for sid, (v, d) in items]
+
+    async def write_schedule(self, schedule_id: str, data: str, expected_version: int) -> StoredSchedule:
+        await self._enter()
+        validate_schedule_write(schedule_id, data, expected_version)
+        with self._data.lock:
+            found = self._data.schedules.get(schedule_id)
+            version = 0 if found is None else found[0]
+            if version != expected_version:
+                raise ScheduleConflict(schedule_id, expected_version, version)
+            self._data.schedules[schedule_id] = (version + 1, data)
+        return StoredSchedule(schedule_id=schedule_id, version=version + 1, data=data)
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        await self._enter()
+        with self._data.lock:
+            return self._data.schedules.pop(schedule_id, None) is not None
 
     async def aclose(self) -> None:
         await self.events.aclose()
