@@ -37,6 +37,7 @@ from aion_trio.testing import (
     EVENT_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS,
     RECOVERY_COUNTS_SCENARIOS,
+    SCHEDULE_STORE_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS,
     CommandInboxSuite,
     ConformanceError,
@@ -45,6 +46,7 @@ from aion_trio.testing import (
     FlakyStoreBundle,
     OwnedStoreSuite,
     RecoveryCountsSuite,
+    ScheduleStoreSuite,
     VisibilityStoreSuite,
     _samples,
     _suite as suite_module,
@@ -52,6 +54,7 @@ from aion_trio.testing import (
     check_event_store,
     check_owned_store,
     check_recovery_counts,
+    check_schedule_store,
     check_visibility_store,
 )
 
@@ -101,12 +104,14 @@ async def test_memory_store_passes_the_ownership_and_inbox_checks() -> None:
     await check_owned_store(memory_keyed())
     await check_command_inbox(memory_keyed())
     await check_recovery_counts(memory_keyed())
+    await check_schedule_store(memory_keyed())
 
 
 async def test_sqlite_store_passes_the_ownership_and_inbox_checks(tmp_path: Path) -> None:
     await check_owned_store(sqlite_keyed(tmp_path))
     await check_command_inbox(sqlite_keyed(tmp_path))
     await check_recovery_counts(sqlite_keyed(tmp_path))
+    await check_schedule_store(sqlite_keyed(tmp_path))
 
 
 async def test_memory_store_passes_check_event_store() -> None:
@@ -242,9 +247,15 @@ class TestSqliteVisibilityStore(VisibilityStoreSuite):
         return sqlite_factory(tmp_path)
 
 
-class TestMemoryOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite):
+class TestMemoryOwnershipAndInbox(
+    OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite, ScheduleStoreSuite
+):
     @pytest.fixture
     def open_owned_store(self) -> Callable[[str], Any]:
+        return memory_keyed()
+
+    @pytest.fixture
+    def open_schedule_store(self) -> Callable[[str], Any]:
         return memory_keyed()
 
     @pytest.fixture
@@ -256,9 +267,15 @@ class TestMemoryOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite, RecoveryCo
         return memory_keyed()
 
 
-class TestSqliteOwnershipAndInbox(OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite):
+class TestSqliteOwnershipAndInbox(
+    OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite, ScheduleStoreSuite
+):
     @pytest.fixture
     def open_owned_store(self, tmp_path: Path) -> Callable[[str], Any]:
+        return sqlite_keyed(tmp_path)
+
+    @pytest.fixture
+    def open_schedule_store(self, tmp_path: Path) -> Callable[[str], Any]:
         return sqlite_keyed(tmp_path)
 
     @pytest.fixture
@@ -288,6 +305,7 @@ SUITES = [
     (OwnedStoreSuite, OWNED_STORE_SCENARIOS, "owner"),
     (CommandInboxSuite, COMMAND_INBOX_SCENARIOS, "inbox"),
     (RecoveryCountsSuite, RECOVERY_COUNTS_SCENARIOS, "recoveries"),
+    (ScheduleStoreSuite, SCHEDULE_STORE_SCENARIOS, "schedules"),
 ]
 
 

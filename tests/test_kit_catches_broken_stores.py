@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.lowlevel
 
 import aion_trio
 from aion_trio import (
@@ -42,6 +43,7 @@ from aion_trio.testing import (
     EVENT_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS,
     RECOVERY_COUNTS_SCENARIOS,
+    SCHEDULE_STORE_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS,
     ConformanceError,
     EventStoreSuite,
@@ -50,6 +52,7 @@ from aion_trio.testing import (
     check_event_store,
     check_owned_store,
     check_recovery_counts,
+    check_schedule_store,
     check_visibility_store,
 )
 
@@ -650,6 +653,21 @@ class ControlProxy:
     async def recovery_counts(self) -> dict[str, int]:
         return await self.inner.recovery_counts()
 
+    async def create_schedule(self, schedule_id: str, data: str) -> Any:
+        return await self.inner.create_schedule(schedule_id, data)
+
+    async def read_schedule(self, schedule_id: str) -> Any:
+        return await self.inner.read_schedule(schedule_id)
+
+    async def list_schedules(self) -> Any:
+        return await self.inner.list_schedules()
+
+    async def write_schedule(self, schedule_id: str, data: str, expected_version: int) -> Any:
+        return await self.inner.write_schedule(schedule_id, data, expected_version)
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        return bool(await self.inner.delete_schedule(schedule_id))
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 
@@ -1029,6 +1047,134 @@ INBOX_CASES = [
     pytest.param(InboxNotACheckpoint, "inbox_every_method_is_a_checkpoint", id="inbox-not-a-checkpoint"),
     pytest.param(InboxSilentAfterClose, "inbox_use_after_close", id="inbox-silent-after-close"),
 ]
+
+
+class SchedulesListedNewestFirst(ControlProxy):
+    async def list_schedules(self) -> Any:
+        return list(reversed(await self.inner.list_schedules()))
+
+
+class ScheduleCreateOverwrites(ControlProxy):
+    async def create_schedule(self, schedule_id: str, data: str) -> Any:
+        await self.inner.delete_schedule(schedule_id)
+        return await self.inner.create_schedule(schedule_id, data)
+
+
+class ScheduleWriteIgnoresTheVersion(ControlProxy):
+    async def write_schedule(self, schedule_id: str, data: str, expected_version: int) -> Any:
+        stored = await self.inner.read_schedule(schedule_id)
+        version = 0 if stored is None else stored.version
+        return await self.inner.write_schedule(schedule_id, data, version)
+
+
+class ScheduleWriteReadsThenWrites(ControlProxy):
+    """Compares and sets in two steps with a checkpoint between: concurrent writers both win."""
+
+    async def write_schedule(self, schedule_id: str, data: str, expected_version: int) -> Any:
+        stored = await self.inner.read_schedule(schedule_id)
+        await trio.lowlevel.checkpoint()
+        if stored is None or stored.version != expected_version:
+            raise aion_trio.ScheduleConflict(
+                schedule_id, expected_version, 0 if stored is None else stored.version
+            )
+        _stored(self.inner).schedules[schedule_id] = (expected_version + 1, data)
+        return aion_trio.StoredSchedule(schedule_id=schedule_id, version=expected_version + 1, data=data)
+
+
+class ScheduleDeleteAlwaysTrue(ControlProxy):
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        await self.inner.delete_schedule(schedule_id)
+        return True
+
+
+class SchedulesNotDurable(ControlProxy):
+    """Keeps schedules in the handle, so a reopened store has forgotten them."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.fresh = False
+
+    async def create_schedule(self, schedule_id: str, data: str) -> Any:
+        if not self.fresh:
+            self.fresh = True
+            _stored(self.inner).schedules.clear()
+        return await self.inner.create_schedule(schedule_id, data)
+
+    async def list_schedules(self) -> Any:
+        if not self.fresh:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self.inner.list_schedules()
+
+
+class ScheduleDataNotChecked(ControlProxy):
+    async def create_schedule(self, schedule_id: str, data: str) -> Any:
+        await trio.lowlevel.checkpoint()
+        _stored(self.inner).schedules[schedule_id] = (1, data)
+        return aion_trio.StoredSchedule(schedule_id=schedule_id, version=1, data=str(data))
+
+
+class ScheduleReadNotACheckpoint(ControlProxy):
+    async def read_schedule(self, schedule_id: str) -> Any:
+        found = _stored(self.inner).schedules.get(schedule_id)
+        return (
+            None
+            if found is None
+            else aion_trio.StoredSchedule(schedule_id=schedule_id, version=found[0], data=found[1])
+        )
+
+
+class SchedulesSilentAfterClose(ControlProxy):
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.inner.aclose()
+
+    async def list_schedules(self) -> Any:
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self.inner.list_schedules()
+
+    async def create_schedule(self, schedule_id: str, data: str) -> Any:
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            return aion_trio.StoredSchedule(schedule_id=schedule_id, version=1, data=data)
+        return await self.inner.create_schedule(schedule_id, data)
+
+
+SCHEDULE_CASES = [
+    pytest.param(SchedulesListedNewestFirst, "schedules_create_read_list", id="listed-newest-first"),
+    pytest.param(ScheduleCreateOverwrites, "schedules_duplicate_create_refused", id="create-overwrites"),
+    pytest.param(
+        ScheduleWriteIgnoresTheVersion, "schedules_write_compare_and_set", id="write-ignores-version"
+    ),
+    pytest.param(ScheduleWriteReadsThenWrites, "schedules_concurrent_writers_one_wins", id="read-then-write"),
+    pytest.param(ScheduleDeleteAlwaysTrue, "schedules_delete", id="delete-always-true"),
+    pytest.param(SchedulesNotDurable, "schedules_survive_reopen", id="schedules-not-durable"),
+    pytest.param(ScheduleDataNotChecked, "schedules_bad_input_refused", id="data-not-checked"),
+    pytest.param(
+        ScheduleReadNotACheckpoint, "schedules_every_method_is_a_checkpoint", id="read-not-a-checkpoint"
+    ),
+    pytest.param(SchedulesSilentAfterClose, "schedules_use_after_close", id="schedules-silent-after-close"),
+]
+
+
+@pytest.mark.parametrize(("broken", "scenario"), SCHEDULE_CASES)
+async def test_broken_schedule_stores_are_caught_by_their_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
+    with pytest.raises(ConformanceError) as info:
+        await check_schedule_store(keyed_factory_of(broken), scenarios=[scenario])
+    assert info.value.scenario == scenario
+    await check_schedule_store(keyed_factory_of(ControlProxy), scenarios=[scenario])
+
+
+def test_every_schedule_scenario_has_a_broken_store_it_catches() -> None:
+    assert set(SCHEDULE_STORE_SCENARIOS) == {p.values[1] for p in SCHEDULE_CASES}
 
 
 RECOVERY_CASES = [

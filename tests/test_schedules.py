@@ -9,8 +9,7 @@ runs in milliseconds.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -53,10 +52,6 @@ async def engine_on(store: str, **overrides: Any) -> AsyncIterator[aion.Engine]:
         yield engine
 
 
-def named() -> str:
-    return f"memory://sched-{uuid.uuid4().hex}"
-
-
 async def scheduled_runs(engine: aion.Engine, schedule_id: str) -> list[aion.VisibilityRow]:
     rows = await engine.list(
         search=[aion.SearchPredicate(key="ScheduleId", op=aion.SearchOp.EQUALS, value=schedule_id)]
@@ -65,9 +60,10 @@ async def scheduled_runs(engine: aion.Engine, schedule_id: str) -> list[aion.Vis
 
 
 async def test_cron_fires_each_tick_with_its_memo_and_search_attributes(
+    store_url: Callable[[], str],
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with engine_on("memory://") as engine:
+    async with engine_on(store_url()) as engine:
         await engine.schedules.create(
             "hourly", tick, "x", cron="0 * * * *", memo={"team": "ops"}, search_attributes={"Kind": "report"}
         )
@@ -187,9 +183,13 @@ async def test_start_and_end_bound_the_ticks(autojump_clock: trio.testing.MockCl
     ],
 )
 async def test_overlap_policies(
-    autojump_clock: trio.testing.MockClock, overlap: Overlap, started: list[str], ended: dict[str, str | None]
+    store_url: Callable[[], str],
+    autojump_clock: trio.testing.MockClock,
+    overlap: Overlap,
+    started: list[str],
+    ended: dict[str, str | None],
 ) -> None:
-    async with engine_on("memory://") as engine:
+    async with engine_on(store_url()) as engine:
         await engine.schedules.create("o", slow, 25, interval=timedelta(minutes=10), overlap=overlap)
         await trio.sleep(55 * 60)
         rows = {r.workflow_id.split("T")[1][:5]: r for r in await scheduled_runs(engine, "o")}
@@ -217,9 +217,10 @@ async def test_overlap_policies(
 
 
 async def test_catch_up_after_downtime_within_the_window_and_skips_older_ticks(
+    store_url: Callable[[], str],
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    store = named()
+    store = store_url()
     async with engine_on(store) as engine:
         await engine.schedules.create(
             "m",
@@ -232,7 +233,9 @@ async def test_catch_up_after_downtime_within_the_window_and_skips_older_ticks(
         await trio.sleep(90)  # the tick at 00:01 fires
     await trio.sleep(10 * 60)  # down until 00:11:30: ticks 00:02 .. 00:11 missed
     async with engine_on(store) as engine:
-        await trio.testing.wait_all_tasks_blocked()
+        with trio.fail_after(60):  # mock seconds: the service's first pass after the restart
+            while (await engine.schedules.describe("m")).schedule.state.started_count < 4:  # noqa: ASYNC110
+                await trio.sleep(1)
         rows = await scheduled_runs(engine, "m")
         times = [r.workflow_id.split("T")[1][:5] for r in rows]
         assert times == ["00:01", "00:09", "00:10", "00:11"]  # within 3 minutes of 00:11:30
@@ -244,11 +247,12 @@ async def test_catch_up_after_downtime_within_the_window_and_skips_older_ticks(
 
 
 async def test_a_tick_starts_once_when_its_state_write_was_lost(
+    store_url: Callable[[], str],
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A crash between a tick's start and the schedule's state write: the next engine sees
     the tick due again, and its start finds the run the tick's workflow id names."""
-    store = named()
+    store = store_url()
     async with engine_on(store) as engine:
         await engine.schedules.create("once", slow, 30, interval=timedelta(minutes=10), overlap="allow_all")
         stored = engine.store
@@ -270,9 +274,10 @@ async def test_a_tick_starts_once_when_its_state_write_was_lost(
 
 
 async def test_pause_skips_ticks_with_its_note_and_unpause_resumes(
+    store_url: Callable[[], str],
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with engine_on("memory://") as engine:
+    async with engine_on(store_url()) as engine:
         await engine.schedules.create("p", tick, "p", interval=timedelta(minutes=10))
         await trio.sleep(11 * 60)
         paused = await engine.schedules.pause("p", note="maintenance")
@@ -290,8 +295,10 @@ async def test_pause_skips_ticks_with_its_note_and_unpause_resumes(
         ] * 2
 
 
-async def test_trigger_starts_a_run_now(autojump_clock: trio.testing.MockClock) -> None:
-    async with engine_on("memory://") as engine:
+async def test_trigger_starts_a_run_now(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    async with engine_on(store_url()) as engine:
         await engine.schedules.create("t", tick, "t", cron="0 0 1 1 *")
         await trio.sleep(5)
         await engine.schedules.trigger("t")
@@ -299,8 +306,10 @@ async def test_trigger_starts_a_run_now(autojump_clock: trio.testing.MockClock) 
         assert [r.workflow_id for r in rows] == ["t@manual@2027-01-01T00:00:05Z"]
 
 
-async def test_backfill_runs_a_past_range_once(autojump_clock: trio.testing.MockClock) -> None:
-    async with engine_on("memory://") as engine:
+async def test_backfill_runs_a_past_range_once(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    async with engine_on(store_url()) as engine:
         await engine.schedules.create("bf", tick, "b", cron="0 0 * * *", start_at=T0 - timedelta(days=30))
         await engine.schedules.backfill("bf", T0 - timedelta(days=3), T0 - timedelta(days=1))
         await engine.schedules.backfill(
@@ -317,9 +326,10 @@ async def test_backfill_runs_a_past_range_once(autojump_clock: trio.testing.Mock
 
 
 async def test_update_changes_the_spec_and_delete_stops_the_ticks(
+    store_url: Callable[[], str],
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with engine_on("memory://") as engine:
+    async with engine_on(store_url()) as engine:
         await engine.schedules.create("u", tick, "u", interval=timedelta(hours=1))
         updated = await engine.schedules.update("u", interval=timedelta(minutes=5), args=("v",))
         assert updated.next_times[0] == T0 + timedelta(minutes=5)

@@ -13,11 +13,12 @@ A store author proves a store correct without reading aion_trio's tests:
 * stores with the optional ownership and inbox capabilities
   also run ``check_owned_store(open_keyed)`` and ``check_command_inbox(open_keyed)``,
   whose factory takes a key (the same key reopens the same store), and those
-  with :class:`~aion_trio.RecoveryCounts` ``check_recovery_counts(open_keyed)``;
+  with :class:`~aion_trio.RecoveryCounts` ``check_recovery_counts(open_keyed)``, and
+  those with :class:`~aion_trio.ScheduleStore` ``check_schedule_store(open_keyed)``;
 
 * with pytest: subclass :class:`EventStoreSuite` / :class:`VisibilityStoreSuite`
   (and :class:`OwnedStoreSuite` / :class:`CommandInboxSuite` /
-  :class:`RecoveryCountsSuite`), whose ``test_<scenario>`` methods are the
+  :class:`RecoveryCountsSuite` / :class:`ScheduleStoreSuite`), whose ``test_<scenario>`` methods are the
   scenarios (the checkers above run the same methods), provide the factory
   as a fixture and enable the plugin with
   ``pytest_plugins = ["aion_trio.testing.pytest_plugin"]``.
@@ -35,11 +36,13 @@ from ._checks import (
     EVENT_STORE_SCENARIOS as EVENT_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS as OWNED_STORE_SCENARIOS,
     RECOVERY_COUNTS_SCENARIOS as RECOVERY_COUNTS_SCENARIOS,
+    SCHEDULE_STORE_SCENARIOS as SCHEDULE_STORE_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS as VISIBILITY_STORE_SCENARIOS,
     check_command_inbox as check_command_inbox,
     check_event_store as check_event_store,
     check_owned_store as check_owned_store,
     check_recovery_counts as check_recovery_counts,
+    check_schedule_store as check_schedule_store,
     check_visibility_store as check_visibility_store,
 )
 from ._flaky import (
@@ -60,6 +63,7 @@ from ._suite import (
     EventStoreSuite as EventStoreSuite,
     OwnedStoreSuite as OwnedStoreSuite,
     RecoveryCountsSuite as RecoveryCountsSuite,
+    ScheduleStoreSuite as ScheduleStoreSuite,
     VisibilityStoreSuite as VisibilityStoreSuite,
 )
 

@@ -14,6 +14,7 @@ from ._suite import (
     EventStoreSuite,
     OwnedStoreSuite,
     RecoveryCountsSuite,
+    ScheduleStoreSuite,
     VisibilityStoreSuite,
     scenario_names,
 )
@@ -32,6 +33,9 @@ COMMAND_INBOX_SCENARIOS: tuple[str, ...] = scenario_names(CommandInboxSuite)
 
 RECOVERY_COUNTS_SCENARIOS: tuple[str, ...] = scenario_names(RecoveryCountsSuite)
 """Names of the recovery-count scenarios, in the order :func:`check_recovery_counts` runs them."""
+
+SCHEDULE_STORE_SCENARIOS: tuple[str, ...] = scenario_names(ScheduleStoreSuite)
+"""Names of the schedule-store scenarios, in the order :func:`check_schedule_store` runs them."""
 
 
 async def _run_suite(
@@ -113,3 +117,12 @@ async def check_recovery_counts(
     ``scenarios`` selects from :data:`RECOVERY_COUNTS_SCENARIOS`.
     """
     await _run_suite(RecoveryCountsSuite, RECOVERY_COUNTS_SCENARIOS, open_store, scenarios, "recovery counts")
+
+
+async def check_schedule_store(open_store: OpenKeyedStore, *, scenarios: Iterable[str] | None = None) -> None:
+    """Check that a store keeps the optional :class:`~aion_trio.ScheduleStore` contract.
+
+    ``open_store`` is a keyed factory as for :func:`check_owned_store`;
+    ``scenarios`` selects from :data:`SCHEDULE_STORE_SCENARIOS`.
+    """
+    await _run_suite(ScheduleStoreSuite, SCHEDULE_STORE_SCENARIOS, open_store, scenarios, "schedule store")

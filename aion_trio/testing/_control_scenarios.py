@@ -1,5 +1,6 @@
 """Conformance scenarios for the optional capabilities :class:`~aion_trio.OwnedStore`,
-:class:`~aion_trio.CommandInbox` and :class:`~aion_trio.RecoveryCounts`.
+:class:`~aion_trio.CommandInbox`, :class:`~aion_trio.RecoveryCounts` and
+:class:`~aion_trio.ScheduleStore`.
 
 These scenarios open stores through a *keyed* factory, ``open_store(key)``:
 the same key opens the same store again (a second handle at the same time, or
@@ -28,7 +29,7 @@ from .._commands import (
     StartCommand,
     TerminateCommand,
 )
-from .._errors import NotFound, StoreOwned, StoreTakenOver
+from .._errors import NotFound, ScheduleAlreadyExists, ScheduleConflict, StoreOwned, StoreTakenOver
 from .._ownership import OwnerClaim, OwnerIdentity, pid_alive, this_host
 from .._payload import Payload
 from . import _samples as s
@@ -541,3 +542,177 @@ async def recoveries_use_after_close(ctx: ScenarioContext) -> None:
             await store.count_recoveries(["a"])
         with ctx.expect_raises(trio.ClosedResourceError, "recovery_counts() after aclose()"):
             await store.recovery_counts()
+
+
+# --------------------------------------------------------------------------
+# Schedules
+# --------------------------------------------------------------------------
+
+
+def _stored(store_record: Any) -> Any:
+    """What a stored schedule must keep: id, version, data."""
+    if store_record is None:
+        return None
+    return (store_record.schedule_id, store_record.version, store_record.data)
+
+
+async def schedules_create_read_list(ctx: ScenarioContext) -> None:
+    """create stores version 1 and returns it; read gives it back (None for an unknown id);
+    list gives every schedule ordered by id."""
+    async with ctx.open() as store:
+        ctx.expect_equal(await store.list_schedules(), [], "list_schedules() of a fresh store")
+        ctx.expect_equal(await store.read_schedule("nope"), None, "read_schedule() of an unknown id")
+        ctx.expect_equal(
+            _stored(await store.create_schedule("b", '{"n": 2}')), ("b", 1, '{"n": 2}'), "create b"
+        )
+        ctx.expect_equal(
+            _stored(await store.create_schedule("a", '{"n": 1}')), ("a", 1, '{"n": 1}'), "create a"
+        )
+        ctx.expect_equal(_stored(await store.read_schedule("b")), ("b", 1, '{"n": 2}'), "read_schedule('b')")
+        ctx.expect_equal(
+            [_stored(r) for r in await store.list_schedules()],
+            [("a", 1, '{"n": 1}'), ("b", 1, '{"n": 2}')],
+            "list_schedules() (ordered by id)",
+        )
+
+
+async def schedules_duplicate_create_refused(ctx: ScenarioContext) -> None:
+    """Creating an id that exists raises ScheduleAlreadyExists and writes nothing."""
+    async with ctx.open() as store:
+        await store.create_schedule("s", "first")
+        await store.write_schedule("s", "second", 1)
+        with ctx.expect_raises(ScheduleAlreadyExists, "create_schedule() of an existing id"):
+            await store.create_schedule("s", "other")
+        ctx.expect_equal(_stored(await store.read_schedule("s")), ("s", 2, "second"), "the schedule after")
+
+
+async def schedules_write_compare_and_set(ctx: ScenarioContext) -> None:
+    """A write at the stored version bumps it by one; a stale or missing one raises
+    ScheduleConflict naming both versions (0: absent) and writes nothing."""
+    async with ctx.open() as store:
+        await store.create_schedule("s", "v1")
+        ctx.expect_equal(
+            _stored(await store.write_schedule("s", "v2", 1)), ("s", 2, "v2"), "write at version 1"
+        )
+        with ctx.expect_raises(ScheduleConflict, "write_schedule() at a stale version") as stale:
+            await store.write_schedule("s", "lost", 1)
+        ctx.expect_equal(
+            (stale.value.expected, stale.value.found), (1, 2), "the conflict's (expected, found)"
+        )
+        ctx.expect_equal(
+            _stored(await store.read_schedule("s")), ("s", 2, "v2"), "the schedule after a stale write"
+        )
+        with ctx.expect_raises(ScheduleConflict, "write_schedule() of an unknown id") as missing:
+            await store.write_schedule("nope", "x", 1)
+        ctx.expect_equal(missing.value.found, 0, "the conflict's found for an unknown id")
+        ctx.expect_equal(await store.read_schedule("nope"), None, "an unknown id after a refused write")
+
+
+async def schedules_concurrent_writers_one_wins(ctx: ScenarioContext) -> None:
+    """Several handles writing one schedule at the same version (and creating one id) at
+    once: exactly one wins each race, the others are refused, and the winner's data is stored."""
+    async with contextlib.AsyncExitStack() as stack:
+        handles = [await stack.enter_async_context(ctx.open()) for _ in range(CONTENDERS)]
+        await handles[0].create_schedule("s", "v1")
+        won: list[str] = []
+        refused: list[BaseException] = []
+        other: list[BaseException] = []
+
+        async def contend(index: int, create: bool) -> None:
+            try:
+                if create:
+                    await handles[index].create_schedule("new", f"c{index}")
+                else:
+                    await handles[index].write_schedule("s", f"w{index}", 1)
+                won.append(f"c{index}" if create else f"w{index}")
+            except (ScheduleConflict, ScheduleAlreadyExists) as exc:
+                refused.append(exc)
+            except Exception as exc:
+                other.append(exc)
+
+        for create in (False, True):
+            won.clear()
+            refused.clear()
+            async with trio.open_nursery() as nursery:
+                for index in range(CONTENDERS):
+                    nursery.start_soon(contend, index, create)
+            what = "creates" if create else "writes"
+            ctx.expect(not other, f"concurrent {what} raised unexpected errors: {short(other)}")
+            ctx.expect_equal(
+                (len(won), len(refused)), (1, CONTENDERS - 1), f"concurrent {what} (winners, refused)"
+            )
+            stored = await handles[-1].read_schedule("new" if create else "s")
+            ctx.expect_equal(
+                _stored(stored),
+                ("new" if create else "s", 1 if create else 2, won[0]),
+                f"the schedule after the {what}",
+            )
+
+
+async def schedules_delete(ctx: ScenarioContext) -> None:
+    """delete removes a schedule (True) and is False for an absent one; the id can be created again."""
+    async with ctx.open() as store:
+        await store.create_schedule("s", "v1")
+        await store.write_schedule("s", "v2", 1)
+        ctx.expect_equal(await store.delete_schedule("s"), True, "delete_schedule() of a schedule")
+        ctx.expect_equal(await store.delete_schedule("s"), False, "delete_schedule() again")
+        ctx.expect_equal(await store.list_schedules(), [], "list_schedules() after delete")
+        ctx.expect_equal(
+            _stored(await store.create_schedule("s", "again")), ("s", 1, "again"), "create after delete"
+        )
+
+
+async def schedules_survive_reopen(ctx: ScenarioContext) -> None:
+    """Schedules and their versions survive closing and reopening the store."""
+    async with ctx.open() as store:
+        await store.create_schedule("s", '{"k": "\u00e9"}')
+        await store.write_schedule("s", '{"k": "\u00e9", "v": 2}', 1)
+    async with ctx.open() as store:
+        ctx.expect_equal(
+            [_stored(r) for r in await store.list_schedules()],
+            [("s", 2, '{"k": "\u00e9", "v": 2}')],
+            "list_schedules() after reopening",
+        )
+
+
+async def schedules_bad_input_refused(ctx: ScenarioContext) -> None:
+    """An empty id or a version below 1 is a ValueError, data that is not str a TypeError; nothing is written."""
+    async with ctx.open() as store:
+        with ctx.expect_raises(ValueError, "create_schedule('', ...)"):
+            await store.create_schedule("", "x")
+        with ctx.expect_raises(TypeError, "create_schedule('s', b'bytes')"):
+            await store.create_schedule("s", b"bytes")
+        await store.create_schedule("s", "x")
+        with ctx.expect_raises(ValueError, "write_schedule('s', 'y', 0)"):
+            await store.write_schedule("s", "y", 0)
+        ctx.expect_equal(
+            [_stored(r) for r in await store.list_schedules()],
+            [("s", 1, "x")],
+            "list_schedules() after refused calls",
+        )
+
+
+async def schedules_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+    """Every schedule method is a Trio checkpoint, refusals included."""
+    async with ctx.open() as store:
+        await ctx.expect_checkpoint("create_schedule()", lambda: store.create_schedule("s", "x"))
+        await ctx.expect_checkpoint(
+            "create_schedule() refused", lambda: store.create_schedule("s", "x"), raises=ScheduleAlreadyExists
+        )
+        await ctx.expect_checkpoint("read_schedule()", lambda: store.read_schedule("s"))
+        await ctx.expect_checkpoint("list_schedules()", store.list_schedules)
+        await ctx.expect_checkpoint("write_schedule()", lambda: store.write_schedule("s", "y", 1))
+        await ctx.expect_checkpoint(
+            "write_schedule() refused", lambda: store.write_schedule("s", "z", 1), raises=ScheduleConflict
+        )
+        await ctx.expect_checkpoint("delete_schedule()", lambda: store.delete_schedule("s"))
+
+
+async def schedules_use_after_close(ctx: ScenarioContext) -> None:
+    """After the store is closed, schedule methods raise trio.ClosedResourceError."""
+    async with ctx.open() as store:
+        await store.aclose()
+        with ctx.expect_raises(trio.ClosedResourceError, "create_schedule() after aclose()"):
+            await store.create_schedule("s", "x")
+        with ctx.expect_raises(trio.ClosedResourceError, "list_schedules() after aclose()"):
+            await store.list_schedules()

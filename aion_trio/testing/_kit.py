@@ -23,7 +23,7 @@ import trio.testing
 OpenStore = Callable[[], AbstractAsyncContextManager[Any]]
 """A zero-argument callable returning an async context manager that yields a fresh store."""
 
-Kind = Literal["event", "visibility", "owner", "inbox", "recoveries"]
+Kind = Literal["event", "visibility", "owner", "inbox", "recoveries", "schedules"]
 
 OpenKeyedStore = Callable[[str], AbstractAsyncContextManager[Any]]
 """A one-argument callable: ``open_store(key)`` returns an async context manager yielding a
@@ -44,12 +44,20 @@ _VISIBILITY_METHODS = ("upsert", "get", "list", "count", "aclose")
 _OWNER_METHODS = ("claim_owner", "renew_owner", "release_owner", "current_owner")
 _INBOX_METHODS = ("enqueue_command", "pending_commands", "ack_command", "command_outcome")
 _RECOVERY_METHODS = ("count_recoveries", "clear_recoveries", "recovery_counts")
+_SCHEDULE_METHODS = (
+    "create_schedule",
+    "read_schedule",
+    "list_schedules",
+    "write_schedule",
+    "delete_schedule",
+)
 _METHODS: dict[str, tuple[str, ...]] = {
     "event": _EVENT_METHODS,
     "visibility": _VISIBILITY_METHODS,
     "owner": _OWNER_METHODS,
     "inbox": _INBOX_METHODS,
     "recoveries": _RECOVERY_METHODS,
+    "schedules": _SCHEDULE_METHODS,
 }
 
 _repr = reprlib.Repr()
@@ -92,9 +100,11 @@ def _unwrap_store(kind: Kind, obj: object) -> Any:
     methods = _METHODS[kind]
     if all(callable(getattr(obj, m, None)) for m in methods):
         return obj
-    if kind in ("owner", "inbox", "recoveries"):
+    if kind in ("owner", "inbox", "recoveries", "schedules"):
         missing = [m for m in methods if not callable(getattr(obj, m, None))]
-        protocol = {"owner": "an OwnedStore", "inbox": "a CommandInbox"}.get(kind, "a RecoveryCounts store")
+        protocol = {"owner": "an OwnedStore", "inbox": "a CommandInbox", "schedules": "a ScheduleStore"}.get(
+            kind, "a RecoveryCounts store"
+        )
         raise TypeError(
             f"open_store(key) yielded {short(obj)}, which is not {protocol} (it lacks {', '.join(missing)})"
         )
@@ -130,7 +140,7 @@ class ScenarioContext:
         store again within one scenario run.
         """
         try:
-            if self._kind in ("owner", "inbox", "recoveries"):
+            if self._kind in ("owner", "inbox", "recoveries", "schedules"):
                 manager = self._open_store(f"{self._prefix}-{key}")
             else:
                 manager = self._open_store()

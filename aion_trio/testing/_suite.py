@@ -253,12 +253,46 @@ class RecoveryCountsSuite:
         await run_scenario("recoveries", ctl.recoveries_use_after_close, open_recovery_counts)
 
 
+class ScheduleStoreSuite:
+    """Every schedule-store scenario (:data:`~aion_trio.testing.SCHEDULE_STORE_SCENARIOS`)
+    as a ``test_<scenario>`` method, with an ``open_schedule_store`` keyed-factory fixture
+    (as for :class:`OwnedStoreSuite`)."""
+
+    async def test_schedules_create_read_list(self, open_schedule_store: OpenKeyedStore) -> None:
+        await run_scenario("schedules", ctl.schedules_create_read_list, open_schedule_store)
+
+    async def test_schedules_duplicate_create_refused(self, open_schedule_store: OpenKeyedStore) -> None:
+        await run_scenario("schedules", ctl.schedules_duplicate_create_refused, open_schedule_store)
+
+    async def test_schedules_write_compare_and_set(self, open_schedule_store: OpenKeyedStore) -> None:
+        await run_scenario("schedules", ctl.schedules_write_compare_and_set, open_schedule_store)
+
+    async def test_schedules_concurrent_writers_one_wins(self, open_schedule_store: OpenKeyedStore) -> None:
+        await run_scenario("schedules", ctl.schedules_concurrent_writers_one_wins, open_schedule_store)
+
+    async def test_schedules_delete(self, open_schedule_store: OpenKeyedStore) -> None:
+        await run_scenario("schedules", ctl.schedules_delete, open_schedule_store)
+
+    async def test_schedules_survive_reopen(self, open_schedule_store: OpenKeyedStore) -> None:
+        await run_scenario("schedules", ctl.schedules_survive_reopen, open_schedule_store)
+
+    async def test_schedules_bad_input_refused(self, open_schedule_store: OpenKeyedStore) -> None:
+        await run_scenario("schedules", ctl.schedules_bad_input_refused, open_schedule_store)
+
+    async def test_schedules_every_method_is_a_checkpoint(self, open_schedule_store: OpenKeyedStore) -> None:
+        await run_scenario("schedules", ctl.schedules_every_method_is_a_checkpoint, open_schedule_store)
+
+    async def test_schedules_use_after_close(self, open_schedule_store: OpenKeyedStore) -> None:
+        await run_scenario("schedules", ctl.schedules_use_after_close, open_schedule_store)
+
+
 SUITES: dict[type, str] = {
     EventStoreSuite: "open_event_store",
     VisibilityStoreSuite: "open_visibility_store",
     OwnedStoreSuite: "open_owned_store",
     CommandInboxSuite: "open_command_inbox",
     RecoveryCountsSuite: "open_recovery_counts",
+    ScheduleStoreSuite: "open_schedule_store",
 }
 """Each suite and the name of the factory fixture its methods take."""
 

@@ -142,6 +142,13 @@ def open_recovery_counts(request: pytest.FixtureRequest) -> Callable[[str], Abst
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+@pytest.fixture
+def open_schedule_store(request: pytest.FixtureRequest) -> Callable[[str], AbstractAsyncContextManager[Any]]:
+    """Fallback: a ScheduleStoreSuite subclass must override this with its keyed factory."""
+    _missing(request, "open_schedule_store", "ScheduleStoreSuite", "ScheduleStore (keyed: factory(key))")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 @contextlib.asynccontextmanager
 async def _memory_events() -> AsyncIterator[EventStore]:
     async with open_store("memory://") as store:

@@ -27,7 +27,10 @@ from aion_trio.plugin import (
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
+    ScheduleAlreadyExists,
+    ScheduleConflict,
     StoreDecodeError,
+    StoredSchedule,
     command_from_data_json,
     decide_claim,
     decide_renew,
@@ -61,6 +64,16 @@ _SQL_COUNT_RECOVERY = (
 )
 _SQL_CLEAR_RECOVERY = "DELETE FROM recoveries WHERE workflow_id = ?"
 _SQL_RECOVERIES = "SELECT workflow_id, count FROM recoveries ORDER BY workflow_id"
+
+
+_SQL_CREATE_SCHEDULE = "INSERT OR IGNORE INTO schedules (schedule_id, version, data) VALUES (?, 1, ?)"
+_SQL_WRITE_SCHEDULE = (
+    "UPDATE schedules SET version = version + 1, data = ? WHERE schedule_id = ? AND version = ?"
+)
+_SQL_SCHEDULE_VERSION = "SELECT version FROM schedules WHERE schedule_id = ?"
+_SQL_DELETE_SCHEDULE = "DELETE FROM schedules WHERE schedule_id = ?"
+_SQL_SCHEDULE = "SELECT schedule_id, version, data FROM schedules WHERE schedule_id = ?"
+_SQL_SCHEDULES = "SELECT schedule_id, version, data FROM schedules ORDER BY schedule_id"
 
 
 def _int(value: object) -> int:
@@ -310,3 +323,76 @@ def renew_blocking(conn: apsw.Connection, claim: OwnerClaim, now: datetime, loca
         raise op.error
     assert op.result is not None
     return op.result
+
+
+# -- schedules (aion_trio.ScheduleStore) ---------------------------------------
+
+
+class CreateScheduleOp(WriteOp):
+    """Store a schedule at version 1, or refuse an id that exists (writes nothing)."""
+
+    __slots__ = ("data", "schedule_id")
+    doing = "creating a schedule"
+
+    def __init__(self, schedule_id: str, data: str) -> None:
+        super().__init__()
+        self.schedule_id = schedule_id
+        self.data = data
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.execute(_SQL_CREATE_SCHEDULE, (self.schedule_id, self.data))
+        if conn.changes() == 0:
+            self.error = ScheduleAlreadyExists(self.schedule_id)
+
+
+class WriteScheduleOp(WriteOp):
+    """Compare-and-set: replace a schedule's data if its version is the expected one."""
+
+    __slots__ = ("data", "expected", "schedule_id")
+    doing = "writing a schedule"
+
+    def __init__(self, schedule_id: str, data: str, expected: int) -> None:
+        super().__init__()
+        self.schedule_id = schedule_id
+        self.data = data
+        self.expected = expected
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.execute(_SQL_WRITE_SCHEDULE, (self.data, self.schedule_id, self.expected))
+        if conn.changes() == 0:
+            rows = conn.execute(_SQL_SCHEDULE_VERSION, (self.schedule_id,)).fetchall()
+            self.error = ScheduleConflict(self.schedule_id, self.expected, _int(rows[0][0]) if rows else 0)
+
+
+class DeleteScheduleOp(WriteOp):
+    __slots__ = ("result", "schedule_id")
+    doing = "deleting a schedule"
+
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__()
+        self.schedule_id = schedule_id
+        self.result = False
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.execute(_SQL_DELETE_SCHEDULE, (self.schedule_id,))
+        self.result = conn.changes() > 0
+
+
+def _schedule(row: Any) -> StoredSchedule:
+    schedule_id, version, data = row
+    return StoredSchedule(schedule_id=schedule_id, version=_int(version), data=data)
+
+
+def schedule_read(schedule_id: str) -> ReadOp[StoredSchedule | None]:
+    def run(conn: apsw.Connection) -> StoredSchedule | None:
+        rows = conn.execute(_SQL_SCHEDULE, (schedule_id,)).fetchall()
+        return _schedule(rows[0]) if rows else None
+
+    return ReadOp(run)
+
+
+def schedules_read() -> ReadOp[list[StoredSchedule]]:
+    return ReadOp(lambda conn: [_schedule(row) for row in conn.execute(_SQL_SCHEDULES)])

@@ -89,6 +89,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "CREATE TABLE recoveries (workflow_id TEXT NOT NULL PRIMARY KEY, count INTEGER NOT NULL) WITHOUT ROWID",
     ),
+    # 6: durable schedules (aion_trio.ScheduleStore): the engine's JSON text under a
+    # version bumped by every write (compare-and-set).
+    (
+        "CREATE TABLE schedules ("
+        " schedule_id TEXT NOT NULL PRIMARY KEY, version INTEGER NOT NULL, data TEXT NOT NULL) WITHOUT ROWID",
+    ),
 )
 
 DEFAULT_WAL_AUTOCHECKPOINT = 4000
@@ -108,7 +114,17 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 _SET_USER_VERSION = tuple(f"PRAGMA user_version = {v:d}" for v in range(SCHEMA_VERSION + 1))
 _SYNCHRONOUS = {"FULL": "PRAGMA synchronous = FULL", "NORMAL": "PRAGMA synchronous = NORMAL"}
-TABLES = ("events", "workflows", "timers", "visibility", "search_attrs", "owner", "inbox", "recoveries")
+TABLES = (
+    "events",
+    "workflows",
+    "timers",
+    "visibility",
+    "search_attrs",
+    "owner",
+    "inbox",
+    "recoveries",
+    "schedules",
+)
 # Touching each table's root page at open finds damaged files early.
 _PROBES = tuple(f"SELECT 1 FROM {t} LIMIT 1" for t in TABLES)
 

@@ -18,6 +18,7 @@ from aion_trio.plugin import (
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
+    StoredSchedule,
     TimerEntry,
     VisibilityFilter,
     VisibilityRow,
@@ -27,6 +28,7 @@ from aion_trio.plugin import (
     is_active_status,
     status_after,
     validate_batch,
+    validate_schedule_write,
     validate_workflow_ids,
 )
 
@@ -375,6 +377,40 @@ class SqliteStore:
     async def recovery_counts(self) -> dict[str, int]:
         await self._enter()
         return await self._backend.readers.submit(_control.recoveries_read())
+
+    # -- schedules (aion_trio.ScheduleStore) -----------------------------------
+
+    async def create_schedule(self, schedule_id: str, data: str) -> StoredSchedule:
+        await self._enter()
+        try:
+            validate_schedule_write(schedule_id, data)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        await self._backend.writer.submit(_control.CreateScheduleOp(schedule_id, data))
+        return StoredSchedule(schedule_id=schedule_id, version=1, data=data)
+
+    async def read_schedule(self, schedule_id: str) -> StoredSchedule | None:
+        await self._enter()
+        return await self._backend.readers.submit(_control.schedule_read(schedule_id))
+
+    async def list_schedules(self) -> list[StoredSchedule]:
+        await self._enter()
+        return await self._backend.readers.submit(_control.schedules_read())
+
+    async def write_schedule(self, schedule_id: str, data: str, expected_version: int) -> StoredSchedule:
+        await self._enter()
+        try:
+            validate_schedule_write(schedule_id, data, expected_version)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        await self._backend.writer.submit(_control.WriteScheduleOp(schedule_id, data, expected_version))
+        return StoredSchedule(schedule_id=schedule_id, version=expected_version + 1, data=data)
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        await self._enter()
+        op = _control.DeleteScheduleOp(schedule_id)
+        await self._backend.writer.submit(op)
+        return op.result
 
     async def aclose(self) -> None:
         """Close both halves, finish queued work and close the database (idempotent)."""
