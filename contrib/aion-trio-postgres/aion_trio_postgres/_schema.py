@@ -232,6 +232,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 6: recoveries begun and not finished, per workflow (aion_trio.RecoveryCounts);
     # a row exists only while its count is not zero.
     ('CREATE TABLE recoveries (workflow_id text COLLATE "C" PRIMARY KEY, count integer NOT NULL)',),
+    # 7: durable schedules (aion_trio.ScheduleStore): the engine's JSON text under a
+    # version bumped by every write (compare-and-set; the engines of a cluster claim a
+    # schedule through it).
+    (
+        'CREATE TABLE schedules (schedule_id text COLLATE "C" PRIMARY KEY, version integer NOT NULL,'
+        " data text NOT NULL)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -27,7 +27,10 @@ from aion_trio.plugin import (
     NotFound,
     OwnerIdentity,
     PendingCommand,
+    ScheduleAlreadyExists,
+    ScheduleConflict,
     SequenceConflict,
+    StoredSchedule,
     StoreEncodeError,
     StoreError,
     StoreTakenOver,
@@ -44,6 +47,7 @@ from aion_trio.plugin import (
     status_after,
     this_host,
     validate_batch,
+    validate_schedule_write,
     validate_workflow_ids,
 )
 
@@ -80,6 +84,14 @@ _SQL_COUNT_RECOVERY = (
 )
 _SQL_CLEAR_RECOVERIES = "DELETE FROM recoveries WHERE workflow_id = ANY(%s)"
 _SQL_RECOVERIES = "SELECT workflow_id, count FROM recoveries ORDER BY workflow_id"
+_SQL_CREATE_SCHEDULE = "INSERT INTO schedules (schedule_id, version, data) VALUES (%s, 1, %s) ON CONFLICT (schedule_id) DO NOTHING"
+_SQL_WRITE_SCHEDULE = (
+    "UPDATE schedules SET version = version + 1, data = %s WHERE schedule_id = %s AND version = %s"
+)
+_SQL_SCHEDULE_VERSION = "SELECT version FROM schedules WHERE schedule_id = %s"
+_SQL_DELETE_SCHEDULE = "DELETE FROM schedules WHERE schedule_id = %s"
+_SQL_SCHEDULE = "SELECT schedule_id, version, data FROM schedules WHERE schedule_id = %s"
+_SQL_SCHEDULES = "SELECT schedule_id, version, data FROM schedules ORDER BY schedule_id"
 _SQL_APPEND = (
     "SELECT aion_append(%s, %s, %s, %s, %s, %s::timestamptz[], %s::text[], %s::text[], %s,"
     " %s::text[], %s::timestamptz[], %s::text[])"
@@ -739,6 +751,70 @@ class PostgresStore:
             return {r[0]: int(r[1]) for r in conn.execute(_SQL_RECOVERIES)}
 
         return await self._backend.run("reading recovery counts", run)
+
+    # -- schedules (aion_trio.ScheduleStore) -----------------------------------
+
+    async def create_schedule(self, schedule_id: str, data: str) -> StoredSchedule:
+        await self.events._enter()
+        try:
+            validate_schedule_write(schedule_id, data)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+
+        def run(conn: Conn) -> None:
+            with conn.transaction():
+                if conn.execute(_SQL_CREATE_SCHEDULE, (schedule_id, data)).rowcount == 0:
+                    raise ScheduleAlreadyExists(schedule_id)
+
+        await self._backend.run("creating a schedule", run)
+        return StoredSchedule(schedule_id=schedule_id, version=1, data=data)
+
+    async def read_schedule(self, schedule_id: str) -> StoredSchedule | None:
+        await self.events._enter()
+
+        def run(conn: Conn) -> StoredSchedule | None:
+            row = conn.execute(_SQL_SCHEDULE, (schedule_id,)).fetchone()
+            return (
+                None if row is None else StoredSchedule(schedule_id=row[0], version=int(row[1]), data=row[2])
+            )
+
+        return await self._backend.run("reading a schedule", run)
+
+    async def list_schedules(self) -> list[StoredSchedule]:
+        await self.events._enter()
+
+        def run(conn: Conn) -> list[StoredSchedule]:
+            return [
+                StoredSchedule(schedule_id=r[0], version=int(r[1]), data=r[2])
+                for r in conn.execute(_SQL_SCHEDULES)
+            ]
+
+        return await self._backend.run("listing schedules", run)
+
+    async def write_schedule(self, schedule_id: str, data: str, expected_version: int) -> StoredSchedule:
+        await self.events._enter()
+        try:
+            validate_schedule_write(schedule_id, data, expected_version)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+
+        def run(conn: Conn) -> None:
+            with conn.transaction():
+                if conn.execute(_SQL_WRITE_SCHEDULE, (data, schedule_id, expected_version)).rowcount == 0:
+                    row = conn.execute(_SQL_SCHEDULE_VERSION, (schedule_id,)).fetchone()
+                    raise ScheduleConflict(schedule_id, expected_version, 0 if row is None else int(row[0]))
+
+        await self._backend.run("writing a schedule", run)
+        return StoredSchedule(schedule_id=schedule_id, version=expected_version + 1, data=data)
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        await self.events._enter()
+
+        def run(conn: Conn) -> bool:
+            with conn.transaction():
+                return bool(conn.execute(_SQL_DELETE_SCHEDULE, (schedule_id,)).rowcount)
+
+        return await self._backend.run("deleting a schedule", run)
 
     async def aclose(self) -> None:
         """Close both halves, release the node lease and close the pool (idempotent)."""

@@ -14,7 +14,7 @@ import pytest
 from aion_trio_postgres import open_postgres_store
 from conftest import drop_schema, isolated_opener, new_schema_name
 
-from aion_trio.testing import EventStoreSuite, RecoveryCountsSuite, VisibilityStoreSuite
+from aion_trio.testing import EventStoreSuite, RecoveryCountsSuite, ScheduleStoreSuite, VisibilityStoreSuite
 
 pytest_plugins = ["aion_trio.testing.pytest_plugin"]
 
@@ -41,6 +41,21 @@ class TestPostgresRecoveryCounts(RecoveryCountsSuite):
     @pytest.fixture
     def open_recovery_counts(self, pg_url: str):  # type: ignore[no-untyped-def]
         """A keyed factory: one schema per key (the same key reopens it), all dropped after."""
+        schemas: dict[str, str] = {}
+
+        def open_keyed(key: str):  # type: ignore[no-untyped-def]
+            schema = schemas.setdefault(key, new_schema_name())
+            return open_postgres_store(f"{pg_url}?schema={schema}")
+
+        yield open_keyed
+        for schema in schemas.values():
+            drop_schema(pg_url, schema)
+
+
+class TestPostgresScheduleStore(ScheduleStoreSuite):
+    @pytest.fixture
+    def open_schedule_store(self, pg_url: str):  # type: ignore[no-untyped-def]
+        """A keyed factory as for the recovery counts: one schema per key, all dropped after."""
         schemas: dict[str, str] = {}
 
         def open_keyed(key: str):  # type: ignore[no-untyped-def]
