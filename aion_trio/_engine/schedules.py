@@ -43,6 +43,7 @@ from .._errors import (
     SchedulesUnsupported,
     StoreError,
     WorkflowAlreadyStarted,
+    WorkflowFenced,
     WorkflowNotFound,
 )
 from .._inbox import wall_sleep
@@ -499,6 +500,8 @@ class Schedules:
                 run_id = handle.run_id
             except WorkflowAlreadyStarted as exc:
                 run_id = exc.run_id  # the id was taken by a start without this tick's key
+            except WorkflowFenced:
+                pass  # cluster mode: another node owns the tick's run, so it was started
             except (EngineEpochClosed, StoreError):
                 raise
             except AionError as exc:
