@@ -16,6 +16,7 @@ from .errors import EXIT_INTERRUPTED, fail
 from .options import DEFAULT_STORE, STORE_ENV
 from .read import history, list_, show, stores
 from .replay import replay
+from .schedules import schedule
 from .worker import worker
 from .writes import cancel, query, reopen, signal, start, terminate
 
@@ -103,6 +104,7 @@ for _command in (
     terminate,
     reopen,
     worker,
+    schedule,
     demo_command,
 ):
     cli.add_command(_command)

@@ -17,6 +17,7 @@ from .._errors import (
     NotRunning,
     PayloadError,
     PluginError,
+    ScheduleError,
     StoreError,
     StoreOpenError,
     StoreOwned,
@@ -96,6 +97,9 @@ def _user_error(exc: BaseException, store: str) -> click.ClickException | None:
     if isinstance(exc, WorkflowFailure):
         return UserError(str(exc))
     if isinstance(exc, (NotRunning, WorkflowAlreadyStarted, PayloadError, UnknownWorkflowType, StoreOwned)):
+        return UserError(str(exc))
+    if isinstance(exc, ScheduleError):
+        # Names the schedule and what to do (ScheduleNotFound, InvalidSchedule, ...).
         return UserError(str(exc))
     if isinstance(exc, StoreError):
         return UserError(f"store {store!r}: {type(exc).__name__}: {exc}")
