@@ -295,7 +295,8 @@ def backfill(store: str | None, schedule_id: str, start: str, end: str, overlap:
     """Ask for the ticks between --start and --end (a tick that ran already does not run again)."""
     begin = parse_time(start, "--start")
     finish = parse_time(end, "--end")
-    assert begin is not None and finish is not None
+    assert begin is not None
+    assert finish is not None
     _changed(
         store,
         lambda book: book.backfill(schedule_id, begin, finish, overlap),
