@@ -64,6 +64,7 @@ NOT_RUN_PER_PAGE = {
     "console.md": 1,
     "errors.md": 0,
     "writing-a-store-plugin.md": 0,
+    "schedules.md": 0,
 }
 
 
