@@ -133,7 +133,8 @@ class Engine:
             node=None if core.cluster is None else core.cluster.node_id,
             claim_ttl=core.config.schedule_claim_ttl,
             poll_interval=core.config.schedule_poll_interval,
-            limiter=core.service_threads,
+            # Its own thread for the wall-clock poll, so it never holds a slot the heartbeats need.
+            limiter=trio.CapacityLimiter(1),
         )
 
     @property
