@@ -434,7 +434,8 @@ def plan(schedule: Schedule, now: datetime, *, still_running: frozenset[str]) ->
                 ),
             )
             continue
-        if overlap is Overlap.CANCEL_OTHER:
+        if overlap is Overlap.CANCEL_OTHER and tick not in state.pending:
+            # Cancelled once, when the tick arrives; it then waits for them to close.
             cancel.extend(w for w in running if w not in cancel)
             # The newest tick replaces one that waited for the same runs to close.
             for old in waiting:

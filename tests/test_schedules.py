@@ -411,3 +411,32 @@ def test_plan_skips_ticks_outside_the_catch_up_window_and_records_them() -> None
     assert decided.state.skipped_count == 8 + 1  # 00:01-00:08 missed, 00:10 overlaps 00:09 (skip)
     assert decided.state.cursor == T0 + timedelta(minutes=11)
     assert decided.wake_at == T0 + timedelta(minutes=11)
+
+
+def test_plan_cancels_the_running_run_once_and_the_tick_then_waits() -> None:
+    schedule = Schedule(
+        schedule_id="c",
+        spec=ScheduleSpec(interval=timedelta(minutes=10)),
+        action=aion.ScheduleAction(workflow_type="w"),
+        policy=aion.SchedulePolicy(overlap=Overlap.CANCEL_OTHER),
+        state=aion.ScheduleState(cursor=T0 + timedelta(minutes=10), running=("c@old",)),
+        created_at=T0,
+    )
+    first = plan(schedule, T0 + timedelta(minutes=10), still_running=frozenset({"c@old"}))
+    assert first.cancel == ("c@old",)
+    assert first.starts == ()
+    assert [p.nominal_time for p in first.state.pending] == [T0 + timedelta(minutes=10)]
+    # The next pass, the old run still closing: no second cancel, the tick still waits.
+    again = plan(
+        attrs.evolve(schedule, state=first.state),
+        T0 + timedelta(minutes=11),
+        still_running=frozenset({"c@old"}),
+    )
+    assert again.cancel == ()
+    assert again.starts == ()
+    assert again.state.pending == first.state.pending
+    # Once it closed, the tick starts.
+    closed = plan(
+        attrs.evolve(schedule, state=again.state), T0 + timedelta(minutes=12), still_running=frozenset()
+    )
+    assert [s.workflow_id for s in closed.starts] == ["c@2027-01-01T00:10:00Z"]
