@@ -440,3 +440,29 @@ def test_plan_cancels_the_running_run_once_and_the_tick_then_waits() -> None:
         attrs.evolve(schedule, state=again.state), T0 + timedelta(minutes=12), still_running=frozenset()
     )
     assert [s.workflow_id for s in closed.starts] == ["c@2027-01-01T00:10:00Z"]
+
+
+async def test_an_unreadable_schedule_does_not_stop_the_others(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    async with engine_on(store_url()) as engine:
+        stored = engine.store
+        assert isinstance(stored, aion.ScheduleStore)
+        await stored.create_schedule("a-broken", "not a schedule")  # listed before "good"
+        await engine.schedules.create("good", tick, "g", interval=timedelta(minutes=1))
+        await trio.sleep(3 * 60 + 1)
+        assert len(await scheduled_runs(engine, "good")) == 3
+        with pytest.raises(aion.InvalidSchedule, match="stored data"):
+            await engine.schedules.describe("a-broken")
+
+
+async def test_update_keeps_the_state_pause_and_counts(autojump_clock: trio.testing.MockClock) -> None:
+    async with engine_on("memory://") as engine:
+        await engine.schedules.create("k", tick, "k", interval=timedelta(minutes=1))
+        await trio.sleep(2 * 60 + 1)
+        await engine.schedules.pause("k", note="hold")
+        updated = await engine.schedules.update("k", overlap="buffer_all", memo={"v": 2})
+        state = updated.schedule.state
+        assert (state.paused, state.note, state.started_count) == (True, "hold", 2)
+        assert updated.schedule.policy.overlap is Overlap.BUFFER_ALL
+        assert updated.schedule.action.memo == {"v": 2}

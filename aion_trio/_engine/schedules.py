@@ -66,7 +66,7 @@ from .._schedules import (
     schedule_to_json,
     validate_schedule_id,
 )
-from .._store import ScheduleStore
+from .._store import ScheduleStore, StoredSchedule
 from .log import logger
 
 
@@ -220,8 +220,12 @@ class ScheduleBook:
             raise ScheduleNotFound(schedule_id)
         return schedule_from_json(stored.data, stored.version)
 
+    async def stored(self) -> list[StoredSchedule]:
+        """The stored records, not decoded (one unreadable schedule spoils no listing of ids)."""
+        return await self._store().list_schedules()
+
     async def list(self) -> list[Schedule]:
-        return [schedule_from_json(s.data, s.version) for s in await self._store().list_schedules()]
+        return [schedule_from_json(s.data, s.version) for s in await self.stored()]
 
     async def create(self, schedule: Schedule) -> Schedule:
         stored = await self._store().create_schedule(schedule.schedule_id, schedule_to_json(schedule))
@@ -375,7 +379,8 @@ class Schedules:
 
     async def trigger(self, schedule_id: str, overlap: Overlap | str | None = None) -> ScheduleDescription:
         """Start a run now (workflow id ``SCHEDULE@manual@NOW``), per ``overlap`` (default:
-        the schedule's); returns once this engine made the pass that starts it."""
+        the schedule's); returns once this engine made the pass that starts it (in cluster
+        mode, a schedule another node holds is started by that node at its next pass)."""
         await self._book.trigger(schedule_id, overlap)
         await self.run_pass(schedule_id)
         return await self.describe(schedule_id)
@@ -563,18 +568,22 @@ class Schedules:
                 self._wake = trio.Event()
                 next_at: datetime | None = None
                 try:
-                    schedules = await self._book.list()
+                    schedule_ids = [s.schedule_id for s in await self._book.stored()]
                 except StoreError as exc:
                     logger.warning("listing the schedules failed (will retry at the next poll): %s", exc)
-                    schedules = []
-                for schedule in schedules:
+                    schedule_ids = []
+                for schedule_id in schedule_ids:
                     try:
-                        wake = await self.run_pass(schedule.schedule_id)
+                        wake = await self.run_pass(schedule_id)
                     except EngineEpochClosed:
                         return
                     except (StoreError, ScheduleNotFound, InvalidSchedule) as exc:
-                        logger.warning(
-                            "schedule %r: the pass failed (will retry): %s", schedule.schedule_id, exc
+                        logger.warning("schedule %r: the pass failed (will retry): %s", schedule_id, exc)
+                        continue
+                    except Exception:
+                        # One schedule's failure must not stop the others: logged, tried again later.
+                        logger.exception(
+                            "schedule %r: the pass failed unexpectedly (will retry)", schedule_id
                         )
                         continue
                     if wake is not None and (next_at is None or wake < next_at):
