@@ -466,3 +466,63 @@ async def test_update_keeps_the_state_pause_and_counts(autojump_clock: trio.test
         assert (state.paused, state.note, state.started_count) == (True, "hold", 2)
         assert updated.schedule.policy.overlap is Overlap.BUFFER_ALL
         assert updated.schedule.action.memo == {"v": 2}
+
+
+@attrs.define
+class LosesAScheduleWrite:
+    """A store bundle whose first schedule write after a start fails as a backend fault would
+    (fault injection: everything else goes to the real store)."""
+
+    inner: Any
+    failed: int = 0
+
+    @property
+    def events(self) -> Any:
+        return self.inner.events
+
+    @property
+    def visibility(self) -> Any:
+        return self.inner.visibility
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def create_schedule(self, schedule_id: str, data: str) -> Any:
+        return await self.inner.create_schedule(schedule_id, data)
+
+    async def read_schedule(self, schedule_id: str) -> Any:
+        return await self.inner.read_schedule(schedule_id)
+
+    async def list_schedules(self) -> Any:
+        return await self.inner.list_schedules()
+
+    async def write_schedule(self, schedule_id: str, data: str, expected_version: int) -> Any:
+        if not self.failed and '"started_count":1' in data:
+            self.failed += 1
+            await trio.lowlevel.checkpoint()
+            raise aion.BackendUnavailable("injected: the schedule's write after its first start failed")
+        return await self.inner.write_schedule(schedule_id, data, expected_version)
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        return bool(await self.inner.delete_schedule(schedule_id))
+
+
+async def test_a_failed_pass_is_retried_and_its_tick_starts_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with aion.open_store("memory://") as inner:
+        store = LosesAScheduleWrite(inner)
+        assert isinstance(store, aion.ScheduleStore)
+        async with aion.open_engine(store, workflows=[tick], config=config()) as engine:
+            await engine.schedules.create("f", tick, "f", interval=timedelta(hours=1))
+            await trio.sleep(3600 + 5)  # the first tick started, its state write failed, retried 1 s later
+            assert store.failed == 1
+            state = (await engine.schedules.describe("f")).schedule.state
+            assert state.started_count == 1
+            assert state.cursor == T0 + timedelta(hours=2)
+            await trio.sleep(2 * 3600)
+            rows = await scheduled_runs(engine, "f")
+            assert [r.workflow_id.split("T")[1] for r in rows] == ["01:00:00Z", "02:00:00Z", "03:00:00Z"]
+            for row in rows:
+                history = await engine.history(row.workflow_id)
+                assert sum(type(e.body).__name__ == "WorkflowStarted" for e in history) == 1

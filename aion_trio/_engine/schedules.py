@@ -103,6 +103,8 @@ class ScheduleClient(Protocol):
 WRITE_TRIES = 20
 #: At most this many ticks one backfill may ask for.
 MAX_BACKFILL = 10_000
+#: How long (engine clock) after a failed pass the service tries that schedule again.
+PASS_RETRY = timedelta(seconds=1)
 #: The request id of every tick's start (the workflow id names the tick).
 TICK_REQUEST_ID = "schedule"
 
@@ -573,18 +575,25 @@ class Schedules:
                     logger.warning("listing the schedules failed (will retry at the next poll): %s", exc)
                     schedule_ids = []
                 for schedule_id in schedule_ids:
+                    # A pass the store failed is tried again soon, whatever else wakes the service.
+                    retry = self._clock.now() + PASS_RETRY
                     try:
                         wake = await self.run_pass(schedule_id)
                     except EngineEpochClosed:
                         return
-                    except (StoreError, ScheduleNotFound, InvalidSchedule) as exc:
+                    except ScheduleNotFound:
+                        continue  # deleted meanwhile
+                    except StoreError as exc:
                         logger.warning("schedule %r: the pass failed (will retry): %s", schedule_id, exc)
+                        wake = retry
+                    except InvalidSchedule as exc:
+                        # Unreadable until someone fixes or deletes it: looked at again at the next poll.
+                        logger.error("schedule %r cannot be fired: %s", schedule_id, exc)
                         continue
                     except Exception:
-                        # One schedule's failure must not stop the others: logged, tried again later.
-                        logger.exception(
-                            "schedule %r: the pass failed unexpectedly (will retry)", schedule_id
-                        )
+                        # One schedule's failure must not stop the others: logged, looked at again
+                        # at the next poll or change.
+                        logger.exception("schedule %r: the pass failed unexpectedly", schedule_id)
                         continue
                     if wake is not None and (next_at is None or wake < next_at):
                         next_at = wake
