@@ -194,6 +194,7 @@ from ._schedules import (
     SchedulePolicy as SchedulePolicy,
     ScheduleSpec as ScheduleSpec,
     ScheduleState as ScheduleState,
+    schedule_tick_time as schedule_tick_time,
 )
 from ._store import (
     CommandInbox as CommandInbox,

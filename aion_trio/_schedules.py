@@ -316,6 +316,19 @@ class Schedule:
         return out
 
 
+def schedule_tick_time(workflow_id: str) -> datetime | None:
+    """The nominal time of the schedule tick a run with ``workflow_id`` was started for
+    (``SCHEDULE@TIME``, or ``SCHEDULE@manual@TIME`` for a triggered run), or ``None`` for a
+    workflow id no schedule gives.  Pure, so workflow code may call it on ``ctx.workflow_id``."""
+    _, at, text = workflow_id.rpartition("@")
+    if not at or not text.endswith("Z"):
+        return None
+    try:
+        return parse_time(text)
+    except ValueError:
+        return None
+
+
 def validate_schedule_id(schedule_id: object) -> str:
     try:
         return validate_workflow_id(schedule_id, "schedule_id")

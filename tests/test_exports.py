@@ -73,7 +73,8 @@ AION_TRIO_NAMES = [
     "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowFenced", "WorkflowNotFound",
     "WorkflowRelinquished", "WorkflowReopened", "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted",
     "WorkflowStatus", "WorkflowTimedOut", "activity", "activity_cancelled", "activity_info", "heartbeat",
-    "open_engine", "open_store", "run_activity_worker", "unsafe_nondeterminism", "workflow",
+    "open_engine", "open_store", "run_activity_worker", "schedule_tick_time", "unsafe_nondeterminism",
+    "workflow",
 ]
 
 PLUGIN_NAMES = [

@@ -32,6 +32,12 @@ async def tick(ctx: aion.WorkflowContext, label: str) -> str:
 
 
 @aion.workflow
+async def which_tick(ctx: aion.WorkflowContext) -> str:
+    nominal = aion.schedule_tick_time(ctx.workflow_id)
+    return "none" if nominal is None else nominal.isoformat()
+
+
+@aion.workflow
 async def slow(ctx: aion.WorkflowContext, minutes: float) -> str:
     await ctx.sleep(timedelta(minutes=minutes))
     return "done"
@@ -48,7 +54,9 @@ def config(**overrides: Any) -> aion.EngineConfig:
 
 @asynccontextmanager
 async def engine_on(store: str, **overrides: Any) -> AsyncIterator[aion.Engine]:
-    async with aion.open_engine(store, workflows=[tick, slow], config=config(**overrides)) as engine:
+    async with aion.open_engine(
+        store, workflows=[tick, slow, which_tick], config=config(**overrides)
+    ) as engine:
         yield engine
 
 
@@ -526,3 +534,15 @@ async def test_a_failed_pass_is_retried_and_its_tick_starts_once(
             for row in rows:
                 history = await engine.history(row.workflow_id)
                 assert sum(type(e.body).__name__ == "WorkflowStarted" for e in history) == 1
+
+
+async def test_a_run_knows_its_tick_from_its_workflow_id(autojump_clock: trio.testing.MockClock) -> None:
+    async with engine_on("memory://") as engine:
+        await engine.schedules.create("w@x", which_tick, cron="15 * * * *")  # an id with an '@' in it
+        await trio.sleep(20 * 60)
+        await engine.schedules.trigger("w@x")
+        rows = await scheduled_runs(engine, "w@x")
+        results = [await engine.result(r.workflow_id) for r in rows]
+        assert results == ["2027-01-01T00:15:00+00:00", "2027-01-01T00:20:00+00:00"]
+        assert await (await engine.start(which_tick, workflow_id="plain")).result() == "none"
+        assert aion.schedule_tick_time("a@not-a-time") is None
