@@ -17,6 +17,7 @@ computes the same fire time for a tick and a restart does not move it.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -93,6 +94,12 @@ def _seconds(value: timedelta | float | None, field: str, *, positive: bool = Fa
     return timedelta(seconds=seconds)
 
 
+@functools.lru_cache(maxsize=256)
+def _valid_cron(expression: str) -> bool:
+    # Parsing is the costly part of croniter, and every stored schedule read re-checks its spec.
+    return bool(croniter.is_valid(expression))
+
+
 def _zone(name: str) -> zoneinfo.ZoneInfo:
     if not isinstance(name, str) or not name:
         raise InvalidSchedule("time zone", f"must be an IANA zone name such as 'Europe/Paris', got {name!r}")
@@ -130,7 +137,7 @@ class ScheduleSpec:
             raise InvalidSchedule("spec", "give exactly one of cron= and interval=")
         _zone(self.time_zone)
         if self.cron is not None:
-            if not isinstance(self.cron, str) or not croniter.is_valid(self.cron):
+            if not isinstance(self.cron, str) or not _valid_cron(self.cron):
                 raise InvalidSchedule("cron expression", f"{self.cron!r} is not a valid cron expression")
             if len(self.cron.split()) != 5:
                 raise InvalidSchedule(
