@@ -76,7 +76,7 @@ class ScheduleClient(Protocol):
 
     async def start(
         self,
-        workflow: WorkflowDefinition[Any] | str,
+        workflow: str,
         *args: Any,
         workflow_id: str | None = ...,
         id_reuse: IdReusePolicy = ...,
