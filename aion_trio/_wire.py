@@ -13,6 +13,14 @@ records as objects.  ``NaN`` and infinities are not JSON and are refused both
 ways.  Unknown types, unknown fields, missing fields and ill-typed values are
 :class:`EventDecodeError`.  The form is pinned by golden files in
 ``tests/golden``.
+
+Stores keep the ``data`` object as text (:func:`body_data_json`, payload text
+spliced in as is).  Reading it back (:func:`body_from_data_json`,
+:func:`events_from_rows`) goes through a decoder compiled once per event type
+for that layout: one shared strict JSON scanner checks every value as
+strictly as a full parse, and a payload keeps the slice of text it was
+stored as (no parse into Python values, no re-encoding).  Text in any other
+layout takes the general path (parse, convert), which raises the typed error.
 """
 
 from __future__ import annotations
@@ -22,18 +30,19 @@ import json
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Union
 
 import attrs
 
-from ._errors import EventDecodeError
+from ._errors import EventDecodeError, StoreDecodeError
 from ._events import EVENT_TYPES, OMIT_NONE, ActivityError, ErrorInfo, Event, EventBody
 from ._payload import Payload
 
 _SEPARATORS = (",", ":")
 _MISSING = object()
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # Compact JSON text, exactly as ``json.dumps(value, separators=_SEPARATORS,
 # ensure_ascii=False, allow_nan=False)`` writes it (one encoder, built once).
 _ENCODER = json.JSONEncoder(separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
@@ -52,9 +61,26 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: The one strict decoder (``json.loads`` with hooks would build a new one per call).
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+#: Its C scanner: ``scan(text, index) -> (value, end)``, ``StopIteration`` if no value starts there.
+_scan: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
 def _loads(text: str | bytes) -> Any:
-    """Strict JSON parsing: ``NaN``/``Infinity`` and overflowing floats are refused."""
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    """Strict JSON parsing: ``NaN``/``Infinity`` and overflowing floats are refused.
+
+    The same checks and errors as ``json.loads(text, parse_constant=..., parse_float=...)``,
+    through the one shared decoder.
+    """
+    if isinstance(text, str):
+        if text.startswith("\ufeff"):
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    elif isinstance(text, (bytes, bytearray)):
+        text = text.decode(json.detect_encoding(text), "surrogatepass")
+    else:
+        raise TypeError(f"the JSON object must be str, bytes or bytearray, not {type(text).__name__}")
+    return _DECODER.decode(text)
 
 
 def _format_dt(value: datetime) -> str:
@@ -106,7 +132,7 @@ def _identity(value: Any) -> Any:
 
 
 def _encode_payload(payload: Payload) -> Any:
-    return json.loads(payload.json)
+    return payload.value()
 
 
 def _payload_text(payload: Payload) -> str:
@@ -148,9 +174,7 @@ def _codec_for(tp: Any) -> _FieldCodec:
     if tp is Payload:
 
         def dec_payload(value: Any) -> Payload:
-            return Payload.trusted(
-                json.dumps(value, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
-            )
+            return Payload.trusted(_encode_json(value))
 
         return _FieldCodec(_encode_payload, dec_payload, text=_payload_text)
     if tp is str:
@@ -366,11 +390,204 @@ def body_data_json(body: EventBody) -> tuple[str, str]:
 
 
 def body_from_data_json(type_name: object, data_text: str | bytes) -> EventBody:
+    """Build an event body from the ``data`` text a store keeps (``EventDecodeError`` if malformed).
+
+    Text in the layout :func:`body_data_json` writes is decoded by the type's
+    compiled decoder: payloads keep the text stored for them, unparsed into
+    Python values.  Anything else (other spacing or key order, an unknown or
+    missing field, a bad value) takes the general path, which raises the
+    typed error naming what is wrong.
+    """
+    decode = _DATA_DECODERS.get(type_name) if type(type_name) is str else None
+    if decode is None and type(type_name) is str and type_name in EVENT_TYPES:
+        decode = data_decoder(type_name)
+    if decode is not None:
+        body: EventBody | None
+        try:
+            if type(data_text) is str:
+                body = decode(data_text)
+            elif isinstance(data_text, (bytes, bytearray)):
+                body = decode(data_text.decode("utf-8"))
+            else:
+                body = None
+        except _NOT_THE_FAST_LAYOUT:
+            body = None
+        if body is not None:
+            return body
     try:
         data = _loads(data_text)
     except (ValueError, TypeError) as exc:
         raise EventDecodeError(f"{type_name} data is not valid JSON: {exc}") from None
     return body_from_wire(type_name, data)
+
+
+def events_from_rows(
+    workflow_id: str,
+    rows: Iterable[Sequence[Any]],
+    recorded_at: Callable[[Any], datetime],
+    location: str,
+) -> list[Event]:
+    """The events of ``(seq, recorded_at, type, data)`` rows a store read for ``workflow_id``.
+
+    ``recorded_at(raw)`` turns the stored timestamp into an aware UTC datetime
+    (a store-specific form; a bad one raises ``EventDecodeError``, ``ValueError``
+    or ``TypeError``); ``data`` must be the JSON text :func:`body_data_json` gave.
+    A bad row raises :class:`StoreDecodeError` naming the workflow, its seq and
+    ``location``.  The envelope is checked in full once, then each event is
+    built without re-running the checks its first one passed (the same
+    workflow id; a timestamp converted once per distinct stored value).
+    """
+    out: list[Event] = []
+    append = out.append
+    new = object.__new__
+    set_field = object.__setattr__
+    checked = False
+    last_raw: Any = _MISSING
+    at = _EPOCH  # replaced by the first row's (``last_raw`` matches no stored value)
+    seq: Any = None
+    try:
+        for seq, raw_at, type_name, data in rows:
+            if raw_at != last_raw or type(raw_at) is not type(last_raw):
+                at = recorded_at(raw_at)
+                last_raw = raw_at
+            if type(data) is not str:
+                raise EventDecodeError(f"event data is a {type(data).__name__}, not JSON text")
+            body = body_from_data_json(type_name, data)
+            if checked and type(seq) is int and seq > 0 and at.tzinfo is timezone.utc:
+                event = new(Event)
+                set_field(event, "workflow_id", workflow_id)
+                set_field(event, "seq", seq)
+                set_field(event, "recorded_at", at)
+                set_field(event, "body", body)
+            else:
+                event = Event(workflow_id=workflow_id, seq=seq, recorded_at=at, body=body)
+                checked = True
+            append(event)
+    except (EventDecodeError, ValueError, TypeError, OverflowError) as exc:
+        raise StoreDecodeError(workflow_id, seq, str(exc), location=location) from exc
+    return out
+
+
+# --------------------------------------------------------------------------
+# Decoders compiled once per event type (the read path of every store)
+# --------------------------------------------------------------------------
+
+#: Event type name -> ``data text -> body``, or ``None`` when the text is not in the layout
+#: the encoder writes.  Filled on first use of each type.
+_DATA_DECODERS: dict[str, Callable[[str], EventBody | None]] = {}
+#: What a compiled decoder may raise on text it cannot take (the general path then
+#: decodes it, or raises the typed error): JSON and value errors, a text cut short.
+_NOT_THE_FAST_LAYOUT = (ValueError, TypeError, IndexError, StopIteration, OverflowError)
+_EXACT_TYPES = (str, int, bool)
+
+
+def data_decoder(type_name: str) -> Callable[[str], EventBody | None]:
+    """The decoder compiled for the event type ``type_name`` (compiled on first use).
+
+    It takes ``data`` text in the layout :func:`body_data_json` writes and returns
+    the body, or ``None`` (or raises ``ValueError``, ``TypeError``, ``IndexError`` or
+    ``StopIteration``) for any other text: :func:`body_from_data_json` then takes
+    the general path.
+    """
+    decode = _DATA_DECODERS.get(type_name)
+    if decode is None:
+        decode = _DATA_DECODERS[type_name] = _compile_data_decoder(EVENT_TYPES[type_name])
+    return decode
+
+
+def _compile_data_decoder(cls: type) -> Callable[[str], EventBody | None]:
+    """Build ``text -> body`` for the body type ``cls``, for the layout :func:`body_data_json` writes.
+
+    That layout is a compact object with the fields as keys in declaration order,
+    an absent key standing for a field's default.  The generated function walks it
+    with the shared C scanner: each key is matched as a literal, each value
+    scanned (so it is checked as strictly as the general path checks it), a payload
+    kept as the slice of text it was scanned from, a str, int or bool field checked
+    by its exact type, any other field converted by its codec.  The body is built by
+    the class itself, so its validators run.  On any departure from the layout it
+    returns ``None`` or raises one of ``_NOT_THE_FAST_LAYOUT``.
+    """
+    import aion_trio._events as events_module
+
+    codecs = _codecs(cls)
+    hints = typing.get_type_hints(cls, vars(events_module))
+    namespace: dict[str, Any] = {"cls": cls, "scan": _scan, "trusted": Payload.trusted}
+    lines = [
+        "def decode(s):",
+        "    if s[0] != '{':",
+        "        return None",
+        "    more = s[1] != '}'",
+        "    i = 1 if more else 2",
+    ]
+    arguments = []
+    for k, field in enumerate(attrs.fields(cls)):
+        name = field.name
+        tp = hints[name]
+        optional = typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
+        inner = next(a for a in typing.get_args(tp) if a is not type(None)) if optional else tp
+        key = _encode_str(name) + ":"
+        lines += [f"    if more and s.startswith({key!r}, i):", f"        j = i + {len(key)}"]
+        if inner in _EXACT_TYPES:
+            namespace[f"t{k}"] = inner
+            check = f"type(v) is not t{k}"
+            if optional:
+                check = f"v is not None and {check}"
+            lines += [
+                "        v, i = scan(s, j)",
+                f"        if {check}:",
+                "            return None",
+                f"        a{k} = v",
+            ]
+        else:
+            # A payload (or a value a codec converts) is often the same text as in the
+            # previous event of this type (activity options, inputs): the value decoded
+            # then is reused, and nothing is scanned.  Sound: a value scanned whole
+            # before, found again here and followed by ',' or '}', scans to the same end
+            # (a longer value that begins with it, "12" after "1", is scanned; anything
+            # else after it fails the separator check below and takes the general path).
+            namespace[f"m{k}"] = [("", None)]
+            if inner is Payload:
+                convert = "trusted(t)"
+            else:
+                namespace[f"d{k}"] = codecs[name].decode
+                convert = f"d{k}(v)"
+            lines += [
+                f"        t, a{k} = m{k}[0]",
+                "        e = j + len(t)",
+                "        if t and s.startswith(t, j) and s[e] in ',}':",
+                "            i = e",
+                "        else:",
+                "            v, i = scan(s, j)",
+                "            t = s[j:i]",
+                f"            a{k} = {convert}",
+                f"            m{k}[0] = (t, a{k})",
+            ]
+        lines += [
+            "        c = s[i]",
+            "        i += 1",
+            "        if c != ',':",
+            "            if c != '}':",
+            "                return None",
+            "            more = False",
+            "    else:",
+        ]
+        if field.default is attrs.NOTHING:
+            lines.append("        return None")
+        elif isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+            namespace[f"f{k}"] = field.default.factory
+            lines.append(f"        a{k} = f{k}()")
+        else:
+            namespace[f"f{k}"] = field.default
+            lines.append(f"        a{k} = f{k}")
+        arguments.append(f"{name}=a{k}")
+    lines += [
+        "    if more or i != len(s):",
+        "        return None",
+        f"    return cls({', '.join(arguments)})",
+    ]
+    exec("\n".join(lines), namespace)
+    decoder: Callable[[str], EventBody | None] = namespace["decode"]
+    return decoder
 
 
 _ENVELOPE_KEYS = frozenset({"workflow_id", "seq", "recorded_at", "type", "data"})
@@ -414,7 +631,7 @@ def event_from_wire(obj: object) -> Event:
 
 
 def event_to_json(event: Event) -> str:
-    return json.dumps(event_to_wire(event), separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+    return _encode_json(event_to_wire(event))
 
 
 def event_from_json(text: str | bytes) -> Event:

@@ -90,10 +90,10 @@ PLUGIN_NAMES = [
     "ThreadRenewal", "TimerEntry", "VisibilityFilter", "VisibilityRow", "VisibilityStore", "WorkflowFenced",
     "WorkflowStatus", "body_data_json", "body_from_data_json", "build_registry", "claim_is_live",
     "command_data_json", "command_from_data_json", "decide_claim", "decide_renew", "event_from_json",
-    "event_to_json", "fenced_write", "format_datetime", "hold_mock_time", "hookimpl", "hookspec",
-    "is_active_status", "make_plugin_manager", "outcome_from_json", "outcome_to_json", "owner_alive",
-    "parse_datetime", "pid_alive", "process_mark", "redact_url", "signal_recorded_outcome", "status_after",
-    "this_host", "validate_batch", "validate_schedule_write", "validate_workflow_ids",
+    "event_to_json", "events_from_rows", "fenced_write", "format_datetime", "hold_mock_time", "hookimpl",
+    "hookspec", "is_active_status", "make_plugin_manager", "outcome_from_json", "outcome_to_json",
+    "owner_alive", "parse_datetime", "pid_alive", "process_mark", "redact_url", "signal_recorded_outcome",
+    "status_after", "this_host", "validate_batch", "validate_schedule_write", "validate_workflow_ids",
 ]
 
 PROJECTIONS_NAMES = [

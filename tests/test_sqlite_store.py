@@ -576,6 +576,13 @@ async def test_garbage_after_a_valid_header_is_database_corrupt(tmp_path: Path, 
         ("data", '{"name":"m","value":1,"extra":2}', "unknown field"),
         ("data", '{"value":1}', "missing field 'name'"),
         ("recorded_at", "yesterday", "recorded_at is 'yesterday'"),
+        # Corrupt payloads fail the read, as before payloads were carried as text:
+        ("data", '{"name":"m-2","value":{"i":NaN}}', "NaN is not valid JSON"),
+        ("data", '{"name":"m-2","value":{"i":1e400}}', "out of range"),
+        ("data", '{"name":"m-2","value":{"i":2}', "not valid JSON"),
+        # seq 1's payload text, then more: its decoded value is not reused for this.
+        ("data", '{"name":"m-2","value":{"i":1}}}', "not valid JSON"),
+        ("data", '{"name":"m-2","value":{"i":1},"value":{"i":1}', "not valid JSON"),
     ],
 )
 async def test_a_corrupt_event_row_names_file_workflow_and_seq(

@@ -22,15 +22,25 @@ from aion_trio import (
     Event,
     EventBody,
     EventDecodeError,
+    MarkerRecorded,
     Payload,
+    StoreDecodeError,
 )
 from aion_trio._events import EVENT_TYPES
-from aion_trio._wire import body_from_wire, body_to_wire, event_from_wire, event_to_wire
+from aion_trio._wire import (
+    body_from_wire,
+    body_to_wire,
+    data_decoder,
+    event_from_wire,
+    event_to_wire,
+    loads_strict,
+)
 from aion_trio.plugin import (
     body_data_json,
     body_from_data_json,
     event_from_json,
     event_to_json,
+    events_from_rows,
     format_datetime,
     parse_datetime,
 )
@@ -657,3 +667,135 @@ def test_decoding_refuses_floats_that_overflow_in_any_number_position() -> None:
         event_from_json(text.replace("1.5", "-1e999"))
     # Control: a large but finite float is fine.
     assert event_from_json(text.replace("1.5", "-1e99")).body.attributes == {"x": -1e99}
+
+
+# --------------------------------------------------------------------------
+# The read path: decoders compiled per event type, payload text carried as is
+# --------------------------------------------------------------------------
+
+
+def _general_path(type_name: str, text: str) -> EventBody:
+    """What decoding gave before decoders were compiled: parse it all, then convert."""
+    return body_from_wire(type_name, loads_strict(text))
+
+
+@settings(max_examples=400, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies=st.lists(any_body, min_size=1, max_size=4))
+def test_every_type_s_compiled_decoder_gives_the_general_path_s_body(bodies: list[EventBody]) -> None:
+    # Several bodies through one decoder in a row: a payload reused from the previous
+    # event's text must only be reused when it is the same text.
+    for body in bodies:
+        name, text = body_data_json(body)
+        decoded = data_decoder(name)(text)
+        assert decoded is not None, f"{name}: the compiled decoder refused the encoder's own layout"
+        assert decoded == body == _general_path(name, text)
+        assert body_from_data_json(name, text) == body
+        # Byte-identical: re-encoding what was decoded writes the stored text again.
+        assert body_data_json(decoded) == (name, text)
+
+
+@pytest.mark.parametrize(
+    "body", [*FULL_BODIES.values(), *MINIMAL_BODIES.values()], ids=lambda b: type(b).__name__
+)
+def test_the_samples_take_the_compiled_decoder(body: EventBody) -> None:
+    name, text = body_data_json(body)
+    assert data_decoder(name)(text) == body
+
+
+def test_a_decoded_payload_is_the_stored_text_and_behaves_as_payload_of_its_value() -> None:
+    value = {"b": [1, 2.5, "ünï", None], "a": {"x": True}}
+    stored = Payload.of(value).json
+    name, text = body_data_json(MarkerRecorded(name="m", value=Payload.of(value)))
+    decoded = body_from_data_json(name, text)
+    assert isinstance(decoded, MarkerRecorded)
+    payload = decoded.value
+    assert payload.json == stored
+    assert payload == Payload.of(value)
+    assert hash(payload) == hash(Payload.of(value))
+    assert repr(payload) == repr(Payload.of(value))
+    assert payload.value() == value
+    # Text other than the compact form (a payload built from it as is) is carried as
+    # written: reading a history back gives the payload that was appended.
+    spaced = Payload('{"b": [1, 2],  "a": "x"}')
+    name, text = body_data_json(MarkerRecorded(name="m", value=spaced))
+    assert body_from_data_json(name, text) == MarkerRecorded(name="m", value=spaced)
+
+
+def test_re_encoding_a_decoded_body_parses_no_payload(monkeypatch: pytest.MonkeyPatch) -> None:
+    bodies = [FULL_BODIES[name] for name in ("ActivityScheduled", "WorkflowStarted", "ActivityFailed")]
+    texts = [body_data_json(b) for b in bodies]
+
+    def no_parse(self: Payload) -> Any:
+        raise AssertionError(f"payload {self!r} was parsed")
+
+    monkeypatch.setattr(Payload, "value", no_parse)
+    for name, text in texts:
+        assert body_data_json(body_from_data_json(name, text)) == (name, text)
+
+
+@pytest.mark.parametrize(
+    ("previous", "text", "message"),
+    [
+        # The previous event's payload text, then more: reusing its value must not hide the rest.
+        ('{"name":"m","value":{"i":1}}', '{"name":"m","value":{"i":1}}}', "Extra data"),
+        ('{"name":"m","value":{"i":1}}', '{"name":"m","value":{"i":1},"x":2}', "unknown field"),
+        ('{"name":"m","value":1}', '{"name":"m","value":12}', None),
+        ('{"name":"m","value":"a"}', '{"name":"m","value":"a"', "not valid JSON"),
+        ('{"name":"m","value":[1]}', '{"name":"m","value":[1,NaN]}', "NaN is not valid JSON"),
+        ('{"name":"m","value":[1]}', '{"name":"m","value":[1e400]}', "out of range"),
+        ('{"name":"m","value":[1]}', '{"name":"m","value":[1,}', "not valid JSON"),
+        ('{"name":"m","value":[1]}', '{"name":"m","value":[1] }', None),
+        ('{"name":"m","value":[1]}', '{"name":"m","value":[1]', "not valid JSON"),
+        ('{"name":"m","value":[1]}', '{"name":"m"}', "missing field 'value'"),
+        ('{"name":"m","value":[1]}', '{"name":"","value":[1]}', "name must be a non-empty str"),
+        ('{"name":"m","value":[1]}', '{"name":"m","name":"n","value":[1]}', None),
+    ],
+)
+def test_text_off_the_fast_layout_decodes_or_fails_as_the_general_path_does(
+    previous: str, text: str, message: str | None
+) -> None:
+    assert body_from_data_json("MarkerRecorded", previous) == _general_path("MarkerRecorded", previous)
+    if message is None:
+        assert body_from_data_json("MarkerRecorded", text) == _general_path("MarkerRecorded", text)
+    else:
+        with pytest.raises(EventDecodeError, match=message):
+            body_from_data_json("MarkerRecorded", text)
+
+
+def test_events_from_rows_builds_the_events_and_names_the_row_of_a_bad_one() -> None:
+    events = sample_events()
+    rows = [(e.seq, format_datetime(e.recorded_at), *body_data_json(e.body)) for e in events]
+    assert events_from_rows(WORKFLOW_ID, rows, parse_datetime, "here") == events
+    decoded = events_from_rows(WORKFLOW_ID, rows, parse_datetime, "here")
+    assert [type(e) for e in decoded] == [Event] * len(events)
+    # A converter that lets a naive datetime through: the envelope's own check refuses it.
+    convert = datetime.fromisoformat
+    for bad, message in [
+        ((0, rows[1][1], rows[1][2], rows[1][3]), "seq must be an int >= 1"),
+        ((2, "yesterday", rows[1][2], rows[1][3]), "Invalid isoformat"),
+        ((2, "2026-01-02T03:04:05", rows[1][2], rows[1][3]), "must be timezone-aware"),
+        ((2, rows[1][1], rows[1][2], b"{}"), "event data is a bytes"),
+        ((2, rows[1][1], "Nope", rows[1][3]), "unknown event type"),
+    ]:
+        with pytest.raises(StoreDecodeError, match=message) as info:
+            events_from_rows(WORKFLOW_ID, [rows[0], bad, *rows[2:]], convert, "here")
+        assert (info.value.workflow_id, info.value.seq, info.value.location) == (WORKFLOW_ID, bad[0], "here")
+    with pytest.raises(StoreDecodeError, match="workflow_id must not be empty"):
+        events_from_rows("", rows, parse_datetime, "here")
+
+
+def test_a_payload_that_begins_with_the_previous_one_s_text_is_scanned_not_reused() -> None:
+    decode = data_decoder("MarkerRecorded")
+    for previous, text, value in [
+        ("1", "12", 12),
+        ('"a"', '"a"', "a"),
+        ("[1]", "[1]", [1]),
+        ("true", "true", True),
+        ("1", "1.5", 1.5),
+        ("1", "1e2", 100.0),
+    ]:
+        assert decode(f'{{"name":"m","value":{previous}}}') is not None
+        body = decode(f'{{"name":"m","value":{text}}}')
+        assert isinstance(body, MarkerRecorded)
+        assert body.value.json == text
+        assert body.value.value() == value

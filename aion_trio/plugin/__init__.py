@@ -100,6 +100,7 @@ from .._wire import (
     body_from_data_json as body_from_data_json,
     event_from_json as event_from_json,
     event_to_json as event_to_json,
+    events_from_rows as events_from_rows,
     format_datetime as format_datetime,
     parse_datetime as parse_datetime,
 )

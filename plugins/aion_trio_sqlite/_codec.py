@@ -32,7 +32,7 @@ from aion_trio.plugin import (
     VisibilityRow,
     WorkflowStatus,
     body_data_json,
-    body_from_data_json,
+    events_from_rows,
 )
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -81,27 +81,15 @@ def event_rows(workflow_id: str, events: Sequence[Event]) -> list[EventRow]:
     return rows
 
 
+def _recorded_at(value: object) -> datetime:
+    if not isinstance(value, int):
+        raise EventDecodeError(f"recorded_at is {value!r}, not integer microseconds")
+    return from_us(value)
+
+
 def decode_events(workflow_id: str, rows: Sequence[Sequence[Any]], location: str) -> list[Event]:
     """Events from ``(seq, recorded_at, type, data)`` rows; a bad row is a :class:`StoreDecodeError`."""
-    out: list[Event] = []
-    append = out.append
-    for seq, recorded_at, type_name, data in rows:
-        try:
-            if not isinstance(recorded_at, int):
-                raise EventDecodeError(f"recorded_at is {recorded_at!r}, not integer microseconds")
-            if not isinstance(data, str):
-                raise EventDecodeError(f"event data is a {type(data).__name__}, not JSON text")
-            append(
-                Event(
-                    workflow_id=workflow_id,
-                    seq=seq,
-                    recorded_at=from_us(recorded_at),
-                    body=body_from_data_json(type_name, data),
-                )
-            )
-        except (EventDecodeError, ValueError, TypeError, OverflowError) as exc:
-            raise StoreDecodeError(workflow_id, seq, str(exc), location=location) from exc
-    return out
+    return events_from_rows(workflow_id, rows, _recorded_at, location)
 
 
 # --------------------------------------------------------------------------

@@ -25,7 +25,6 @@ import attrs
 from aion_trio import TimerCancelled, TimerFired, TimerStarted
 from aion_trio.plugin import (
     Event,
-    EventDecodeError,
     SearchOp,
     SearchPredicate,
     SearchValue,
@@ -35,7 +34,7 @@ from aion_trio.plugin import (
     VisibilityRow,
     WorkflowStatus,
     body_data_json,
-    body_from_data_json,
+    events_from_rows,
 )
 
 
@@ -97,23 +96,7 @@ def encode_batch(workflow_id: str, events: Sequence[Event]) -> EncodedBatch:
 
 def decode_events(workflow_id: str, rows: Sequence[Sequence[Any]], location: str) -> list[Event]:
     """Events from ``(seq, recorded_at, type, data)`` rows; a bad row is a :class:`StoreDecodeError`."""
-    out: list[Event] = []
-    append = out.append
-    for seq, recorded_at, type_name, data in rows:
-        try:
-            if not isinstance(data, str):
-                raise EventDecodeError(f"event data is a {type(data).__name__}, not JSON text")
-            append(
-                Event(
-                    workflow_id=workflow_id,
-                    seq=seq,
-                    recorded_at=utc(recorded_at),
-                    body=body_from_data_json(type_name, data),
-                )
-            )
-        except (EventDecodeError, ValueError, TypeError, OverflowError) as exc:
-            raise StoreDecodeError(workflow_id, seq, str(exc), location=location) from exc
-    return out
+    return events_from_rows(workflow_id, rows, utc, location)
 
 
 # --------------------------------------------------------------------------
