@@ -24,6 +24,8 @@ DEFAULT_WARN_BYTES = 256 * 1024
 DEFAULT_MAX_BYTES = 2 * 1024 * 1024
 
 _SEPARATORS = (",", ":")
+#: Compact JSON text: one encoder for every payload (``json.dumps`` with options builds one per call).
+_encode = json.JSONEncoder(separators=_SEPARATORS, ensure_ascii=False, allow_nan=False).encode
 #: Python refuses to print (and to parse) ints of more than 4300 digits; stay under that.
 _MAX_INT_BITS = 14_000
 
@@ -68,6 +70,35 @@ def _check_json(value: Any, path: str, what: str, depth: int = 0) -> Any:
     )
 
 
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is already plain JSON data :func:`_check_json` accepts as it is.
+
+    Exact types only (no subclasses, tuples, attrs or dataclass instances): for
+    such a value the checked copy dumps to the same text as the value itself, so
+    the common case skips building the copy and the error paths.  Anything else
+    answers ``False`` and goes the full way.
+    """
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return True
+    if kind is int:
+        return bool(value.bit_length() <= _MAX_INT_BITS)
+    if kind is float:
+        return math.isfinite(value)
+    if depth >= 200:
+        return False
+    if kind is list:
+        return all(_is_plain(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(type(key) is str and _is_plain(item, depth + 1) for key, item in value.items())
+    return False
+
+
+def _checked(value: Any, what: str) -> Any:
+    """``value`` as plain JSON data (itself when it already is), or raise naming the offending path."""
+    return value if _is_plain(value) else _check_json(value, "", what)
+
+
 def _find_unencodable(value: Any, path: str) -> str | None:
     """The path of the first str (value or key) that UTF-8 cannot encode (a lone surrogate)."""
     if isinstance(value, str):
@@ -91,7 +122,7 @@ def _find_unencodable(value: Any, path: str) -> str | None:
 
 def _dumps(data: Any, what: str) -> tuple[str, int]:
     """Compact JSON text of checked ``data`` and its UTF-8 size."""
-    text = json.dumps(data, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False)
+    text = _encode(data)
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
@@ -133,7 +164,7 @@ class Payload:
     @classmethod
     def of(cls, value: Any) -> Payload:
         """Encode ``value`` with no size limit (for engine-made payloads)."""
-        data = _check_json(value, "", "payload")
+        data = _checked(value, "payload")
         return cls.trusted(_dumps(data, "payload")[0])
 
     @classmethod
@@ -196,7 +227,7 @@ class PayloadCodec:
 
     def encode(self, value: Any, *, what: str = "payload") -> Payload:
         """Encode ``value``; ``what`` names it in errors (e.g. ``"input of charge"``)."""
-        data = _check_json(value, "", what)
+        data = _checked(value, what)
         text, size = _dumps(data, what)
         if size > self.max_bytes:
             raise PayloadTooLarge(what, size, self.max_bytes)

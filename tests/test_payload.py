@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Any
 
@@ -280,3 +281,74 @@ def test_codec_is_frozen_keyword_only() -> None:
         codec.max_bytes = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
         PayloadCodec(10, 20)  # type: ignore[misc]
+
+
+# Plain JSON data (exact dict, list, str, int, float, bool, None) is dumped as it
+# is, without the checked copy; anything else takes the full way.  Both must give
+# the text the full way gives, and refuse what it refuses.
+
+_plain_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6)
+)
+_plain_values = st.recursive(
+    _plain_leaves,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+def _reference_text(value: Any) -> str:
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+
+    return json.dumps(plain(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@settings(max_examples=300, derandomize=True)
+@given(value=_plain_values)
+def test_plain_data_encodes_to_the_text_of_the_checked_copy(value: Any) -> None:
+    assert Payload.of(value).json == _reference_text(value)
+    assert PayloadCodec().encode(value).json == _reference_text(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([1, float("nan")], r"\[1\]"),
+        ({"a": [float("inf")]}, r"\['a'\]\[0\]"),
+        ({"a": {1: 2}}, "JSON object keys must be str"),
+        ([2**20000], "too large for JSON"),
+        ([True, 1.5, "x", None, (1, [2])], None),  # a tuple: not plain, accepted the full way
+        ([object()], "not JSON-serialisable"),
+    ],
+)
+def test_data_that_is_not_plain_is_refused_naming_where(value: Any, message: str | None) -> None:
+    if message is None:
+        assert Payload.of(value).json == _reference_text(value)
+        return
+    with pytest.raises(PayloadNotSerializable, match=message):
+        Payload.of(value)
+
+
+def test_nesting_past_the_limit_is_refused_on_the_plain_path_too() -> None:
+    value: Any = 1
+    for _ in range(205):
+        value = [value]
+    with pytest.raises(PayloadNotSerializable, match="200 levels"):
+        Payload.of(value)
+    ok: Any = 1
+    for _ in range(150):
+        ok = [ok]
+    assert Payload.of(ok).json == "[" * 150 + "1" + "]" * 150
