@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeGuard, final
 
@@ -19,6 +20,7 @@ import attrs
 
 from ._events import (
     SCOPE_TIMEOUT_TYPE,
+    TERMINAL_TYPES,
     ActivityCancelled,
     ActivityCompleted,
     ActivityError,
@@ -52,38 +54,82 @@ from ._events import (
 )
 from ._ids import CHILD_CANCEL_MARKER_PREFIX, DEADLINE_TIMER_PREFIX, PATCH_MARKER_PREFIX, inbox_request_id
 
+_body_of = operator.attrgetter("body")
+
+
+def _kinds(events: Sequence[Event]) -> list[type]:
+    """The body types of ``events``, built at C speed (a long history's scans search this list)."""
+    return list(map(type, map(_body_of, events)))
+
+
+def _positions(kinds: list[type], kind: type) -> list[int]:
+    """Where ``kind`` occurs in ``kinds``, ascending (each search runs in C: starts are few)."""
+    out: list[int] = []
+    i = -1
+    while True:
+        try:
+            i = kinds.index(kind, i + 1)
+        except ValueError:
+            return out
+        out.append(i)
+
+
+def _first_of(kinds: list[type], wanted: Iterable[type]) -> int | None:
+    """The lowest position in ``kinds`` of any type in ``wanted``, or ``None``."""
+    found: int | None = None
+    for kind in wanted:
+        try:
+            i = kinds.index(kind, 0, len(kinds) if found is None else found)
+        except ValueError:
+            continue
+        found = i
+    return found
+
+
+#: Below this many events a plain loop beats building the list of body types.
+_SHORT = 64
+
 
 def run_segment(events: Sequence[Event], run_id: str) -> list[Event]:
     """That run's events: from its ``WorkflowStarted`` up to (not including) the next one.
 
     Empty if the run never started in ``events``.
     """
-    out: list[Event] = []
-    inside = False
-    for event in events:
-        body = event.body
-        if isinstance(body, WorkflowStarted):
-            if inside:
-                break
-            inside = body.run_id == run_id
-        if inside:
-            out.append(event)
-    return out
+    # Find the starts, then slice: a long history is never walked event by event in Python.
+    starts = _positions(_kinds(events), WorkflowStarted)
+    for n, i in enumerate(starts):
+        if events[i].body.run_id == run_id:  # type: ignore[attr-defined]
+            end = starts[n + 1] if n + 1 < len(starts) else len(events)
+            return list(events[i:end])
+    return []
+
+
+_LEASE_OPENERS = frozenset({WorkflowStarted, WorkflowReopened})
 
 
 def current_lease_terminal(segment: Sequence[Event]) -> Event | None:
     """Scan backwards: the first terminal event, or ``None`` if a start/reopen comes first."""
+    if len(segment) > _SHORT:
+        kinds = _kinds(segment)
+        kinds.reverse()
+        i = _first_of(kinds, (*TERMINAL_TYPES, *_LEASE_OPENERS))
+        if i is None:
+            return None
+        event = segment[len(segment) - 1 - i]
+        return event if event.body.TERMINAL else None
+    openers = _LEASE_OPENERS
     for event in reversed(segment):
-        if event.body.TERMINAL:
+        body = event.body
+        if body.TERMINAL:
             return event
-        if isinstance(event.body, (WorkflowStarted, WorkflowReopened)):
+        if type(body) in openers:
             return None
     return None
 
 
 def run_ids(events: Sequence[Event]) -> list[str]:
     """Run ids in the order their runs started."""
-    return [e.body.run_id for e in events if isinstance(e.body, WorkflowStarted)]
+    return [events[i].body.run_id for i in _positions(_kinds(events), WorkflowStarted)]  # type: ignore[attr-defined]
 
 
 def latest_run_id(events: Sequence[Event]) -> str | None:
@@ -100,22 +146,31 @@ _STATUS_BY_TERMINAL: Mapping[type, WorkflowStatus] = {
 }
 
 
+_STATUS_BY_LIFECYCLE: Mapping[type, WorkflowStatus] = {
+    WorkflowStarted: WorkflowStatus.RUNNING,
+    WorkflowReopened: WorkflowStatus.RUNNING,
+    **_STATUS_BY_TERMINAL,
+}
+
+
 def status_after(previous: WorkflowStatus | None, events: Sequence[Event]) -> WorkflowStatus | None:
     """Fold ``events`` into a status: the last lifecycle event wins.
 
     Lets a store keep a status column up to date from each appended batch.
     ``None`` means "no lifecycle event yet".
     """
-    status = previous
-    for event in events:
-        body = event.body
-        if isinstance(body, (WorkflowStarted, WorkflowReopened)):
-            status = WorkflowStatus.RUNNING
-        else:
-            terminal = _STATUS_BY_TERMINAL.get(type(body))
-            if terminal is not None:
-                status = terminal
-    return status
+    # The last one wins: look for it from the end.
+    lifecycle = _STATUS_BY_LIFECYCLE
+    if len(events) > _SHORT:
+        kinds = _kinds(events)
+        kinds.reverse()
+        i = _first_of(kinds, lifecycle)
+        return previous if i is None else lifecycle[kinds[i]]
+    for event in reversed(events):
+        status = lifecycle.get(type(event.body))
+        if status is not None:
+            return status
+    return previous
 
 
 def workflow_status(events: Sequence[Event]) -> WorkflowStatus | None:
@@ -309,6 +364,9 @@ def next_delivery_attempt(segment: Sequence[Event], activity_id: int) -> int | N
     return last.attempt + 1
 
 
+_TIMER_FOLD_TYPES = frozenset({TimerStarted, TimerFired, TimerCancelled, WorkflowReopened})
+
+
 @attrs.frozen(kw_only=True)
 class OutstandingTimer:
     timer_id: str
@@ -323,8 +381,11 @@ def outstanding_timers(segment: Sequence[Event]) -> list[OutstandingTimer]:
     started: dict[str, datetime] = {}
     done: set[str] = set()
     teardown: set[str] = set()
+    relevant = _TIMER_FOLD_TYPES
     for event in segment:
         body = event.body
+        if type(body) not in relevant:
+            continue
         if isinstance(body, TimerStarted):
             started[body.timer_id] = body.fire_at
             done.discard(body.timer_id)
@@ -410,6 +471,9 @@ def failure(segment: Sequence[Event]) -> FailureSummary | None:
     return FailureSummary(failed_step=step, reason=f"{error.type}: {error.message}", error=error)
 
 
+_SEARCH_FOLD_TYPES = frozenset({WorkflowStarted, SearchAttributesUpserted})
+
+
 def search_attributes(events: Sequence[Event], run_id: str | None = None) -> dict[str, SearchValue]:
     """The run's search attributes: its start's, then each upsert in order (latest run by default)."""
     rid = run_id if run_id is not None else latest_run_id(events)
@@ -418,6 +482,8 @@ def search_attributes(events: Sequence[Event], run_id: str | None = None) -> dic
     attrs_now: dict[str, SearchValue] = {}
     for event in run_segment(events, rid):
         body = event.body
+        if type(body) not in _SEARCH_FOLD_TYPES:
+            continue
         if isinstance(body, WorkflowStarted):
             attrs_now.update(body.search_attributes)
         elif isinstance(body, SearchAttributesUpserted):

@@ -1166,3 +1166,90 @@ def test_a_chain_broken_by_a_terminate_settles_there_until_a_reopen_runs_it_agai
     with pytest.raises(WorkflowFailure) as raised:
         settled_result(WF, failed_again)
     assert (raised.value.status, raised.value.error) == ("failed", WF_FAILED.error)
+
+
+# --------------------------------------------------------------------------
+# Long histories: the scans that search a list of body types (above 64 events)
+# agree with a walk over the events (what they replaced), on any event list.
+# --------------------------------------------------------------------------
+
+_SCAN_BODIES = st.sampled_from(
+    [
+        start(rid(1)),
+        start(rid(2)),
+        start(rid(3)),
+        WorkflowReopened(run_id=rid(1)),
+        WorkflowCompleted(result=NULL),
+        WF_FAILED,
+        WorkflowCancelled(reason="r"),
+        WorkflowTimedOut(),
+        WorkflowContinuedAsNew(input=NULL, parent_run_id=rid(1)),
+        WorkflowCancelRequested(reason="r"),
+        SearchAttributesUpserted(attributes={"a": 1}),
+        sched(0),
+        ActivityStarted(activity_id=0, attempt=1),
+        ActivityCompleted(activity_id=0, result=NULL, attempt=1),
+        MarkerRecorded(name="m", value=NULL),
+    ]
+)
+
+
+def _walk_segment(events: Sequence[Event], run_id: str) -> list[Event]:
+    out: list[Event] = []
+    inside = False
+    for event in events:
+        if isinstance(event.body, WorkflowStarted):
+            if inside:
+                break
+            inside = event.body.run_id == run_id
+        if inside:
+            out.append(event)
+    return out
+
+
+def _walk_status(previous: WorkflowStatus | None, events: Sequence[Event]) -> WorkflowStatus | None:
+    status = previous
+    for event in events:
+        if isinstance(event.body, (WorkflowStarted, WorkflowReopened)):
+            status = WorkflowStatus.RUNNING
+        elif event.body.TERMINAL:
+            status = {
+                WorkflowCompleted: WorkflowStatus.COMPLETED,
+                WorkflowFailed: WorkflowStatus.FAILED,
+                WorkflowCancelled: WorkflowStatus.CANCELLED,
+                WorkflowTimedOut: WorkflowStatus.TIMED_OUT,
+                WorkflowContinuedAsNew: WorkflowStatus.CONTINUED_AS_NEW,
+            }[type(event.body)]
+    return status
+
+
+def _walk_terminal(segment: Sequence[Event]) -> Event | None:
+    for event in reversed(segment):
+        if event.body.TERMINAL:
+            return event
+        if isinstance(event.body, (WorkflowStarted, WorkflowReopened)):
+            return None
+    return None
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    bodies=st.lists(_SCAN_BODIES, max_size=300),
+    previous=st.none() | st.sampled_from(list(WorkflowStatus)),
+    long=st.booleans(),
+)
+def test_scans_of_long_histories_agree_with_a_walk(
+    bodies: list[EventBody], previous: WorkflowStatus | None, long: bool
+) -> None:
+    if long:  # most draws are short: make half of them longer than 64 events
+        bodies = bodies * (1 + 70 // (len(bodies) or 1))
+    events = [Event(workflow_id=WF, seq=i + 1, recorded_at=T0, body=b) for i, b in enumerate(bodies)]
+    starts = [e.body.run_id for e in events if isinstance(e.body, WorkflowStarted)]
+    assert run_ids(events) == starts
+    assert latest_run_id(events) == (starts[-1] if starts else None)
+    for run_id in (rid(1), rid(2), rid(3)):
+        segment = run_segment(events, run_id)
+        assert segment == _walk_segment(events, run_id)
+        assert current_lease_terminal(segment) is _walk_terminal(segment)
+    assert current_lease_terminal(events) is _walk_terminal(events)
+    assert status_after(previous, events) == _walk_status(previous, events)
