@@ -40,6 +40,9 @@ from ._projections import COMMAND_TIMER, COMMAND_TIMER_CANCEL, CommandKey, comma
 
 T = TypeVar("T")
 
+#: While replaying, a wait that history resolves yields to the scheduler once in this many.
+REPLAY_YIELD_EVERY = 64
+
 
 @final
 class Replay:
@@ -89,6 +92,8 @@ class Replay:
         #: Signal handlers by name and how many of each name's signals they were given
         #: (built when the code registers the first one).
         self.signal_handlers: SignalHandlers | None = None
+        #: Waits resolved from history while replaying (every REPLAY_YIELD_EVERY-th yields).
+        self.replayed_waits = 0
 
     # -- guards ----------------------------------------------------------------
 
@@ -374,7 +379,17 @@ class Replay:
         """
         self.require_own_task("awaiting a workflow handle")
         if not await self.flush():
-            await trio.lowlevel.checkpoint()
+            if self.caught_up:
+                await trio.lowlevel.checkpoint()
+            else:
+                # Replaying recorded resolutions: a cancel point every time, a schedule
+                # point every REPLAY_YIELD_EVERY waits (a pass of the scheduler on each
+                # cost more than the step it interrupts; the run still yields often).
+                self.replayed_waits += 1
+                if self.replayed_waits % REPLAY_YIELD_EVERY:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                else:
+                    await trio.lowlevel.checkpoint()
         while True:
             self.state.sync()
             ended = self.state.ended

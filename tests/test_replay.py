@@ -474,3 +474,62 @@ async def test_activities_go_through_the_configured_dispatcher(store_url: Callab
         1,
     )
     assert request.input.value() == [5]
+
+
+TICKS = {"n": 0}
+TICKS_SEEN: list[tuple[bool, int]] = []
+STEPS_DONE: dict[str, trio.Event] = {}
+
+
+@aion.activity
+async def bump(x: int) -> int:
+    return x + 1
+
+
+@aion.workflow
+async def many_steps(ctx: aion.WorkflowContext, steps: int) -> int:
+    value = 0
+    ctx.set_query_handler("value", lambda: value)
+    for _ in range(steps):
+        value = await ctx.run(bump, value)
+        TICKS_SEEN.append((ctx.is_replaying, TICKS["n"]))
+    STEPS_DONE["event"].set()
+    await ctx.wait_signal("finish")
+    return value
+
+
+async def test_a_replaying_run_yields_to_other_tasks_every_64_waits_not_on_each(
+    store_url: Callable[[], str],
+) -> None:
+    # Replaying, a wait that history resolves is a cancel point every time but a
+    # schedule point only every 64th time (a scheduler pass per step cost more
+    # than the step): other tasks still run while a long history replays.
+    url = store_url()
+    steps = 300
+    STEPS_DONE["event"] = trio.Event()
+    async with aion.open_engine(url, workflows=[many_steps], activities=[bump]) as engine:
+        await engine.start(many_steps, steps, workflow_id="long")
+        with trio.fail_after(60):
+            await STEPS_DONE["event"].wait()
+    TICKS_SEEN.clear()
+
+    async def tick() -> None:
+        while True:
+            TICKS["n"] += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        async with aion.open_engine(url, workflows=[many_steps], activities=[bump]) as engine:
+            with trio.fail_after(60):
+                assert await engine.query("long", "value") == steps
+        nursery.cancel_scope.cancel()
+    assert len(TICKS_SEEN) == steps
+    assert all(replaying for replaying, _ in TICKS_SEEN)
+    # Runs of steps that saw the same tick count: between two of the run's yields the
+    # ticker runs once, before or after the run in that pass of the scheduler (trio
+    # varies the order), so two such stretches can merge: never more than 2 x 64...
+    runs = [len(list(group)) for _, group in itertools.groupby(n for _, n in TICKS_SEEN)]
+    assert max(runs) <= 2 * 64, runs
+    # ... and most steps did not yield (one yield per step would make every run 1 long).
+    assert len(runs) < steps // 10, runs
