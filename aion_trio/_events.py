@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar, TypeAlias, Union, final
 
@@ -147,6 +147,23 @@ def _optional_digest(instance: object, attribute: attrs.Attribute[str | None], v
 def _optional_true(instance: object, attribute: attrs.Attribute[bool | None], value: bool | None) -> None:
     if value is not None and value is not True:
         raise ValueError(f"{attribute.name} must be True or None (absent), got {value!r}")
+
+
+#: What each simple field validator above refuses of a value of one exact type (the
+#: type itself, not a subclass): ``(type, None)`` when that type alone satisfies it,
+#: ``(type, expression)`` when the expression over ``{value}`` is true exactly when the
+#: validator would raise.  The wire decoders compiled per event type check such fields
+#: this way instead of calling the class's ``__init__`` (``_wire.py``).
+EXACT_TYPE_REFUSALS: Mapping[Callable[..., None], tuple[type, str | None]] = {
+    _str: (str, None),
+    _optional_str: (str, None),
+    _bool: (bool, None),
+    _payload: (Payload, None),
+    _optional_payload: (Payload, None),
+    _non_negative: (int, "{value} < 0"),
+    _positive: (int, "{value} < 1"),
+    _non_empty_str: (str, "not {value}"),
+}
 
 
 def input_digest(payload: Payload) -> str:

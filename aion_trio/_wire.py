@@ -37,7 +37,15 @@ from typing import Any, Union
 import attrs
 
 from ._errors import EventDecodeError, StoreDecodeError
-from ._events import EVENT_TYPES, OMIT_NONE, ActivityError, ErrorInfo, Event, EventBody
+from ._events import (
+    EVENT_TYPES,
+    EXACT_TYPE_REFUSALS,
+    OMIT_NONE,
+    ActivityError,
+    ErrorInfo,
+    Event,
+    EventBody,
+)
 from ._payload import Payload
 
 _SEPARATORS = (",", ":")
@@ -439,6 +447,7 @@ def events_from_rows(
     """
     out: list[Event] = []
     append = out.append
+    decoders = _DATA_DECODERS
     new = object.__new__
     set_field = object.__setattr__
     checked = False
@@ -452,7 +461,16 @@ def events_from_rows(
                 last_raw = raw_at
             if type(data) is not str:
                 raise EventDecodeError(f"event data is a {type(data).__name__}, not JSON text")
-            body = body_from_data_json(type_name, data)
+            # body_from_data_json, its compiled decoder called here directly (the hot loop).
+            decode = decoders.get(type_name) if type(type_name) is str else None
+            body = None
+            if decode is not None:
+                try:
+                    body = decode(data)
+                except _NOT_THE_FAST_LAYOUT:
+                    body = None
+            if body is None:
+                body = body_from_data_json(type_name, data)
             if checked and type(seq) is int and seq > 0 and at.tzinfo is timezone.utc:
                 event = new(Event)
                 set_field(event, "workflow_id", workflow_id)
@@ -523,8 +541,8 @@ def _compile_data_decoder(cls: type) -> Callable[[str], EventBody | None]:
     for k, field in enumerate(attrs.fields(cls)):
         name = field.name
         tp = hints[name]
-        optional = typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
-        inner = next(a for a in typing.get_args(tp) if a is not type(None)) if optional else tp
+        optional = _value_type(tp) is not tp
+        inner = _value_type(tp)
         key = _encode_str(name) + ":"
         lines += [f"    if more and s.startswith({key!r}, i):", f"        j = i + {len(key)}"]
         if inner in _EXACT_TYPES:
@@ -580,14 +598,52 @@ def _compile_data_decoder(cls: type) -> Callable[[str], EventBody | None]:
             namespace[f"f{k}"] = field.default
             lines.append(f"        a{k} = f{k}")
         arguments.append(f"{name}=a{k}")
-    lines += [
-        "    if more or i != len(s):",
-        "        return None",
-        f"    return cls({', '.join(arguments)})",
-    ]
+    lines += ["    if more or i != len(s):", "        return None"]
+    if any(field.converter is not None for field in attrs.fields(cls)):
+        lines.append(f"    return cls({', '.join(arguments)})")
+    else:
+        lines += _construction(cls, [_value_type(hints[f.name]) for f in attrs.fields(cls)], namespace)
     exec("\n".join(lines), namespace)
     decoder: Callable[[str], EventBody | None] = namespace["decode"]
     return decoder
+
+
+def _value_type(tp: Any) -> Any:
+    """``X`` for a field annotated ``X | None``, else the annotation itself."""
+    if typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp):
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def _construction(cls: type, value_types: list[Any], namespace: dict[str, Any]) -> list[str]:
+    """Lines building ``cls`` from the decoded ``a0, a1, ...`` without its ``__init__``.
+
+    The checks its validators make are made here, each in the cheapest form that
+    refuses exactly what it refuses: the simple ones written out, those the
+    decoder's exact-type checks already made left out, any other validator
+    called as ``__init__`` would call it.  A refusal returns ``None`` (or raises),
+    so the general path builds the body through ``__init__`` and raises its error.
+    """
+    namespace["new"] = object.__new__
+    namespace["set_field"] = object.__setattr__
+    lines = []
+    for k, field in enumerate(attrs.fields(cls)):
+        validator = field.validator
+        if validator is None:
+            continue
+        kind, refusal = EXACT_TYPE_REFUSALS.get(validator, (None, None))
+        if kind is not None and value_types[k] is kind:
+            # The decoder checked the exact type (or built the Payload) already.
+            if refusal is not None:
+                lines += [f"    if {refusal.format(value=f'a{k}')}:", "        return None"]
+        else:
+            namespace[f"v{k}"] = validator
+            namespace[f"field{k}"] = field
+            lines.append(f"    v{k}(None, field{k}, a{k})")
+    lines.append("    o = new(cls)")
+    lines += [f"    set_field(o, {field.name!r}, a{k})" for k, field in enumerate(attrs.fields(cls))]
+    lines.append("    return o")
+    return lines
 
 
 _ENVELOPE_KEYS = frozenset({"workflow_id", "seq", "recorded_at", "type", "data"})

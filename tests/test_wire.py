@@ -799,3 +799,31 @@ def test_a_payload_that_begins_with_the_previous_one_s_text_is_scanned_not_reuse
         assert isinstance(body, MarkerRecorded)
         assert body.value.json == text
         assert body.value.value() == value
+
+
+_DATA_ERRORS = [
+    (case, obj, message)
+    for case, obj, message in DECODE_ERRORS
+    if isinstance(obj, dict) and "envelope" not in message and case != "list-for-object-data"
+]
+
+
+@pytest.mark.parametrize(("case", "obj", "message"), _DATA_ERRORS, ids=[c[0] for c in _DATA_ERRORS])
+def test_bad_data_in_the_compact_layout_fails_as_the_general_path_does(
+    case: str, obj: Any, message: str
+) -> None:
+    # The compact text stores keep, so the compiled decoder sees it first: what it
+    # cannot take goes to the general path, which raises the same typed error.
+    text = json.dumps(obj["data"], separators=(",", ":"), ensure_ascii=False)
+    with pytest.raises(EventDecodeError, match=message.removeprefix(r"event envelope: ")):
+        body_from_data_json(obj["type"], text)
+    if obj["type"] in EVENT_TYPES:
+        try:
+            taken = data_decoder(obj["type"])(text)
+        except (ValueError, TypeError, IndexError, StopIteration):
+            taken = None
+        assert taken is None, f"the compiled decoder accepted {case}: {taken!r}"
+
+
+def test_the_table_of_data_errors_covers_the_compiled_checks() -> None:
+    assert len(_DATA_ERRORS) > 30
