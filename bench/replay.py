@@ -250,7 +250,7 @@ def main() -> None:
                 results["memory"].append(record)
         for store, records in results.items():
             for figure in records[0]:
-                if figure.endswith("_per_s"):
+                if figure.endswith(("_per_s", "_per_cpu_s")):
                     values = [r[figure] for r in records]
                     emit(
                         {
