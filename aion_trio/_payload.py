@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import Callable
 from typing import Any, final
 
 import attrs
@@ -25,7 +26,42 @@ DEFAULT_MAX_BYTES = 2 * 1024 * 1024
 
 _SEPARATORS = (",", ":")
 #: Compact JSON text: one encoder for every payload (``json.dumps`` with options builds one per call).
-_encode = json.JSONEncoder(separators=_SEPARATORS, ensure_ascii=False, allow_nan=False).encode
+_encode_any = json.JSONEncoder(separators=_SEPARATORS, ensure_ascii=False, allow_nan=False).encode
+
+
+def _not_json(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _tree_encoder() -> Callable[[Any], str]:
+    """Compact JSON text of checked data, through one C encoder built once.
+
+    ``JSONEncoder.encode`` builds its C encoder on every call, which costs more
+    than encoding a small payload.  Checked data is a tree at most 200 levels
+    deep (the checks refuse deeper nesting, so cycles too): this encoder keeps
+    no record of the containers it is inside.  Where the C encoder is missing
+    or does not answer as expected, the general encoder is used.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has it
+        return _encode_any
+    try:
+        encoder = make(None, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+
+        def encode(data: Any) -> str:
+            return "".join(encoder(data, 0))
+
+        sample = {"a": [1, 2.5, "é\n", None, True], "b": {}}
+        if encode(sample) != _encode_any(sample) or encode("x") != '"x"':  # pragma: no cover
+            return _encode_any
+    except (TypeError, ValueError):  # pragma: no cover - another signature
+        return _encode_any
+    return encode
+
+
+_encode = _tree_encoder()
+#: The default decoder's scanner: ``Payload.value`` of compact text without ``json.loads``'s wrapping.
+_scan_default: Callable[[str, int], tuple[Any, int]] = json.decoder.JSONDecoder().scan_once  # type: ignore[attr-defined]
 #: Python refuses to print (and to parse) ints of more than 4300 digits; stay under that.
 _MAX_INT_BITS = 14_000
 
@@ -185,8 +221,18 @@ class Payload:
         return len(self.json.encode("utf-8"))
 
     def value(self) -> Any:
-        """Decode into plain JSON data (dicts, lists, str, numbers, bool, None)."""
-        return json.loads(self.json)
+        """Decode into plain JSON data (dicts, lists, str, numbers, bool, None).
+
+        Each call decodes the text again: the caller owns what it gets.
+        """
+        text = self.json
+        try:
+            value, end = _scan_default(text, 0)
+        except StopIteration:
+            return json.loads(text)  # leading whitespace (or no value: its error)
+        if end != len(text):
+            return json.loads(text)  # trailing whitespace (or extra data: its error)
+        return value
 
     def __repr__(self) -> str:
         text = self.json if len(self.json) <= 60 else self.json[:57] + "..."

@@ -352,3 +352,22 @@ def test_nesting_past_the_limit_is_refused_on_the_plain_path_too() -> None:
     for _ in range(150):
         ok = [ok]
     assert Payload.of(ok).json == "[" * 150 + "1" + "]" * 150
+
+
+@settings(max_examples=200, derandomize=True)
+@given(value=_plain_values, spaced=st.booleans())
+def test_value_decodes_the_text_as_json_loads_does_and_fresh_each_time(value: Any, spaced: bool) -> None:
+    text = json.dumps(value, ensure_ascii=False) if spaced else Payload.of(value).json
+    payload = Payload(f" {text}\n" if spaced else text)
+    first = payload.value()
+    assert first == json.loads(payload.json)
+    if isinstance(first, (list, dict)):
+        first.clear()  # the caller owns what it got: the next call decodes again
+        assert payload.value() == json.loads(payload.json)
+
+
+def test_value_of_text_with_extra_data_fails_as_json_loads_does() -> None:
+    # Only text built past the checks (trusted) can hold it; value() still refuses it.
+    for text in ("[1] [2]", "1 2", '{"a":1}x'):
+        with pytest.raises(json.JSONDecodeError, match="Extra data"):
+            Payload.trusted(text).value()
