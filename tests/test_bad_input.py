@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import trio
-from click.testing import CliRunner
+from _clirunner import cli_runner
 
 import aion_trio as aion
 from aion_trio import _cli
@@ -357,7 +357,7 @@ def test_a_bad_cli_request_is_one_error_line_with_exit_2_and_writes_nothing(
     trio.run(seed)
     before = trio.run(contents)
     monkeypatch.setenv(_cli.STORE_ENV, url)
-    result = _cli_runner().invoke(_cli.cli, args, prog_name="aion-trio")
+    result = cli_runner().invoke(_cli.cli, args, prog_name="aion-trio")
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert result.exit_code == 2, lines
     assert len(lines) == 1, lines
@@ -371,14 +371,7 @@ def test_an_empty_group_store_is_refused_not_taken_for_the_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    result = _cli_runner().invoke(_cli.cli, ["--store", "", "list"], prog_name="aion-trio")
+    result = cli_runner().invoke(_cli.cli, ["--store", "", "list"], prog_name="aion-trio")
     assert result.exit_code == 2
     assert "store is empty" in result.stdout + result.stderr
     assert list(tmp_path.iterdir()) == []  # no ./aion.db
-
-
-def _cli_runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg,unused-ignore]
-    except TypeError:  # click >= 8.2 keeps stdout and stderr apart anyway
-        return CliRunner()

@@ -23,7 +23,8 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from click.testing import CliRunner, Result
+from _clirunner import cli_runner
+from click.testing import Result
 from procs.relay_app import relay
 
 import aion_trio
@@ -32,15 +33,8 @@ from aion_trio._wire import event_from_json, event_to_json
 from aion_trio.plugin import Store, StoreRegistry, hookimpl
 
 
-def _runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg,unused-ignore]
-    except TypeError:  # click >= 8.2 keeps stdout and stderr apart anyway
-        return CliRunner()
-
-
 def run_cli(*args: str) -> Result:
-    return _runner().invoke(_cli.cli, list(args), prog_name="aion-trio")
+    return cli_runner().invoke(_cli.cli, list(args), prog_name="aion-trio")
 
 
 def everything(result: Result) -> str:

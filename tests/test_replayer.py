@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from click.testing import CliRunner, Result
+from _clirunner import cli_runner
+from click.testing import Result
 from procs import replay_app
 from procs.replay_app import (
     charge,
@@ -313,7 +314,7 @@ async def test_a_history_that_cannot_be_replayed_is_a_typed_error(
 
 
 def run_cli(*args: str) -> Result:
-    return CliRunner().invoke(_cli.cli, list(args), prog_name="aion-trio")
+    return cli_runner().invoke(_cli.cli, list(args), prog_name="aion-trio")
 
 
 async def _two_files(tmp_path: Path) -> list[str]:
