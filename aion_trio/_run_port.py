@@ -6,16 +6,21 @@ definitions through :class:`Definitions`, and hands the writes to the engine's
 step recorder (:class:`Steps`) with the lease and the run's index attached.
 It needs of the engine only these two protocols, so it never imports it.
 
-:class:`HistoryPort` serves a throwaway replay of a closed run's history (a
-query of a closed run): it reads a copy of the history, records nothing, and
-unwinds the code with :class:`~aion_trio._ports.RunAborted` wherever it would
-go past the end of history.
+:class:`HistoryPort` serves a throwaway replay of a recorded history that never
+grows: a query of a closed run, and the replayer (:mod:`aion_trio.testing`).  It
+records nothing; where the code would take a step history does not hold it
+unwinds the code with :class:`HistoryEnded`, and its settle checks (a cancel, a
+scope's expiry) answer from history as the engine's do under its lock.  Its
+``read_only`` flag says what the end of a finished history means: a stop (a
+query) or a divergence to report (the replayer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, final
+
+import trio
 
 from ._ports import RunAborted
 from ._projections import RunState
@@ -28,8 +33,13 @@ if TYPE_CHECKING:
     from ._registry import Lease
 
 
-class Definitions(Protocol):
-    """What a run's port asks of the engine's definitions: lookups and an activity call's options."""
+class HistoryEnded(RunAborted):
+    """The code went past the end of a history that never grows: the live run would take its
+    next step here (a :class:`HistoryPort` unwinds the code with it)."""
+
+
+class Lookups(Protocol):
+    """How a run's port looks definitions up: the engine's, or the replayer's given ones."""
 
     @property
     def codec(self) -> PayloadCodec: ...
@@ -40,6 +50,10 @@ class Definitions(Protocol):
     def activity_definition(self, activity: ActivityDefinition[Any] | str) -> ActivityDefinition[Any]: ...
 
     def workflow_definition(self, workflow: WorkflowDefinition[Any] | str) -> WorkflowDefinition[Any]: ...
+
+
+class Definitions(Lookups, Protocol):
+    """What a run's port asks of the engine's definitions: lookups and an activity call's options."""
 
     def resolved_activity_options(
         self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
@@ -153,26 +167,36 @@ class LeasePort:
 
 @final
 class HistoryPort:
-    """The port of a read-only replay of a closed run: its history, and nothing else."""
+    """The port of a replay of a recorded history that never grows: it records nothing.
+
+    ``read_only`` says what the end of a finished history means: ``True`` (a query
+    of a closed run) stops the code there; ``False`` (the replayer) makes going
+    past it a divergence.  Any step history does not hold (a command, a marker, a
+    wait that history does not resolve) unwinds the code with :class:`HistoryEnded`.
+    Settle checks (a cancel, a scope's expiry) answer from history as the engine's
+    step recorder does under its lock, so code that cancels or leaves a timeout
+    scope replays as it ran.
+    """
 
     def __init__(
         self,
-        definitions: Definitions,
+        lookups: Lookups,
         history: Sequence[Event],
         *,
         workflow_id: str,
         run_id: str,
         workflow_type: str,
+        read_only: bool,
     ) -> None:
-        self._definitions = definitions
+        self._lookups = lookups
         self._history = list(history)
         self._state = RunState(run_id, self._history)
         self.workflow_id = workflow_id
         self.run_id = run_id
         self.workflow_type = workflow_type
         self.start_head = self._history[-1].seq if self._history else 0
-        self.read_only = True
-        self.codec = definitions.codec
+        self.read_only = read_only
+        self.codec = lookups.codec
 
     def run_state(self) -> RunState:
         self._state.sync()
@@ -182,43 +206,56 @@ class HistoryPort:
         return len(self._history)
 
     async def wait_changed(self) -> None:
-        raise RunAborted()  # history never grows here: nothing would wake the code
+        raise HistoryEnded()  # history never grows here: nothing would wake the code
 
     def parked(self) -> None:
         pass
 
     def activity_definition(self, activity: ActivityDefinition[Any] | str) -> ActivityDefinition[Any]:
-        return self._definitions.activity_definition(activity)
+        return self._lookups.activity_definition(activity)
 
     def workflow_definition(self, workflow: WorkflowDefinition[Any] | str) -> WorkflowDefinition[Any]:
-        return self._definitions.workflow_definition(workflow)
+        return self._lookups.workflow_definition(workflow)
 
     def registered_workflow(self, workflow_type: str) -> WorkflowDefinition[Any] | None:
-        return self._definitions.workflows.get(workflow_type)
+        return self._lookups.workflows.get(workflow_type)
 
     def resolved_activity_options(
         self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
     ) -> tuple[str, Payload]:
-        return self._definitions.resolved_activity_options(definition, call_layer)
+        raise HistoryEnded()  # asked only for an activity history does not hold
 
-    # Every write unwinds the code: a read-only replay records and starts nothing.
+    # Nothing is recorded: a write is a step history does not hold.
 
     async def record_commands(self, commands: Sequence[WorkflowCommand]) -> None:
-        raise RunAborted()
+        raise HistoryEnded()
 
     async def record_marker(self, name: str, value: Payload) -> None:
-        raise RunAborted()
+        raise HistoryEnded()
+
+    # Settle checks: answered from history, as the step recorder answers them under its lock.
 
     async def record_activities_cancelled(
         self, activity_ids: Sequence[int], *, by_workflow: bool = False
     ) -> None:
-        raise RunAborted()
+        state = self.run_state()
+        if any(i not in state.settled and i in state.scheduled for i in activity_ids):
+            raise HistoryEnded()  # its cancel would be written now
+        await trio.lowlevel.checkpoint()
 
     async def record_activity_scope_timeout(self, activity_id: int, scope_timer: str) -> Event:
-        raise RunAborted()
+        settled = self.run_state().settled.get(activity_id)
+        if settled is None:
+            raise HistoryEnded()
+        await trio.lowlevel.checkpoint()
+        return settled
 
     async def record_timer_scope_timeout(self, timer_id: str, scope_timer: str) -> Event:
-        raise RunAborted()
+        resolved = self.run_state().timer_resolutions.get(timer_id)
+        if resolved is None:
+            raise HistoryEnded()
+        await trio.lowlevel.checkpoint()
+        return resolved
 
     async def cancel_recorded_child(self, ordinal: int) -> None:
-        raise RunAborted()
+        await trio.lowlevel.checkpoint()  # the child's cancel was delivered when it was recorded

@@ -17,6 +17,7 @@ import trio.testing
 
 import aion_trio as aion
 import aion_trio.events
+import aion_trio.testing
 import aion_trio_memory
 
 # Steps that take a while without being a durable wait (the run is mid-step, not parked).
@@ -665,3 +666,96 @@ async def test_a_command_past_the_end_of_a_closed_history_is_not_executed(
         assert CHARGES == []
     finally:
         aion_trio_memory.forget(url.removeprefix("memory://"))
+
+
+# -- closed runs whose code settled things: answered from history, as the engine did ------
+
+
+@aion.activity
+async def slow(seconds: float) -> str:
+    await trio.sleep(seconds)
+    return "slow done"
+
+
+@aion.workflow
+async def sleeper(ctx: aion.WorkflowContext, seconds: float) -> str:
+    await ctx.sleep(seconds)
+    return "child done"
+
+
+@aion.workflow
+async def settles(ctx: aion.WorkflowContext, kind: str) -> list[str]:
+    """Code that cancels or leaves a timeout scope, then changes the state a query reads."""
+    steps: list[str] = []
+    ctx.set_query_handler("steps", lambda: steps)
+    if kind == "activity timeout":
+        try:
+            async with ctx.timeout(5):
+                await ctx.run(slow, 60)
+        except aion.Timeout:
+            steps.append("the activity timed out")
+    elif kind == "timer timeout":
+        try:
+            async with ctx.timeout(5):
+                await ctx.sleep(60)
+        except aion.Timeout:
+            steps.append("the sleep timed out")
+    elif kind == "activity cancelled":
+        handle = ctx.start(slow, 60)
+        await ctx.sleep(1)
+        steps.append(f"cancelled the activity: {await handle.cancel()}")
+    elif kind == "child cancelled":
+        child = ctx.start_child(sleeper, 60, workflow_id=f"{ctx.workflow_id}-child")
+        await ctx.sleep(1)
+        steps.append(f"asked the child to cancel: {await child.cancel()}")
+        try:
+            await child
+        except aion.ChildWorkflowFailure as failure:
+            steps.append(f"the child ended {failure.status}")
+    elif kind == "run cancelled while awaiting":
+        try:
+            await ctx.run(slow, 60)
+        except aion.WorkflowCancelled:
+            steps.append("cancelled while awaiting the activity")
+            raise
+    steps.append("done")
+    return steps
+
+
+SETTLED_ANSWERS = {
+    "activity timeout": ["the activity timed out", "done"],
+    "timer timeout": ["the sleep timed out", "done"],
+    "activity cancelled": ["cancelled the activity: True", "done"],
+    "child cancelled": ["asked the child to cancel: True", "the child ended cancelled", "done"],
+    "run cancelled while awaiting": ["cancelled while awaiting the activity"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SETTLED_ANSWERS))
+async def test_a_closed_run_that_cancelled_or_left_a_timeout_scope_replays_past_it_from_history(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str], kind: str
+) -> None:
+    """The settle checks (a cancel, a scope's expiry) answer from the closed run's history
+    as the engine answered them live, so the replay goes on past them (the replayer alike).
+
+    A child's cancel is delivered again on replay, and a run cancelled while awaiting
+    an activity cancels that activity again: both settle checks used to unwind a
+    closed run's replay there, leaving the state from before.  The scope expiries and
+    the code's own activity cancel resolve from their recorded events before any
+    settle check; they are here so every way of settling is replayed for a query."""
+    url = store_url()
+    definitions: dict[str, Any] = {"workflows": [settles, sleeper], "activities": [slow]}
+    async with aion.open_engine(url, **definitions) as engine:
+        run = await engine.start(settles, kind, workflow_id="s")
+        if kind == "run cancelled while awaiting":
+            await trio.testing.wait_all_tasks_blocked()
+            await engine.cancel("s", "no longer needed")
+            with pytest.raises(aion.WorkflowFailure):
+                await run.result()
+        else:
+            assert await run.result() == SETTLED_ANSWERS[kind]
+        history = await engine.history("s")
+    assert (await aion_trio.testing.replay([settles, sleeper], history)).ok
+    async with aion.open_engine(url, **definitions) as engine, appends_nothing(engine, "s"):
+        with trio.fail_after(10):
+            assert await engine.query("s", "steps") == SETTLED_ANSWERS[kind]

@@ -590,7 +590,12 @@ class LocalCommands:
                 status=status.value,
             )
         port = HistoryPort(
-            core, history, workflow_id=workflow_id, run_id=run_id, workflow_type=start.workflow_type
+            core,
+            history,
+            workflow_id=workflow_id,
+            run_id=run_id,
+            workflow_type=start.workflow_type,
+            read_only=True,
         )
         activation = RunActivation(port)
         raw_args = core.codec.decode(activation.input)

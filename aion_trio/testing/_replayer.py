@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Union, final
 
 import attrs
-import trio
 
 from .._contain import is_structural
 from .._context import ContinueAsNew, RunActivation
@@ -44,9 +43,9 @@ from .._events import (
     WorkflowTimedOut,
 )
 from .._guard import install as install_guard, run_workflow_code
-from .._payload import Payload, PayloadCodec
-from .._ports import RunAborted, WorkflowCommand
+from .._payload import PayloadCodec
 from .._projections import RunState
+from .._run_port import HistoryEnded, HistoryPort
 from .._wire import event_from_json
 
 
@@ -69,10 +68,6 @@ lines, as ``aion-trio history ID --json`` prints) or of a directory of such file
 
 #: The file names a directory of histories is read for.
 HISTORY_SUFFIXES = (".jsonl", ".json")
-
-
-class _HistoryEnded(RunAborted):
-    """The code went past the end of its history: the live run would do its next step here."""
 
 
 @final
@@ -304,7 +299,16 @@ async def _replay_run(
         # Terminated or timed out: the code stopped wherever it was then, so it replays
         # the history before that end as a run still going.
         history = [e for e in events if e.seq < ended.seq]
-    port = _HistoryPort(history, start, body, codec, workflows, activities)
+    # Not a query's read-only replay: code that goes past the end of a finished
+    # history is a divergence to report, not a stop.
+    port = HistoryPort(
+        _GivenDefinitions(codec, workflows, activities),
+        history,
+        workflow_id=start.workflow_id,
+        run_id=body.run_id,
+        workflow_type=body.workflow_type,
+        read_only=False,
+    )
     try:
         activation = RunActivation(port)
         raw_args = codec.decode(activation.input)
@@ -316,8 +320,9 @@ async def _replay_run(
         await run_workflow_code(definition.fn, activation.context, *args)
         await activation.flush()
         exit = ("the workflow to return", WorkflowCompleted)
-    except _HistoryEnded:
-        recorded_end = port.state.ended
+    except HistoryEnded:
+        state = port.run_state()
+        recorded_end = state.ended
         if recorded_end is None:
             return result  # the code reached the end of a history still running: a match
         return attrs.evolve(
@@ -326,7 +331,7 @@ async def _replay_run(
                 result.workflow_id,
                 result.run_id,
                 "run end",
-                len(port.state.commands),
+                len(state.commands),
                 f"the run's end ({type(recorded_end.body).__name__})",
                 "a step history does not hold",
                 seq=recorded_end.seq,
@@ -356,48 +361,20 @@ async def _not_run(*args: Any) -> None:
 
 
 @final
-class _HistoryPort:
-    """A :class:`~aion_trio._ports.WorkflowPort` over a recorded history that never grows.
-
-    Whatever would be recorded live means the code went past the history's
-    end: it raises :class:`_HistoryEnded`.  Settle checks (a cancel, a scope's
-    expiry) answer from the history as the engine's do under its lock.
-    """
+class _GivenDefinitions:
+    """The replayer's lookups: the definitions it was given; an activity or child workflow
+    named by string and not given stands in by name (replay only compares its name and
+    arguments, and never runs it)."""
 
     def __init__(
         self,
-        history: list[Event],
-        start: Event,
-        body: WorkflowStarted,
         codec: PayloadCodec,
         workflows: Mapping[str, WorkflowDefinition[Any]],
         activities: Mapping[str, ActivityDefinition[Any]],
     ) -> None:
-        self._history = history
-        self._workflows = workflows
-        self._activities = activities
-        self.workflow_id = start.workflow_id
-        self.run_id = body.run_id
-        self.workflow_type = body.workflow_type
-        self.start_head = history[-1].seq
         self.codec = codec
-        #: Not a query's read-only replay: code that goes past the end of a finished
-        #: history is a divergence to report, not a stop.
-        self.read_only = False
-        self.state = RunState(body.run_id, history)
-
-    def run_state(self) -> RunState:
-        self.state.sync()
-        return self.state
-
-    def history_length(self) -> int:
-        return len(self._history)
-
-    async def wait_changed(self) -> None:
-        raise _HistoryEnded()
-
-    def parked(self) -> None:
-        pass
+        self.workflows = workflows
+        self._activities = activities
 
     def activity_definition(self, activity: ActivityDefinition[Any] | str) -> ActivityDefinition[Any]:
         if isinstance(activity, ActivityDefinition):
@@ -405,51 +382,11 @@ class _HistoryPort:
         if not isinstance(activity, str):
             raise UnknownActivityType(str(activity), sorted(self._activities))
         found = self._activities.get(activity)
-        # Named by string and not given: replay only compares its name and arguments.
         return found or ActivityDefinition(name=activity, fn=_not_run, loop=ActivityLoop.TRIO)
 
     def workflow_definition(self, workflow: WorkflowDefinition[Any] | str) -> WorkflowDefinition[Any]:
         if isinstance(workflow, WorkflowDefinition):
             return workflow
         if not isinstance(workflow, str):
-            raise UnknownWorkflowType(str(workflow), sorted(self._workflows))
-        return self._workflows.get(workflow) or WorkflowDefinition(name=workflow, fn=_not_run)
-
-    def registered_workflow(self, workflow_type: str) -> WorkflowDefinition[Any] | None:
-        return self._workflows.get(workflow_type)
-
-    def resolved_activity_options(
-        self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
-    ) -> tuple[str, Payload]:
-        raise _HistoryEnded()
-
-    async def record_commands(self, commands: Sequence[WorkflowCommand]) -> None:
-        raise _HistoryEnded()
-
-    async def record_marker(self, name: str, value: Payload) -> None:
-        raise _HistoryEnded()
-
-    async def record_activities_cancelled(
-        self, activity_ids: Sequence[int], *, by_workflow: bool = False
-    ) -> None:
-        state = self.run_state()
-        if any(i not in state.settled and i in state.scheduled for i in activity_ids):
-            raise _HistoryEnded()
-        await trio.lowlevel.checkpoint()
-
-    async def record_activity_scope_timeout(self, activity_id: int, scope_timer: str) -> Event:
-        settled = self.run_state().settled.get(activity_id)
-        if settled is None:
-            raise _HistoryEnded()
-        await trio.lowlevel.checkpoint()
-        return settled
-
-    async def record_timer_scope_timeout(self, timer_id: str, scope_timer: str) -> Event:
-        resolved = self.run_state().timer_resolutions.get(timer_id)
-        if resolved is None:
-            raise _HistoryEnded()
-        await trio.lowlevel.checkpoint()
-        return resolved
-
-    async def cancel_recorded_child(self, ordinal: int) -> None:
-        await trio.lowlevel.checkpoint()
+            raise UnknownWorkflowType(str(workflow), sorted(self.workflows))
+        return self.workflows.get(workflow) or WorkflowDefinition(name=workflow, fn=_not_run)
