@@ -128,7 +128,9 @@ class WorkflowPort(Protocol):
     @property
     def read_only(self) -> bool:
         """A replay that only rebuilds the code's state (a query of a closed run): at the
-        end of history the code is unwound with :class:`RunAborted`, nothing is executed."""
+        end of history the code is unwound with :class:`RunAborted`, nothing is executed.
+        ``False`` for a live run and for the replayer, where code that goes past the end of
+        a finished history is a divergence."""
         ...
 
     @property
