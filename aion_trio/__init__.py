@@ -82,6 +82,7 @@ from ._errors import (
     NotFound as NotFound,
     NotOwner as NotOwner,
     NotRunning as NotRunning,
+    PayloadDecodeError as PayloadDecodeError,
     PayloadError as PayloadError,
     PayloadNotSerializable as PayloadNotSerializable,
     PayloadTooLarge as PayloadTooLarge,

@@ -301,7 +301,7 @@ class WorkflowContext:
         recorded = replay.resolve_command(key, payload)
         if recorded is not None:
             replay.next_activity += 1
-            return ActivityHandle(replay, ordinal, definition.name)
+            return ActivityHandle(replay, ordinal, definition.name, hints=definition.hints)
         # ResumeLive: validate the options before anything is recorded.
         try:
             queue, recorded_options = self._port.resolved_activity_options(definition, call_layer)
@@ -318,7 +318,7 @@ class WorkflowContext:
                 options=recorded_options,
             )
         )
-        return ActivityHandle(replay, ordinal, definition.name)
+        return ActivityHandle(replay, ordinal, definition.name, hints=definition.hints)
 
     @overload
     async def run(
@@ -495,7 +495,7 @@ class WorkflowContext:
         if recorded is not None:
             replay.next_child += 1
             replay.unobserved_children.add(child_id)
-            return ChildHandle(replay, ordinal, child_id, definition.name)
+            return ChildHandle(replay, ordinal, child_id, definition.name, hints=definition.hints)
         start = replay.state.start
         assert start is not None
         assert isinstance(start.body, WorkflowStarted)
@@ -515,7 +515,7 @@ class WorkflowContext:
                 options=options,
             )
         )
-        return ChildHandle(replay, ordinal, child_id, definition.name)
+        return ChildHandle(replay, ordinal, child_id, definition.name, hints=definition.hints)
 
     @overload
     async def child(

@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar, final, overload
 
 import attrs
 
+from ._convert import Hints
 from ._errors import InvalidArguments
 from ._ids import check_text
 from ._retry import UNSET, RetryPolicy, check_layer, explicit
@@ -107,6 +108,13 @@ class WorkflowDefinition(Generic[F_co]):
         repr=False,
         default=attrs.Factory(lambda self: Arity.of(self.fn, skip=1), takes_self=True),
     )
+    #: Its parameter and return types, read once (typed payloads decode to them).
+    hints: Hints = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda self: Hints(self.fn, skip=1), takes_self=True),
+    )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -132,6 +140,13 @@ class ActivityDefinition(Generic[F_co]):
         eq=False,
         repr=False,
         default=attrs.Factory(lambda self: Arity.of(self.fn), takes_self=True),
+    )
+    #: Its parameter and return types, read once (typed payloads decode to them).
+    hints: Hints = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda self: Hints(self.fn), takes_self=True),
     )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

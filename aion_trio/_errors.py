@@ -341,6 +341,21 @@ class PayloadTooLarge(PayloadError):
         )
 
 
+class PayloadDecodeError(PayloadError, TypeError):
+    """A payload's JSON data does not fit the type its function annotates.
+
+    ``what`` names the payload (``"input of activity 'charge'"``), ``path`` the
+    place inside it (``"order.items[2].sku"``), ``detail`` what was wrong there
+    (``'expected int, got "x"'``).
+    """
+
+    def __init__(self, what: str, path: str, detail: str) -> None:
+        self.what = what
+        self.path = path
+        self.detail = detail
+        super().__init__(f"{what}: {path}: {detail}" if path else f"{what}: {detail}")
+
+
 class EventDecodeError(AionError, ValueError):
     """A wire-form event has an unknown type, an unknown or missing field, or a bad value."""
 

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, Union, final
 
 from ._childspec import STATUS_NOT_STARTED, STATUS_TIMED_OUT
+from ._convert import Hints
 from ._errors import ActivityFailure, ChildWorkflowFailure, Timeout
 from ._events import (
     SCOPE_TIMEOUT_TYPE,
@@ -39,8 +40,11 @@ T = TypeVar("T")
 class ActivityHandle(Generic[T]):
     """A scheduled activity.  ``await handle`` gives its result or raises ``ActivityFailure``."""
 
-    def __init__(self, replay: Replay, activity_id: int, activity_type: str) -> None:
+    def __init__(
+        self, replay: Replay, activity_id: int, activity_type: str, *, hints: Hints | None = None
+    ) -> None:
         self._replay = replay
+        self._hints = hints  # the activity's return type decodes its result
         self.activity_id = activity_id
         self.activity_type = activity_type
 
@@ -141,8 +145,17 @@ class ChildHandle(Generic[T]):
     """A started child workflow.  ``await handle`` gives its result or raises
     :class:`aion_trio.ChildWorkflowFailure`; ``workflow_id`` is the child's id."""
 
-    def __init__(self, replay: Replay, ordinal: int, workflow_id: str, workflow_type: str) -> None:
+    def __init__(
+        self,
+        replay: Replay,
+        ordinal: int,
+        workflow_id: str,
+        workflow_type: str,
+        *,
+        hints: Hints | None = None,
+    ) -> None:
         self._replay = replay
+        self._hints = hints  # the child workflow's return type decodes its result
         self.ordinal = ordinal
         self.workflow_id = workflow_id
         self.workflow_type = workflow_type
@@ -200,7 +213,10 @@ def activity_value(handle: ActivityHandle[Any], event: Event) -> Any:
     """The activity's result, or its failure raised, from its recorded resolution."""
     body = event.body
     if isinstance(body, ActivityCompleted):
-        return handle._replay.port.codec.decode(body.result)
+        value = handle._replay.port.codec.decode(body.result)
+        if handle._hints is None:
+            return value
+        return handle._hints.decode_result(value, what=f"result of activity {handle.activity_type!r}")
     if isinstance(body, ActivityFailed):
         if body.error.type == SCOPE_TIMEOUT_TYPE:
             raise Timeout(body.error.message)
@@ -224,7 +240,10 @@ def child_value(handle: ChildHandle[Any], event: Event) -> Any:
     replay = handle._replay
     replay.unobserved_children.discard(handle.workflow_id)
     if isinstance(body, ChildWorkflowCompleted):
-        return replay.port.codec.decode(body.result)
+        value = replay.port.codec.decode(body.result)
+        if handle._hints is None:
+            return value
+        return handle._hints.decode_result(value, what=f"result of child workflow {handle.workflow_type!r}")
     if isinstance(body, ChildWorkflowFailed):
         details = body.error.details.value() if body.error.details is not None else None
         status = details.get("status") if isinstance(details, dict) else None

@@ -9,10 +9,14 @@ and to Python values happens at the edge, in :class:`PayloadCodec`.
 from __future__ import annotations
 
 import dataclasses
+import decimal
+import enum
 import json
 import logging
 import math
+import uuid
 from collections.abc import Callable
+from datetime import date, time
 from typing import Any, final
 
 import attrs
@@ -98,11 +102,25 @@ def _check_json(value: Any, path: str, what: str, depth: int = 0) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         return _check_json(fields, path, what, depth + 1)
+    if isinstance(value, enum.Enum):
+        return _check_json(value.value, path, what, depth + 1)
+    if isinstance(value, (date, time)):  # datetime is a date
+        return value.isoformat()
+    if isinstance(value, (uuid.UUID, decimal.Decimal)):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        try:
+            ordered = sorted(value)  # a stable order: the same set records the same text on replay
+        except TypeError:
+            raise PayloadNotSerializable(
+                what, path, "a set is encoded as a sorted list, and this one's items cannot be sorted"
+            ) from None
+        return _check_json(ordered, path, what, depth + 1)
     raise PayloadNotSerializable(
         what,
         path,
-        f"object of type {type(value).__qualname__} is not JSON-serialisable; "
-        "pass dicts, lists, str, int, float, bool, None, or an attrs/dataclass instance",
+        f"object of type {type(value).__qualname__} is not JSON-serialisable; pass dicts, lists, "
+        "str, int, float, bool, None, attrs/dataclass instances, enums, datetimes, UUIDs or Decimals",
     )
 
 

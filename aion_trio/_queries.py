@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, final
 
 from ._contain import is_structural
+from ._convert import handler_hints
 from ._errors import QueryFailed, UnknownQuery
 from ._replay import Replay
 
@@ -46,6 +47,8 @@ class QueryHandlers:
         handler = self._handlers.get(name)
         if handler is None:
             raise UnknownQuery(replay.workflow_id, replay.run_id, name, sorted(self._handlers))
+        # Annotated parameters get their types; arguments that do not fit raise PayloadDecodeError.
+        args = handler_hints(handler).decode_arguments(list(args), what=f"arguments of query {name!r}")
         replay.answering = name
         replay.query_violation = None
         error: BaseException | None = None

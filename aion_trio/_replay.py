@@ -24,6 +24,7 @@ from typing import Any, TypeVar, final
 import attrs
 import trio
 
+from ._convert import handler_hints
 from ._errors import NonDeterminismError, QueryReadOnly, Timeout, WorkflowCancelled, WorkflowCommandError
 from ._events import (
     Event,
@@ -502,6 +503,10 @@ class SignalHandlers:
         self._delivered[body.name] = self._delivered.get(body.name, 0) + 1
         replay.consume(earliest)
         value = replay.port.codec.decode(body.payload)
+        # An annotated parameter gets its type (a PayloadDecodeError reaches the workflow's code).
+        value = handler_hints(self._handlers[body.name]).decode_arguments(
+            [value], what=f"payload of signal {body.name!r}"
+        )[0]
         self.call(f"signal handler {body.name!r}", self._handlers[body.name], value)
         return True
 

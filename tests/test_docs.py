@@ -30,6 +30,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,11 @@ def run_page(page: Path, directory: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     for name in list(os.environ):
         if name.startswith("AION_TRIO_"):
             monkeypatch.delenv(name)
-    run = PageRun(directory, namespace={"__name__": f"docs.{page.stem}"})
+    # The page's blocks run in a module, as a reader's code does: dataclasses and typing.get_type_hints
+    # look a class's module up in sys.modules (the blocks inherit this file's ``annotations`` future).
+    module = types.ModuleType(f"docs.{page.stem}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    run = PageRun(directory, namespace=module.__dict__)
     for block in page_blocks(page):
         assert block.lang in LANGUAGES, (
             f"{page.name} {block.where}: a ```{block.lang} block; every block must be one of {sorted(LANGUAGES)}"

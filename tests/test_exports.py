@@ -54,7 +54,7 @@ AION_TRIO_NAMES = [
     "InvalidHistory", "InvalidQuery", "InvalidSchedule", "InvalidStoreUrl", "Linear", "MarkerRecorded",
     "NoTaskQueues", "NodeInUse", "NonDeterminismError", "NonDeterministicCall", "NotAnAionDatabase",
     "NotFound", "NotOwner", "NotRunning", "Observer", "ObserverEvent", "OutcomeKind", "Overlap", "OwnedStore",
-    "OwnerClaim", "OwnerIdentity", "ParentClosePolicy", "Payload", "PayloadCodec", "PayloadError",
+    "OwnerClaim", "OwnerIdentity", "ParentClosePolicy", "Payload", "PayloadCodec", "PayloadDecodeError", "PayloadError",
     "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity", "PendingCommand", "PluginError",
     "PolicyRefused", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable",
     "RecoveryCounts", "RecoveryFinished", "ReopenCommand", "RetryPolicy", "RunEvicted", "RunHandle",

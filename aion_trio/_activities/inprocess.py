@@ -14,6 +14,7 @@ from .._clock import hold_mock_time
 from .._contain import being_cancelled, is_structural
 from .._definitions import ActivityDefinition, ActivityLoop
 from .._errors import (
+    PayloadDecodeError,
     PayloadError,
     PolicyRefused,
     TerminalError,
@@ -82,6 +83,10 @@ class InProcessDispatcher:
         args = self._codec.decode(request.input)
         if not isinstance(args, list):
             args = [args]
+        try:
+            args = definition.hints.decode_arguments(args, what=f"input of activity {definition.name!r}")
+        except PayloadDecodeError as exc:  # retrying cannot make the recorded input fit
+            return ActivityOutcome(error=error_from_exception(exc, FailureCause.TERMINAL))
         info = ActivityInfo(
             workflow_id=request.workflow_id,
             run_id=request.run_id,

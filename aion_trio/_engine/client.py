@@ -84,15 +84,33 @@ class RunHandle(Generic[R]):
     (``IdReusePolicy.USE_EXISTING``) or reopened one.
     """
 
-    def __init__(self, engine: Engine, workflow_id: str, run_id: str, *, created: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        workflow_id: str,
+        run_id: str,
+        *,
+        created: bool = False,
+        definition: WorkflowDefinition[Any] | None = None,
+    ) -> None:
         self._engine = engine
         self.workflow_id = workflow_id
         self.run_id = run_id
         self.created = created
+        #: The started workflow's registered definition: its return type decodes the result.
+        self._definition = definition
 
     async def result(self, *, follow_continue_as_new: bool = True) -> R:
-        return await self._engine.result(  # type: ignore[no-any-return]
+        """The run's result, decoded to the workflow's annotated return type when the handle
+        came from starting a registered workflow (:meth:`Engine.result` gives plain JSON data)."""
+        value = await self._engine.result(
             self.workflow_id, run_id=self.run_id, follow_continue_as_new=follow_continue_as_new
+        )
+        definition = self._definition
+        if definition is None:
+            return value  # type: ignore[no-any-return]
+        return definition.hints.decode_result(  # type: ignore[no-any-return]
+            value, what=f"result of workflow {definition.name!r}"
         )
 
     async def describe(self) -> WorkflowDescription:
@@ -245,7 +263,13 @@ class Engine:
             timeout=timeout,
             request_id=request_id,
         )
-        return RunHandle(self, started.workflow_id, started.run_id, created=started.created)
+        return RunHandle(
+            self,
+            started.workflow_id,
+            started.run_id,
+            created=started.created,
+            definition=self._core.workflows.get(workflow if isinstance(workflow, str) else workflow.name),
+        )
 
     async def _await_lifecycle(
         self, workflow_id: str, recorder: Recorder | None, watch: trio.Event
@@ -424,8 +448,14 @@ class Engine:
         if isinstance(found, CommandOutcome):
             assert found.run_id is not None
             # The owner's outcome says whether it started the run (signal_with_start_outcome).
-            return RunHandle(self, workflow_id, found.run_id, created=found.message.startswith("started "))
-        return RunHandle(self, workflow_id, found.run_id, created=found.created)
+            return RunHandle(
+                self,
+                workflow_id,
+                found.run_id,
+                created=found.message.startswith("started "),
+                definition=definition,
+            )
+        return RunHandle(self, workflow_id, found.run_id, created=found.created, definition=definition)
 
     # -- cluster mode: commands for workflows another node owns ------------------
 

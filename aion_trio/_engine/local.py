@@ -601,6 +601,7 @@ class LocalCommands:
         raw_args = core.codec.decode(activation.input)
         args = raw_args if isinstance(raw_args, list) else [raw_args]
         try:
+            args = definition.hints.decode_arguments(args, what=f"input of workflow {definition.name!r}")
             await definition.fn(activation.context, *args)
         except RunAborted:
             pass  # the end of history: the state is what the code had built by then

@@ -224,6 +224,8 @@ class Runner:
             raw_args = self._codec.decode(activation.input)
             args = raw_args if isinstance(raw_args, list) else [raw_args]
             try:
+                # Inputs that no longer fit the annotated types (PayloadDecodeError) fail the run.
+                args = definition.hints.decode_arguments(args, what=f"input of workflow {definition.name!r}")
                 with trio.CancelScope() as scope:
                     lease.cancel_scope = scope
                     if self._determinism_guard:

@@ -317,6 +317,7 @@ async def _replay_run(
     args = raw_args if isinstance(raw_args, list) else [raw_args]
     exit: tuple[str, type[EventBody]]
     try:
+        args = definition.hints.decode_arguments(args, what=f"input of workflow {definition.name!r}")
         await run_workflow_code(definition.fn, activation.context, *args)
         await activation.flush()
         exit = ("the workflow to return", WorkflowCompleted)
