@@ -285,25 +285,29 @@ def _with_param(kind: Any) -> Callable[..., Any]:
 
 
 @aion.activity
-async def echo_plain(a, b: Any, c: dict, d: list) -> Any:  # type: ignore[no-untyped-def]
-    return [a, b, c, d]
+async def echo_plain(a, b: Any, c: dict, d: list, when: date) -> Any:  # type: ignore[no-untyped-def]
+    return [a, b, c, d, when]
 
 
 @aion.workflow
-async def plain(ctx, a, b: Any):  # type: ignore[no-untyped-def]
-    got = await ctx.run(echo_plain, a, b, {"k": [1]}, [{"x": 1}])
-    return {"types": [type(v).__name__ for v in (a, b, *got)], "got": got}
+async def plain(ctx, a, b: Any, when: date):  # type: ignore[no-untyped-def]
+    got = await ctx.run(echo_plain, a, b, {"k": [1]}, [{"x": 1}], when)
+    return {"types": [type(v).__name__ for v in (a, b, when, *got)], "got": got}
 
 
 async def test_unannotated_and_any_parameters_keep_the_plain_json_data(
     store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
 ) -> None:
     async with aion.open_engine(store_url(), workflows=[plain], activities=[echo_plain]) as engine:
-        run = await engine.start(plain, {"n": 1}, ["2026-03-01", "12345678-1234-5678-1234-567812345678"])
+        run = await engine.start(
+            plain, {"n": "2026-03-01"}, ["2026-03-01", "12345678-1234-5678-1234-567812345678"], "2026-03-01"
+        )
         with trio.fail_after(60):
             result = await run.result()
-    assert result["types"] == ["dict", "list", "dict", "list", "dict", "list"]
-    assert result["got"][1] == ["2026-03-01", "12345678-1234-5678-1234-567812345678"]
+    # The annotated parameter beside them is decoded (the control: decoding runs in this very call).
+    assert result["types"] == ["dict", "list", "date", "dict", "list", "dict", "list", "str"]
+    assert result["got"][:2] == [{"n": "2026-03-01"}, ["2026-03-01", "12345678-1234-5678-1234-567812345678"]]
+    assert result["got"][4] == "2026-03-01"  # the un-annotated result: plain data, as stored
 
 
 @dataclasses.dataclass
