@@ -18,8 +18,9 @@ from .._wire import event_to_json
 from ..plugin import ENTRY_POINT_GROUP
 from .errors import UsageProblem, run
 from .options import filter_options, resolve_store, store_option, visibility_filter
-from .render import history_table, make_console, print_show, row_json, short, show_json, status_text, when
+from .render import history_table, make_console, print_show, row_json, show_json, workflows_table
 from .stores import load_registry, open_for_reading, read_history
+from .watch import follow_interval, follow_list, follow_options, follow_show
 
 
 @click.command()
@@ -56,7 +57,13 @@ def stores(as_json: bool) -> None:
 @click.command("list")
 @store_option
 @filter_options
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a JSON list of objects instead of a table (JSON lines with --follow).",
+)
+@follow_options
 def list_(
     store: str | None,
     statuses: tuple[str, ...],
@@ -70,6 +77,8 @@ def list_(
     limit: int,
     offset: int,
     as_json: bool,
+    follow: bool,
+    interval: float | None,
 ) -> None:
     """List workflows, newest first, with filters.
 
@@ -77,8 +86,10 @@ def list_(
     Examples:
       aion-trio list --status running --type checkout
       aion-trio list --started-after 2026-11-30T08:00 --attr region=eu --attr 'amount>100'
+      aion-trio list --status running --follow
     """
     url = resolve_store(store)
+    every = follow_interval(follow, interval)
     try:
         page = visibility_filter(
             statuses=statuses,
@@ -94,6 +105,9 @@ def list_(
         )
     except InvalidQuery as exc:
         raise UsageProblem(f"bad filter: {exc}") from None
+    if every is not None:
+        follow_list(url, page, as_json=as_json, interval=every)
+        return
 
     async def query() -> tuple[list[VisibilityRow], int]:
         async with open_for_reading(url) as opened:
@@ -107,27 +121,7 @@ def list_(
     if not rows:
         console.print(f"No workflows match ({total} in total match the filters; offset {offset}).")
         return
-    table = Table(title=f"Workflows in {redact_url(url)}", title_justify="left")
-    # Narrow output (PIPED_WIDTH) wraps the times and folds the type; an id stays whole.
-    table.add_column("Workflow ID", no_wrap=True, style="bold")
-    table.add_column("Type", overflow="fold")
-    table.add_column("Status", no_wrap=True)
-    table.add_column("Started (UTC)", overflow="fold")
-    table.add_column("Closed (UTC)", overflow="fold")
-    table.add_column("Note", overflow="fold")
-    for row in rows:
-        note = row.stuck_reason and f"stuck: {row.stuck_reason}"
-        if note is None and row.failure_reason:
-            note = f"{row.failed_step}: {row.failure_reason}" if row.failed_step else row.failure_reason
-        table.add_row(
-            Text(row.workflow_id),
-            Text(row.workflow_type),
-            status_text(row.status),
-            when(row.start_time),
-            when(row.close_time),
-            Text(short(note or "", 80)),
-        )
-    console.print(table)
+    console.print(workflows_table(rows, f"Workflows in {redact_url(url)}"))
     console.print(f"{offset + 1}-{offset + len(rows)} of {total} matching workflows")
 
 
@@ -135,11 +129,22 @@ def list_(
 @store_option
 @click.argument("workflow_id")
 @click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON object (the summary, and the history's events)."
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object (the summary, and the history's events); with --follow, each new event as JSON.",
 )
-def show(store: str | None, workflow_id: str, as_json: bool) -> None:
-    """Show one workflow: summary, pending work, failure, and its history."""
+@follow_options
+def show(store: str | None, workflow_id: str, as_json: bool, follow: bool, interval: float | None) -> None:
+    """Show one workflow: summary, pending work, failure, and its history.
+
+    With --follow it keeps watching until the workflow's latest run ends (or Ctrl-C).
+    """
     url = resolve_store(store)
+    every = follow_interval(follow, interval)
+    if every is not None:
+        follow_show(url, workflow_id, as_json=as_json, interval=every)
+        return
 
     async def read() -> tuple[list[Event], VisibilityRow | None]:
         async with open_for_reading(url) as opened:

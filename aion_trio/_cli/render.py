@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -142,11 +142,59 @@ def row_json(row: VisibilityRow) -> dict[str, Any]:
     }
 
 
+def row_note(row: VisibilityRow) -> str:
+    """The Note column of ``list``: why a run is stuck, else where and why it failed."""
+    note = row.stuck_reason and f"stuck: {row.stuck_reason}"
+    if note is None and row.failure_reason:
+        note = f"{row.failed_step}: {row.failure_reason}" if row.failed_step else row.failure_reason
+    return short(note or "", 80)
+
+
+def workflows_table(rows: Sequence[VisibilityRow], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    # Narrow output (PIPED_WIDTH) wraps the times and folds the type; an id stays whole.
+    table.add_column("Workflow ID", no_wrap=True, style="bold")
+    table.add_column("Type", overflow="fold")
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Started (UTC)", overflow="fold")
+    table.add_column("Closed (UTC)", overflow="fold")
+    table.add_column("Note", overflow="fold")
+    for row in rows:
+        table.add_row(
+            Text(row.workflow_id),
+            Text(row.workflow_type),
+            status_text(row.status),
+            when(row.start_time),
+            when(row.close_time),
+            Text(row_note(row)),
+        )
+    return table
+
+
+def row_line(row: VisibilityRow) -> str:
+    """One row of ``list`` as one plain line (``list --follow`` when piped)."""
+    parts = [row.workflow_id, row.workflow_type, row.status.value, when(row.start_time), when(row.close_time)]
+    note = row_note(row)
+    return " ".join([*parts, note] if note else parts)
+
+
+def event_line(event: Event) -> str:
+    """One event of a history as one plain line (``show --follow`` when piped)."""
+    return f"{event.seq} {when(event.recorded_at, precise=True)} {type(event.body).__name__} {event_detail(event.body)}"
+
+
 def _attributes_json(attributes: Mapping[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in attributes.items()}
 
 
 def print_show(console: Console, events: list[Event], description: WorkflowDescription) -> None:
+    for part in show_parts(events, description):
+        console.print(part)
+
+
+def show_parts(events: list[Event], description: WorkflowDescription) -> list[RenderableType]:
+    """What ``show`` prints, part by part (``show --follow`` redraws them as one group)."""
+    parts: list[RenderableType] = []
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold", no_wrap=True)
     summary.add_column()
@@ -166,7 +214,7 @@ def print_show(console: Console, events: list[Event], description: WorkflowDescr
     if description.status is WorkflowStatus.COMPLETED:
         summary.add_row("Result", Text(json_text(description.result, 200)))
     summary.add_row("Events", str(description.history_length))
-    console.print(summary)
+    parts.append(summary)
 
     if description.pending_activities:
         table = Table(title="Pending activities", title_justify="left")
@@ -180,7 +228,7 @@ def print_show(console: Console, events: list[Event], description: WorkflowDescr
                 when(a.scheduled_at, precise=True),
                 Text(a.task_queue),
             )
-        console.print(table)
+        parts.append(table)
     timers = outstanding_timers(run_segment(events, description.run_id))
     if timers and description.status is WorkflowStatus.RUNNING:
         table = Table(title="Pending timers", title_justify="left")
@@ -188,7 +236,7 @@ def print_show(console: Console, events: list[Event], description: WorkflowDescr
         table.add_column("Fires at (UTC)", no_wrap=True)
         for t in timers:
             table.add_row(Text(t.timer_id), when(t.fire_at, precise=True))
-        console.print(table)
+        parts.append(table)
     if description.error is not None:
         failure = Table.grid(padding=(0, 2))
         failure.add_column(style="bold red", no_wrap=True)
@@ -196,8 +244,9 @@ def print_show(console: Console, events: list[Event], description: WorkflowDescr
         failure.add_row("Failure", Text(description.error.type))
         failure.add_row("Message", Text(description.error.message))
         failure.add_row("Failed step", Text(description.failed_step or "-"))
-        console.print(failure)
-    console.print(history_table(events, "History"))
+        parts.append(failure)
+    parts.append(history_table(events, "History"))
+    return parts
 
 
 def show_json(events: list[Event], description: WorkflowDescription) -> dict[str, Any]:
