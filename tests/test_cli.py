@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
@@ -884,6 +885,105 @@ def _start_gated(db: Path, gate: Path, workflow_id: str, monkeypatch: pytest.Mon
         "--no-wait",
     )
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("command", [("list",), ("show", "some-id")])
+def test_interval_without_follow_is_a_usage_error(command: tuple[str, ...], tmp_path: Path) -> None:
+    result = run_cli(*command, "--interval", "2", "--store", str(tmp_path / "none.db"))
+    assert result.exit_code == 2
+    assert error_lines(result) == ["Error: --interval is only for --follow"]
+    assert not (tmp_path / "none.db").exists()
+
+
+class _Follower:
+    """``aion-trio ARGS... --follow`` in a real subprocess, its stdout lines collected as they come."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [str(_console_script()), *args, "--follow", "--interval", "0.05"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.err = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_line(self, text: str) -> None:
+        _wait_until(lambda: any(text in line for line in self.lines), f"a line with {text!r}", self.proc)
+
+    def wait(self) -> int:
+        code = self.proc.wait(timeout=60)
+        self._reader.join(timeout=60)
+        return code
+
+    def close(self) -> None:
+        """Kill it if it still runs; its stderr is then in ``self.err``."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.wait()
+        assert self.proc.stdout is not None
+        assert self.proc.stderr is not None
+        self.err = self.proc.stderr.read()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+@pytest.mark.slow
+def test_show_follow_ends_by_itself_when_another_process_completes_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, gate = tmp_path / "f.db", tmp_path / "gate"
+    _start_gated(db, gate, "g", monkeypatch)
+    worker = _Worker(db, tmp_path / "w.log")
+    follower = _Follower("show", "g", "--store", str(db))
+    try:
+        # Piped, each event is one line as it is recorded: the worker is in the gated attempt.
+        follower.wait_line("ActivityStarted")
+        assert follower.proc.poll() is None  # the run is still going: still following
+        gate.touch()
+        assert follower.wait() == 0
+        worker.wait_logged("ready: serving")
+        worker.stop(signal.SIGINT)
+        assert worker.wait() == 0
+    finally:
+        follower.close()
+        worker.kill()
+    assert [line.split()[3] for line in follower.lines] == _history_types(db, "g")
+    assert follower.lines[-1].split()[3] == "WorkflowCompleted"
+    assert follower.err == ""
+
+
+@pytest.mark.slow
+def test_list_follow_prints_a_row_when_a_workflow_starts_and_ctrl_c_ends_it_with_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "l.db"
+    _in_root(monkeypatch)
+    first = run_cli("start", "hello", '"a"', "--id", "first", "-m", APP, "--store", str(db))
+    assert first.exit_code == 0, first.output
+    follower = _Follower("list", "--json", "--store", str(db))
+    try:
+        follower.wait_line('"first"')
+        second = run_cli("start", "hello", '"b"', "--id", "second", "-m", APP, "--store", str(db))
+        assert second.exit_code == 0, second.output
+        follower.wait_line('"second"')
+        follower.proc.send_signal(signal.SIGINT)
+        assert follower.wait() == 0
+    finally:
+        follower.close()
+    assert follower.err == ""
+    rows = [json.loads(line) for line in follower.lines]  # JSON lines: one object per change
+    assert [row["workflow_id"] for row in rows][:1] == ["first"]
+    assert {row["workflow_id"] for row in rows} == {"first", "second"}
+    assert rows[-1]["workflow_id"] == "second"
 
 
 @pytest.mark.slow
