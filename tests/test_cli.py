@@ -8,6 +8,7 @@ import functools
 import importlib.metadata
 import json
 import os
+import select
 import signal
 import sqlite3
 import subprocess
@@ -959,6 +960,47 @@ def test_show_follow_ends_by_itself_when_another_process_completes_the_run(
     assert [line.split()[3] for line in follower.lines] == _history_types(db, "g")
     assert follower.lines[-1].split()[3] == "WorkflowCompleted"
     assert follower.err == ""
+
+
+@pytest.mark.slow
+def test_show_follow_on_a_terminal_draws_the_page_live_and_ends_with_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "t.db"
+    _in_root(monkeypatch)
+    done = run_cli("start", "hello", '"t"', "--id", "done", "-m", APP, "--store", str(db))
+    assert done.exit_code == 0, done.output
+    main, terminal = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            [str(_console_script()), "show", "done", "--store", str(db), "--follow"],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=terminal,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+        )
+        os.close(terminal)
+        output = bytearray()
+        deadline = time.monotonic() + 60
+        with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+            while True:
+                ready, _, _ = select.select([main], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    pytest.fail(f"show --follow on a terminal did not end: {bytes(output)!r}")
+                chunk = os.read(main, 65536)
+                if not chunk:
+                    break
+                output += chunk
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(main)
+    assert proc.returncode == 0
+    assert err == b""
+    text = output.decode()
+    assert "\x1b[?25l" in text  # rich's live display hides the cursor while it redraws
+    assert "WorkflowCompleted" in text
+    assert "History" in text
 
 
 @pytest.mark.slow
