@@ -195,6 +195,27 @@ class ReopenCommand:
         return f"reopen {self.workflow_id!r}"
 
 
+def _optional_seq(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and (type(value) is not int or value < 1):
+        raise ValueError(f"{attribute.name} must be a positive int or None, got {value!r}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ResetCommand:
+    """Reset the workflow's latest run to the event ``to_seq`` (``None``: its last step)."""
+
+    KIND: ClassVar[str] = "reset"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+    to_seq: int | None = attrs.field(default=None, validator=_optional_seq, metadata={OMIT_NONE: True})
+    reason: str = attrs.field(default="", validator=_text)
+    request_id: str | None = _request_id()
+
+    def describe(self) -> str:
+        where = "its last step" if self.to_seq is None else f"seq {self.to_seq}"
+        return f"reset {self.workflow_id!r} to {where}"
+
+
 @final
 @attrs.frozen(kw_only=True)
 class QueryCommand:
@@ -220,6 +241,7 @@ Command = Union[
     CancelCommand,
     TerminateCommand,
     ReopenCommand,
+    ResetCommand,
     QueryCommand,
 ]
 """Any inbox command."""
@@ -233,6 +255,7 @@ COMMAND_TYPES: dict[str, type[Any]] = {
         CancelCommand,
         TerminateCommand,
         ReopenCommand,
+        ResetCommand,
         QueryCommand,
     )
 }

@@ -588,6 +588,25 @@ class NotRunning(EngineError):
         )
 
 
+class CannotReset(EngineError):
+    """``reset`` (or ``fork``) was asked to copy a run's history up to an event that is not
+    one of its reset points (``valid``: the seqs it could be, ascending)."""
+
+    def __init__(
+        self, workflow_id: str, run_id: str | None, to_seq: int | None, valid: Sequence[int]
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.to_seq = to_seq
+        self.valid = tuple(valid)
+        choices = ", ".join(str(v) for v in self.valid) or "none"
+        what = "it has no step to reset to" if to_seq is None else f"seq {to_seq} is not a reset point"
+        super().__init__(
+            f"cannot reset workflow {workflow_id!r} (run {run_id}): {what}; a reset point is the run's "
+            f"start or a step boundary with nothing in flight (valid: {choices}); nothing was recorded"
+        )
+
+
 class CannotReopen(EngineError):
     """``reopen`` was asked of a run that cannot be reopened (not Failed or Cancelled,
     or its code already reacted to a cancellation)."""

@@ -32,6 +32,9 @@ class WorkflowStatus(enum.Enum):
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
     CONTINUED_AS_NEW = "continued_as_new"
+    #: The run was reset: a new run of the same workflow replays its history up to a
+    #: chosen step and goes on from there (``WorkflowReset`` names it).
+    RESET = "reset"
 
     @property
     def is_terminal(self) -> bool:
@@ -358,6 +361,16 @@ class WorkflowStarted(EventBody):
     )
     timeout: timedelta | None = attrs.field(default=None, validator=_optional_timeout)
     request_id: str | None = _request_id_field()
+    #: A run started by a reset: the run it was reset from, and the seq of that run's
+    #: event its history was copied up to (both ``None`` for any other start).
+    reset_from_run_id: str | None = attrs.field(
+        default=None, validator=_optional_run_id, metadata={OMIT_NONE: True}
+    )
+    reset_to_seq: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(_positive),
+        metadata={OMIT_NONE: True},
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -402,6 +415,18 @@ class WorkflowContinuedAsNew(EventBody):
     workflow_type: str | None = attrs.field(default=None, validator=_optional_non_empty_str)
     #: The run that was continued (the run this event ends).
     parent_run_id: str = attrs.field(validator=_run_id)
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowReset(EventBody):
+    """Ends a run that ``reset`` replaced: ``new_run_id`` replays its history up to
+    ``to_seq`` (this run's event) and goes on from there with the current code."""
+
+    TERMINAL: ClassVar[bool] = True
+    new_run_id: str = attrs.field(validator=_run_id)
+    to_seq: int = attrs.field(validator=_positive)
+    reason: str = attrs.field(default="", validator=_str)
+    request_id: str | None = _request_id_field()
 
 
 @attrs.frozen(kw_only=True)
@@ -566,6 +591,7 @@ EVENT_TYPES: Mapping[str, type[EventBody]] = {
         WorkflowCancelled,
         WorkflowTimedOut,
         WorkflowContinuedAsNew,
+        WorkflowReset,
         WorkflowReopened,
         SearchAttributesUpserted,
         ActivityScheduled,

@@ -24,6 +24,7 @@ from ._commands import (
     IdReusePolicy,
     QueryCommand,
     ReopenCommand,
+    ResetCommand,
     SignalCommand,
     SignalWithStartCommand,
     StartCommand,
@@ -209,6 +210,11 @@ async def apply_command(
             reopened = await commands.reopen(command.workflow_id, key)
             return CommandOutcome.success(
                 f"reopened workflow {reopened.workflow_id!r} run {reopened.run_id}", run_id=reopened.run_id
+            )
+        if isinstance(command, ResetCommand):
+            reset = await commands.reset(command.workflow_id, command.to_seq, command.reason, key)
+            return CommandOutcome.success(
+                f"reset workflow {reset.workflow_id!r}: new run {reset.run_id}", run_id=reset.run_id
             )
         if isinstance(command, QueryCommand):
             answer = await commands.query(command.workflow_id, command.name, command.args)

@@ -48,6 +48,7 @@ from ._events import (
     WorkflowContinuedAsNew,
     WorkflowFailed,
     WorkflowReopened,
+    WorkflowReset,
     WorkflowStarted,
     WorkflowStatus,
     WorkflowTimedOut,
@@ -143,6 +144,7 @@ _STATUS_BY_TERMINAL: Mapping[type, WorkflowStatus] = {
     WorkflowCancelled: WorkflowStatus.CANCELLED,
     WorkflowTimedOut: WorkflowStatus.TIMED_OUT,
     WorkflowContinuedAsNew: WorkflowStatus.CONTINUED_AS_NEW,
+    WorkflowReset: WorkflowStatus.RESET,
 }
 
 
@@ -429,6 +431,66 @@ def timer_resolved(segment: Sequence[Event], timer_id: str) -> Event | None:
             return event
         if isinstance(body, TimerStarted) and body.timer_id == timer_id:
             return None
+    return None
+
+
+_RESOLUTIONS = (
+    ActivityCompleted,
+    ActivityFailed,
+    ActivityCancelled,
+    TimerFired,
+    TimerCancelled,
+    SignalReceived,
+)
+_FAILED_RESOLUTIONS = (ActivityFailed, ActivityCancelled)
+
+
+def reset_points(segment: Sequence[Event]) -> list[int]:
+    """The seqs of a run's events a reset may copy its history up to, ascending.
+
+    A point is a step boundary where the run's code decided what to do next with nothing
+    in flight: the run's ``WorkflowStarted``, or the resolution of a command (an
+    activity settled, a timer fired or cancelled by the code) or a signal's arrival,
+    after which no activity is unsettled and no timer but the run's deadline is
+    outstanding.  Only the run's first lease counts (points before a cancel request,
+    a terminal or a reopen), and none after a child workflow's start (a child's derived
+    id names the run that started it, so a new run could not replay it).
+    """
+    if not segment or not isinstance(segment[0].body, WorkflowStarted):
+        return []
+    run_id = segment[0].body.run_id
+    deadline = f"{DEADLINE_TIMER_PREFIX}{run_id}"
+    points = [segment[0].seq]
+    unsettled: set[int] = set()
+    timers: set[str] = set()
+    for event in segment[1:]:
+        body = event.body
+        if body.TERMINAL or isinstance(
+            body, (WorkflowCancelRequested, WorkflowReopened, ChildWorkflowStarted)
+        ):
+            break
+        if isinstance(body, ActivityScheduled):
+            unsettled.add(body.activity_id)
+        elif _settles(body):
+            unsettled.discard(body.activity_id)
+        elif isinstance(body, TimerStarted):
+            if body.timer_id != deadline:
+                timers.add(body.timer_id)
+        elif isinstance(body, (TimerFired, TimerCancelled)):
+            timers.discard(body.timer_id)
+        # (A failed attempt another follows leaves its activity unsettled.)
+        if isinstance(body, _RESOLUTIONS) and not unsettled and not timers:
+            points.append(event.seq)
+    return points
+
+
+def last_step(segment: Sequence[Event]) -> int | None:
+    """The reset point of the run's last step that did not end in a failure: where a
+    reset recovers a failed run (the failed step and what followed run again)."""
+    by_seq = {e.seq: e for e in segment}
+    for seq in reversed(reset_points(segment)):
+        if not isinstance(by_seq[seq].body, _FAILED_RESOLUTIONS):
+            return seq
     return None
 
 

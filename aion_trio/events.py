@@ -39,6 +39,7 @@ from ._events import (
     WorkflowContinuedAsNew as WorkflowContinuedAsNew,
     WorkflowFailed as WorkflowFailed,
     WorkflowReopened as WorkflowReopened,
+    WorkflowReset as WorkflowReset,
     WorkflowStarted as WorkflowStarted,
     WorkflowStatus as WorkflowStatus,
     WorkflowTimedOut as WorkflowTimedOut,

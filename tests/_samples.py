@@ -45,6 +45,7 @@ from aion_trio import (
     WorkflowContinuedAsNew,
     WorkflowFailed,
     WorkflowReopened,
+    WorkflowReset,
     WorkflowStarted,
     WorkflowTimedOut,
 )
@@ -85,6 +86,8 @@ FULL_BODIES: dict[str, EventBody] = {
             search_attributes={"customer": "c-42", "total": 12.5, "rank": 3, "vip": True, "tags": ["a", "b"]},
             timeout=timedelta(days=2, microseconds=5),
             request_id="cli-start-7",
+            reset_from_run_id=PARENT_RUN_ID,
+            reset_to_seq=9,
         ),
         WorkflowCompleted(result=Payload.of({"receipt": "r-1", "stock": [1, 2]})),
         WorkflowFailed(error=ERROR_INFO),
@@ -95,6 +98,7 @@ FULL_BODIES: dict[str, EventBody] = {
             input=Payload.of({"cursor": 100}), workflow_type="checkout_v2", parent_run_id=RUN_ID
         ),
         WorkflowReopened(run_id=RUN_ID, reopened_activity_ids=(0, 2), request_id="reopen-ünï"),
+        WorkflowReset(new_run_id=RUN_ID, to_seq=4, reason="redo ünï", request_id="reset-7"),
         SearchAttributesUpserted(attributes={"stage": "shipping", "progress": 0.75, "tags": ["x"]}),
         ActivityScheduled(
             activity_id=2,
@@ -143,6 +147,7 @@ MINIMAL_BODIES: dict[str, EventBody] = {
         WorkflowTimedOut(),
         WorkflowContinuedAsNew(input=Payload.of([]), parent_run_id=RUN_ID),
         WorkflowReopened(run_id=RUN_ID),
+        WorkflowReset(new_run_id=RUN_ID, to_seq=1),
         SearchAttributesUpserted(attributes={}),
         ActivityScheduled(activity_id=0, activity_type="charge", input=Payload.of({})),
         ActivityFailed(activity_id=0, error=MINIMAL_ACTIVITY_ERROR, attempt=1, final=False),
@@ -163,9 +168,21 @@ LATER_BODIES: tuple[EventBody, ...] = (
 )
 
 
+#: Event types added after the first two sets: their full and minimal samples come after
+#: the later variants (appended, so earlier lines stay byte-exact).
+ADDED_TYPES: tuple[str, ...] = ("WorkflowReset",)
+
+
 def sample_bodies() -> list[EventBody]:
-    """Every full sample, then every minimal one, then the later variants."""
-    return [*FULL_BODIES.values(), *MINIMAL_BODIES.values(), *LATER_BODIES]
+    """Every full sample, then every minimal one, then the later variants, then the full and
+    minimal samples of the types added since."""
+    return [
+        *(b for name, b in FULL_BODIES.items() if name not in ADDED_TYPES),
+        *(b for name, b in MINIMAL_BODIES.items() if name not in ADDED_TYPES),
+        *LATER_BODIES,
+        *(FULL_BODIES[name] for name in ADDED_TYPES),
+        *(MINIMAL_BODIES[name] for name in ADDED_TYPES if name in MINIMAL_BODIES),
+    ]
 
 
 def sample_events(workflow_id: str = WORKFLOW_ID, first_seq: int = 1) -> list[Event]:

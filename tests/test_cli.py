@@ -1416,3 +1416,22 @@ def test_a_request_id_on_the_inbox_prefix_is_a_usage_error_and_opens_nothing(tmp
         assert result.exit_code == 2, everything(result)
         assert "starts with 'inbox:'" in everything(result)
     assert not store.exists()
+
+
+def test_reset_applies_directly_without_a_worker_and_names_the_valid_points_of_a_bad_seq(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_root(monkeypatch)
+    monkeypatch.setenv("AION_TRIO_STORE", str(tmp_path / "d.db"))
+    monkeypatch.setenv("AION_TRIO_MODULE", APP)
+    assert run_cli("start", "approval", "1", "--id", "r", "--no-wait").exit_code == 0
+    assert run_cli("terminate", "r", "--reason", "ops").exit_code == 0
+    bad = run_cli("reset", "r", "--to-seq", "2")
+    assert bad.exit_code == 1, everything(bad)
+    assert "seq 2 is not a reset point" in everything(bad)
+    assert "(valid: 1)" in everything(bad)
+    assert _history_types(tmp_path / "d.db", "r")[-1] == "WorkflowCancelled"
+    done = run_cli("reset", "r", "--to-seq", "1", "--reason", "start over")
+    assert done.exit_code == 0, everything(done)
+    assert "reset workflow 'r': new run " in done.stderr
+    assert _history_types(tmp_path / "d.db", "r")[-2:] == ["WorkflowReset", "WorkflowStarted"]

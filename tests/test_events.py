@@ -34,6 +34,7 @@ from aion_trio import (
     WorkflowContinuedAsNew,
     WorkflowFailed,
     WorkflowReopened,
+    WorkflowReset,
     WorkflowStarted,
     WorkflowStatus,
     WorkflowTimedOut,
@@ -432,6 +433,7 @@ def test_event_type_and_terminal_flags() -> None:
         WorkflowCancelled,
         WorkflowTimedOut,
         WorkflowContinuedAsNew,
+        WorkflowReset,
     }
     for name, body in FULL_BODIES.items():
         assert is_terminal_body(body) == (type(body) in TERMINAL_TYPES), name

@@ -45,7 +45,7 @@ AION_TRIO_NAMES = [
     "ActivityFailure", "ActivityFallbackRouted", "ActivityHandle", "ActivityInfo", "ActivityOptions",
     "ActivityOutcome", "ActivityRequest", "ActivityScheduled", "ActivityStarted", "ActivityTaskQueues",
     "AdmissionTimeout", "AionError", "AionInternalError", "AttemptCancelled", "BackendUnavailable",
-    "CancelCommand", "CannotReopen", "ChildHandle", "ChildWorkflowCancelled", "ChildWorkflowCompleted",
+    "CancelCommand", "CannotReopen", "CannotReset", "ChildHandle", "ChildWorkflowCancelled", "ChildWorkflowCompleted",
     "ChildWorkflowFailed", "ChildWorkflowFailure", "ChildWorkflowStarted", "Command", "CommandDecodeError",
     "CommandInbox", "CommandNotAnswered", "CommandOutcome", "CompletionRetryConfig", "DatabaseCorrupt",
     "DatabaseTooNew", "DelegatingDispatcher", "Engine", "EngineClock", "EngineConfig", "EngineEpochClosed",
@@ -57,7 +57,7 @@ AION_TRIO_NAMES = [
     "OwnerClaim", "OwnerIdentity", "ParentClosePolicy", "Payload", "PayloadCodec", "PayloadDecodeError", "PayloadError",
     "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity", "PendingCommand", "PluginError",
     "PolicyRefused", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable",
-    "RecoveryCounts", "RecoveryFinished", "ReopenCommand", "RetryPolicy", "RunEvicted", "RunHandle",
+    "RecoveryCounts", "RecoveryFinished", "ReopenCommand", "ResetCommand", "RetryPolicy", "RunEvicted", "RunHandle",
     "RunReloaded", "Schedule", "ScheduleAction", "ScheduleActionKind", "ScheduleActionRecord",
     "ScheduleAlreadyExists", "ScheduleConflict", "ScheduleDescription", "ScheduleError", "ScheduleNotFound",
     "SchedulePolicy", "ScheduleSpec", "ScheduleState", "ScheduleStore", "Schedules", "SchedulesUnsupported",
@@ -71,7 +71,7 @@ AION_TRIO_NAMES = [
     "WorkflowAlreadyStarted", "WorkflowCancelRequested", "WorkflowCancelled", "WorkflowCommandError",
     "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew", "WorkflowDefinition",
     "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowFenced", "WorkflowNotFound",
-    "WorkflowRelinquished", "WorkflowReopened", "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted",
+    "WorkflowRelinquished", "WorkflowReopened", "WorkflowReset", "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted",
     "WorkflowStatus", "WorkflowTimedOut", "activity", "activity_cancelled", "activity_info", "heartbeat",
     "open_engine", "open_store", "run_activity_worker", "schedule_tick_time", "unsafe_nondeterminism",
     "workflow",
@@ -82,7 +82,7 @@ PLUGIN_NAMES = [
     "CommandOutcome", "DISABLE_ENV", "DatabaseCorrupt", "DatabaseTooNew", "ENTRY_POINT_GROUP", "Event",
     "EventBody", "EventDecodeError", "EventStore", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl",
     "NodeInUse", "NotAnAionDatabase", "NotFound", "NotOwner", "OwnedStore", "OwnerClaim", "OwnerIdentity",
-    "PendingCommand", "PluginLoadError", "RecoveryCounts", "ReopenCommand", "ScheduleAlreadyExists",
+    "PendingCommand", "PluginLoadError", "RecoveryCounts", "ReopenCommand", "ResetCommand", "ScheduleAlreadyExists",
     "ScheduleConflict", "ScheduleStore", "SearchOp", "SearchPredicate", "SearchValue", "SequenceConflict",
     "SerializationError", "SignalCommand", "SignalWithStartCommand", "StartCommand", "Store",
     "StoreDecodeError", "StoreEncodeError", "StoreError", "StoreOpenError", "StoreOpener", "StoreOwned",
@@ -98,8 +98,8 @@ PLUGIN_NAMES = [
 
 PROJECTIONS_NAMES = [
     "AttemptRecord", "FailureSummary", "OutstandingTimer", "activity_settled", "current_lease_terminal",
-    "failure", "is_active", "is_active_status", "latest_run_id", "next_delivery_attempt",
-    "outstanding_timers", "retry_trail", "run_ids", "run_segment", "run_status", "scheduled_activities",
+    "failure", "is_active", "is_active_status", "last_step", "latest_run_id", "next_delivery_attempt",
+    "outstanding_timers", "reset_points", "retry_trail", "run_ids", "run_segment", "run_status", "scheduled_activities",
     "search_attributes", "start_event", "status_after", "timer_resolved", "unsettled_activities",
     "workflow_status",
 ]
@@ -110,7 +110,7 @@ EVENTS_NAMES = [
     "FailureCause", "MarkerRecorded", "SearchAttributesUpserted", "SignalReceived", "TimeoutKind",
     "TimerCancelCause", "TimerCancelled", "TimerFired", "TimerStarted", "WorkflowCancelRequested",
     "WorkflowCancelled", "WorkflowCompleted", "WorkflowContinuedAsNew", "WorkflowFailed", "WorkflowReopened",
-    "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut",
+    "WorkflowReset", "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut",
 ]
 # fmt: on
 

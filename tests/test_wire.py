@@ -246,6 +246,10 @@ durations = st.timedeltas(min_value=timedelta(microseconds=1), max_value=timedel
 _BY_NAME: dict[str, st.SearchStrategy[Any]] = {
     "run_id": run_ids,
     "parent_run_id": run_ids,
+    "new_run_id": run_ids,
+    "reset_from_run_id": run_ids,
+    "to_seq": st.integers(1, 2**53),
+    "reset_to_seq": st.integers(1, 2**53),
     "parent_workflow_id": names,
     "child_workflow_id": names,
     "timer_id": timer_ids,

@@ -18,7 +18,7 @@ from .read import history, list_, show, stores
 from .replay import replay
 from .schedules import schedule
 from .worker import worker
-from .writes import cancel, query, reopen, signal, start, terminate
+from .writes import cancel, query, reopen, reset, signal, start, terminate
 
 PROG_NAME = "aion-trio"
 
@@ -103,6 +103,7 @@ for _command in (
     cancel,
     terminate,
     reopen,
+    reset,
     worker,
     schedule,
     demo_command,

@@ -18,6 +18,7 @@ from .._commands import (
     CommandOutcome,
     QueryCommand,
     ReopenCommand,
+    ResetCommand,
     SignalCommand,
     SignalWithStartCommand,
     StartCommand,
@@ -485,5 +486,46 @@ def reopen(
     async def direct(engine: Engine) -> str:
         handle = await engine.reopen(workflow_id, request_id=request_id)
         return f"reopened workflow {handle.workflow_id!r} run {handle.run_id}"
+
+    _write_command(url, app, command, direct, wait, queue_timeout)
+
+
+@click.command()
+@store_option
+@module_option
+@click.argument("workflow_id")
+@click.option(
+    "--to-seq",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The event of the latest run to replay up to (a reset point); default: its last step "
+    "that did not fail.",
+)
+@_REASON
+@_wait_option
+@_request_id_option
+@_queue_timeout_option
+def reset(
+    store: str | None,
+    module: str,
+    workflow_id: str,
+    to_seq: int | None,
+    reason: str,
+    wait: bool,
+    request_id: str | None,
+    queue_timeout: float,
+) -> None:
+    """Reset a workflow: a new run replays the latest run's history up to an event and goes on
+    from there with the current code (what came after runs again); the old run ends as reset.
+    Queued for the store's worker if one owns it."""
+    url = resolve_store(store)
+    app = load_app(module)
+    command = _command(
+        lambda: ResetCommand(workflow_id=workflow_id, to_seq=to_seq, reason=reason, request_id=request_id)
+    )
+
+    async def direct(engine: Engine) -> str:
+        handle = await engine.reset(workflow_id, to_seq=to_seq, reason=reason, request_id=request_id)
+        return f"reset workflow {handle.workflow_id!r}: new run {handle.run_id}"
 
     _write_command(url, app, command, direct, wait, queue_timeout)

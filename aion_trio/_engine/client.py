@@ -19,6 +19,7 @@ from .._commands import (
     IdReusePolicy,
     QueryCommand,
     ReopenCommand,
+    ResetCommand,
     SignalCommand,
     SignalWithStartCommand,
     TerminateCommand,
@@ -547,6 +548,48 @@ class Engine:
             return RunHandle(self, workflow_id, found.run_id)
         assert isinstance(found, Started)
         return RunHandle(self, workflow_id, found.run_id)
+
+    async def reset(
+        self,
+        workflow_id: str,
+        *,
+        to_seq: int | None = None,
+        reason: str = "",
+        request_id: str | None = None,
+    ) -> RunHandle[Any]:
+        """Start a new run of the workflow that replays its latest run's history up to the
+        event ``to_seq`` and goes on from there with the current code: what came after
+        runs again.  The old run ends ``WorkflowReset`` (naming the new run; if it was
+        running, its in-flight activities are cancelled as ``terminate`` does), and the new
+        run's ``WorkflowStarted`` names it back (``reset_from_run_id``, ``reset_to_seq``).
+        Signals the old run received after the point are delivered to the new run too.
+
+        Works on a running or closed run.  ``to_seq`` must be a reset point: the run's
+        start, or a step boundary (an activity settled, a timer fired, a signal arrived)
+        with nothing in flight, before any cancel request or child start; anything else is
+        refused with :class:`CannotReset` naming the valid seqs, and nothing is recorded.
+        ``to_seq=None`` resets to the run's last step that did not end in a failure: the
+        one-command recovery of a run failed by a bug, once the fix is deployed.
+
+        ``request_id``: an idempotency key; a reset whose key is recorded records nothing
+        and returns the first reset's handle.
+        """
+        if request_id is not None:
+            validate_caller_request_id(request_id)
+        if not self._core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "reset a workflow")
+        found = await self._here_or_owner(
+            workflow_id,
+            lambda: self._local.reset(workflow_id, to_seq, reason, request_id),
+            lambda: ResetCommand(
+                workflow_id=workflow_id, to_seq=to_seq, reason=reason, request_id=request_id
+            ),
+        )
+        if isinstance(found, CommandOutcome):
+            assert found.run_id is not None
+            return RunHandle(self, workflow_id, found.run_id, created=True)
+        assert isinstance(found, Started)
+        return RunHandle(self, workflow_id, found.run_id, created=found.created)
 
     async def query(self, workflow_id: str, name: str, *args: Any) -> Any:
         """Ask the workflow's latest run a question: its handler ``name`` answers from its state.

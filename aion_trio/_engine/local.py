@@ -26,6 +26,7 @@ from .._context import RunActivation
 from .._definitions import WorkflowDefinition
 from .._errors import (
     CannotReopen,
+    CannotReset,
     NotRunning,
     QueryUnavailable,
     SequenceConflict,
@@ -45,11 +46,13 @@ from .._events import (
     WorkflowCancelRequested,
     WorkflowFailed,
     WorkflowReopened,
+    WorkflowReset,
     WorkflowStarted,
     WorkflowStatus,
     validate_search_attributes,
 )
 from .._ids import (
+    DEADLINE_TIMER_PREFIX,
     new_run_id,
     new_workflow_id,
     validate_request_id,
@@ -63,10 +66,13 @@ from .._projections import (
     RunState,
     current_lease_terminal,
     failures_ending_the_run,
+    last_step,
     latest_run_id,
     outstanding_timers,
     recorded_request,
+    reset_points,
     run_segment,
+    search_attributes,
     workflow_status,
 )
 from .._recorder import Recorder
@@ -513,6 +519,106 @@ class LocalCommands:
         await children.repair_children(core, recorder, run_id)
         await core.upsert_visibility_quietly(workflow_id)
         return Started(workflow_id, run_id)
+
+    async def reset(
+        self, workflow_id: str, to_seq: int | None, reason: str, request_id: str | None = None
+    ) -> Started:
+        """Reset the workflow's latest run here (see ``Engine.reset``): one append records
+        the old run's end (``WorkflowReset`` and, if it was running, its teardown) and the
+        new run's start with the old history up to ``to_seq`` (``None``: its last step)."""
+        core = self._core
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, "reset a workflow")
+        recorder = await self.existing_recorder(workflow_id)
+        async with recorder.lock:
+            history = await recorder.current_history()
+            found = _recorded(history, workflow_id, request_id, WorkflowReset, "reset")
+            if found is not None:
+                assert isinstance(found.event.body, WorkflowReset)
+                new_run = found.event.body.new_run_id
+            else:
+                new_run, stopped = await self._reset_locked(recorder, history, to_seq, reason, request_id)
+        if found is not None:
+            await core.resume_idle(workflow_id)
+            return Started(workflow_id, new_run)
+        if stopped is not None:
+            await core.run_closed(workflow_id, stopped)
+        await core.upsert_visibility_quietly(workflow_id)
+        return Started(workflow_id, new_run, created=True)
+
+    async def _reset_locked(
+        self,
+        recorder: Recorder,
+        history: Sequence[Event],
+        to_seq: int | None,
+        reason: str,
+        request_id: str | None,
+    ) -> tuple[str, str | None]:
+        """Record the reset; the new run's id, and the old run's if this stopped it."""
+        core = self._core
+        workflow_id = recorder.workflow_id
+        run_id = latest_run_id(history)
+        assert run_id is not None
+        segment = run_segment(history, run_id)
+        points = reset_points(segment)
+        point = last_step(segment) if to_seq is None else to_seq
+        if point is None or point not in points:
+            raise CannotReset(workflow_id, run_id, to_seq, points)
+        start = segment[0].body
+        assert isinstance(start, WorkflowStarted)
+        running = current_lease_terminal(segment) is None
+        new_run = new_run_id()
+        closing: list[EventBody] = [
+            WorkflowReset(new_run_id=new_run, to_seq=point, reason=reason, request_id=request_id)
+        ]
+        if running:
+            closing.extend(teardown_bodies(segment, run_id, retire_timers=True))
+        deadline = f"{DEADLINE_TIMER_PREFIX}{run_id}"
+        copied = [
+            e.body
+            for e in segment[1:]
+            if (e.seq <= point and getattr(e.body, "timer_id", None) != deadline)
+            # Signals that arrived after the point are delivered to the new run too.
+            or (e.seq > point and isinstance(e.body, SignalReceived))
+        ]
+
+        def landed() -> None:
+            # No checkpoint since the append: the old run's code never sees its end.
+            if running:
+                ended = next(e for e in reversed(recorder.history) if isinstance(e.body, WorkflowReset))
+                core.stop_run_locally(workflow_id, run_id, ended)
+
+        await core.runner.start_run_locked(
+            recorder,
+            WorkflowStarted(
+                workflow_type=start.workflow_type,
+                input=start.input,
+                run_id=new_run,
+                parent_workflow_id=start.parent_workflow_id,
+                task_queue=start.task_queue,
+                search_attributes=search_attributes(history, run_id),
+                timeout=start.timeout,
+                reset_from_run_id=run_id,
+                reset_to_seq=point,
+            ),
+            now=core.clock.now(),
+            action="reset the workflow",
+            landed=landed,
+            delivered=copied,
+            closing=closing,
+            resume_if_unknown=True,
+        )
+        logger.warning(
+            "workflow run reset to seq %d: %s",
+            point,
+            reason or "(no reason given)",
+            extra={"workflow_id": workflow_id, "run_id": run_id, "new_run_id": new_run},
+        )
+        if running:
+            await forget_retired(
+                core, workflow_id, [b for b in closing if getattr(b, "timer_id", None) == deadline]
+            )
+        return new_run, run_id if running else None
 
     async def query(self, workflow_id: str, name: str, arguments: Payload) -> Any:
         """Answer the query from the latest run's handler here (see ``Engine.query``)."""

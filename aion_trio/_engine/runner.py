@@ -342,11 +342,14 @@ class Runner:
         resume_if_unknown: bool = False,
         landed: Callable[[], None] | None = None,
         delivered: Sequence[EventBody] = (),
+        closing: Sequence[EventBody] = (),
     ) -> Lease:
         """Record a run's start and run it here: the one start path (hold the recorder lock).
 
         ``delivered``: what the run finds in history from its first step, recorded in
-        the start's own append (signal-with-start's signal): all of it lands, or none.
+        the start's own append (signal-with-start's signal; a reset's copied history):
+        all of it lands, or none.  ``closing``: the end of the run this start replaces
+        (a reset's terminal and teardown), recorded ahead of the start in that append.
 
         Appends ``started`` and, if it has a ``timeout`` (and ``arm_deadline``), the
         deadline's ``TimerStarted`` at ``now + timeout``, as one batch recorded at
@@ -369,7 +372,7 @@ class Runner:
         workflow_id = recorder.workflow_id
         run_id = started.run_id
         deadline = started.timeout if arm_deadline else None
-        bodies: list[EventBody] = [started]
+        bodies: list[EventBody] = [*closing, started]
         if deadline is not None:
             bodies.append(TimerStarted(timer_id=deadline_timer_id(run_id), fire_at=now + deadline))
         bodies.extend(delivered)

@@ -15,6 +15,7 @@ from .._commands import (
     CommandOutcome as CommandOutcome,
     PendingCommand as PendingCommand,
     ReopenCommand as ReopenCommand,
+    ResetCommand as ResetCommand,
     SignalCommand as SignalCommand,
     SignalWithStartCommand as SignalWithStartCommand,
     StartCommand as StartCommand,

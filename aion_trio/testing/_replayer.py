@@ -39,6 +39,7 @@ from .._events import (
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
+    WorkflowReset,
     WorkflowStarted,
     WorkflowTimedOut,
 )
@@ -299,6 +300,11 @@ async def _replay_run(
         # Terminated or timed out: the code stopped wherever it was then, so it replays
         # the history before that end as a run still going.
         history = [e for e in events if e.seq < ended.seq]
+    elif ended is not None and isinstance(ended.body, WorkflowReset):
+        # Reset: its history counts up to the reset point only (what came after was
+        # replaced by the new run, and may no longer match the current code).
+        to_seq = ended.body.to_seq
+        history = [e for e in events if e.seq <= to_seq]
     # Not a query's read-only replay: code that goes past the end of a finished
     # history is a divergence to report, not a stop.
     port = HistoryPort(

@@ -42,6 +42,7 @@ from .._events import (
     WorkflowContinuedAsNew,
     WorkflowFailed,
     WorkflowReopened,
+    WorkflowReset,
     WorkflowStarted,
     WorkflowTimedOut,
 )
@@ -108,6 +109,8 @@ def full_bodies() -> list[EventBody]:
             },
             timeout=timedelta(hours=1, seconds=30, microseconds=500),
             request_id="start-'a'",
+            reset_from_run_id=RUN_C,
+            reset_to_seq=7,
         ),
         WorkflowCompleted(result=Payload.of({"ok": True, "n": BIG_INT})),
         WorkflowFailed(error=error),
@@ -115,6 +118,7 @@ def full_bodies() -> list[EventBody]:
         WorkflowCancelled(reason="cancelled by 'ops'", request_id="inbox:4"),
         WorkflowTimedOut(timeout_kind=TimeoutKind.DEADLINE),
         WorkflowContinuedAsNew(input=Payload.of([1, 2, 3]), workflow_type="order.v2", parent_run_id=RUN_A),
+        WorkflowReset(new_run_id=RUN_C, to_seq=3, reason="redo 'ship'", request_id="reset-1"),
         WorkflowReopened(run_id=RUN_C, reopened_activity_ids=(0, 2), request_id="reopen-1"),  # type: ignore[arg-type,unused-ignore]
         SearchAttributesUpserted(attributes={"Stage": "paid", "Retries": 0, "Ratio": -0.25, "Done": False}),
         ActivityScheduled(
@@ -161,6 +165,7 @@ def minimal_bodies() -> list[EventBody]:
         WorkflowStarted(workflow_type="t", input=Payload.of(None), run_id=RUN_B),
         WorkflowFailed(error=ErrorInfo(type="E", message="")),
         WorkflowContinuedAsNew(input=Payload.of({}), parent_run_id=RUN_B),
+        WorkflowReset(new_run_id=RUN_A, to_seq=1),
         WorkflowReopened(run_id=RUN_B),
         SearchAttributesUpserted(attributes={}),
         ActivityScheduled(activity_id=7, activity_type="a", input=Payload.of("")),
