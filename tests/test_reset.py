@@ -9,13 +9,18 @@ is refused with the valid ones named, and nothing is recorded.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import trio
 
 import aion_trio as aion
-from aion_trio import events as ev
+from aion_trio import events as ev, projections
 from aion_trio.projections import reset_points, run_segment, run_status
 from aion_trio.testing import replay
 
@@ -173,3 +178,120 @@ async def test_reset_of_a_running_run_cancels_its_activity_in_flight(store_url: 
     assert sum(isinstance(e.body, ev.WorkflowReset) for e in history) == 1
     with trio.fail_after(LIMIT):
         (await replay([pipeline], history, activities=[step])).check()
+
+
+# --------------------------------------------------------------------------
+# A caller SIGKILLed right after the reset is recorded (tests/procs/reset_worker.py)
+# --------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _worker(store: Path, calls: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.procs.reset_worker", str(store), str(calls), mode],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+
+
+@pytest.mark.slow  # two worker subprocesses
+def test_a_caller_sigkilled_after_the_reset_is_recorded_leaves_a_new_run_that_proceeds_once(
+    tmp_path: Path,
+) -> None:
+    store, calls = tmp_path / "jobs.db", tmp_path / "calls.txt"
+    ran = _worker(store, calls, "run")
+    assert ran.returncode == 0, ran.stderr
+    assert calls.read_text().split() == ["a", "b", "c"]
+    killed = _worker(store, calls, "reset-die")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "COMMITTED ['WorkflowReset', 'WorkflowStarted', 'ActivityScheduled'" in killed.stdout, "one append"
+    assert "RETURNED" not in killed.stdout, "control: the call never returned"
+    assert calls.read_text().split() == ["a", "b", "c"], "control: the new run took no step before the kill"
+
+    @aion.activity(name="step")
+    async def worker_step(name: str) -> str:
+        with calls.open("a", encoding="utf-8") as f:
+            f.write(name + "\n")
+        return name
+
+    @aion.workflow(name="job")
+    async def worker_job(ctx: aion.WorkflowContext) -> list[str]:
+        return [str(await ctx.run(worker_step, n)) for n in ("a", "b", "c")]
+
+    async def restart() -> tuple[list[aion.Event], object, str]:
+        async with aion.open_engine(
+            f"sqlite:///{store}", workflows=[worker_job], activities=[worker_step]
+        ) as engine:
+            with trio.fail_after(LIMIT):
+                result = await engine.result("job-1")
+                # The caller's retry (same request id) records nothing and names the same run.
+                again = await engine.reset("job-1", to_seq=1, request_id="r-1")
+            return await engine.history("job-1"), result, again.run_id
+
+    history, result, again = trio.run(restart)
+    assert result == ["a", "b", "c"]
+    assert calls.read_text().split() == ["a", "b", "c", "b", "c"], "b and c ran again, once each"
+    [reset] = [e.body for e in history if isinstance(e.body, ev.WorkflowReset)]
+    assert again == reset.new_run_id
+    assert projections.run_ids(history)[-1] == reset.new_run_id
+
+
+# --------------------------------------------------------------------------
+# Fork: the same under a new workflow id, the source untouched
+# --------------------------------------------------------------------------
+
+COUNTS: dict[int, int] = {}
+
+
+@aion.activity
+async def numbered(i: int) -> int:
+    COUNTS[i] = COUNTS.get(i, 0) + 1
+    return i * 10
+
+
+@aion.workflow
+async def five_steps(ctx: aion.WorkflowContext, base: int) -> int:
+    total = base
+    for i in range(1, 6):
+        total += int(await ctx.run(numbered, i))
+    return total
+
+
+async def test_fork_from_each_step_reruns_only_the_steps_after_it_and_leaves_the_source_untouched(
+    store_url: Callable[[], str],
+) -> None:
+    COUNTS.clear()
+    url = store_url()
+    with trio.fail_after(LIMIT):
+        async with aion.open_engine(url, workflows=[five_steps], activities=[numbered]) as engine:
+            run = await engine.start(five_steps, 1, workflow_id="src")
+            assert await run.result() == 151
+            source = await engine.history("src")
+            points = reset_points(source)
+            assert len(points) == 6, "the start and each of the five steps' completions"
+            for k, point in enumerate(points):
+                before = dict(COUNTS)
+                fork = await engine.fork("src", to_seq=point, new_workflow_id=f"fork-{k}")
+                assert fork.workflow_id == f"fork-{k}" and fork.created
+                assert await fork.result() == 151, "the same output"
+                # Steps up to the point replay from the copied history; the later ones run again.
+                assert COUNTS == {i: before[i] + (1 if i > k else 0) for i in range(1, 6)}, k
+                forked = await engine.history(f"fork-{k}")
+                assert [e.body for e in forked[1:point]] == [e.body for e in source[1:point]]
+                (await replay([five_steps], forked, activities=[numbered])).check()
+            assert await engine.history("src") == source, "the source is untouched"
+            assert (await engine.describe("src")).status is aion.WorkflowStatus.COMPLETED
+            again = await engine.fork("src", to_seq=points[2], new_workflow_id="fork-r", request_id="f-1")
+            same = await engine.fork("src", to_seq=points[2], new_workflow_id="fork-r", request_id="f-1")
+            assert same.run_id == again.run_id
+            with pytest.raises(aion.WorkflowAlreadyStarted):
+                await engine.fork("src", to_seq=points[2], new_workflow_id="fork-0")
+            with pytest.raises(aion.CannotReset):
+                await engine.fork("src", to_seq=points[1] - 1, new_workflow_id="fork-bad")
+            with pytest.raises(aion.WorkflowNotFound):
+                await engine.describe("fork-bad")

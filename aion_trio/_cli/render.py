@@ -42,6 +42,7 @@ _STATUS_STYLE = {
     WorkflowStatus.CANCELLED: "yellow",
     WorkflowStatus.TIMED_OUT: "red",
     WorkflowStatus.CONTINUED_AS_NEW: "blue",
+    WorkflowStatus.RESET: "magenta",
 }
 
 

@@ -591,6 +591,32 @@ class Engine:
         assert isinstance(found, Started)
         return RunHandle(self, workflow_id, found.run_id, created=found.created)
 
+    async def fork(
+        self,
+        workflow_id: str,
+        *,
+        new_workflow_id: str,
+        to_seq: int | None = None,
+        request_id: str | None = None,
+    ) -> RunHandle[Any]:
+        """Start a new workflow ``new_workflow_id`` whose first run replays the history of
+        ``workflow_id``'s latest run up to the event ``to_seq`` and goes on from there with
+        the current code, as :meth:`reset` does, but under a new workflow id: the source
+        is read from the store and left untouched (running or closed).
+
+        ``to_seq`` is a reset point as for :meth:`reset` (``None``: the last step that did
+        not fail); anything else raises :class:`CannotReset`.  ``new_workflow_id`` must not
+        exist yet (:class:`WorkflowAlreadyStarted`).  ``request_id``: an idempotency key
+        on the new workflow; a fork whose key is recorded returns the first fork's handle.
+        The new workflow is started here, as :meth:`start` starts one.
+        """
+        if request_id is not None:
+            validate_caller_request_id(request_id)
+        if not self._core.epoch.admitting:
+            raise epoch_closed(new_workflow_id, None, "fork a workflow")
+        found = await self._local.fork(workflow_id, to_seq, new_workflow_id, request_id)
+        return RunHandle(self, found.workflow_id, found.run_id, created=found.created)
+
     async def query(self, workflow_id: str, name: str, *args: Any) -> Any:
         """Ask the workflow's latest run a question: its handler ``name`` answers from its state.
 

@@ -560,12 +560,7 @@ class LocalCommands:
         run_id = latest_run_id(history)
         assert run_id is not None
         segment = run_segment(history, run_id)
-        points = reset_points(segment)
-        point = last_step(segment) if to_seq is None else to_seq
-        if point is None or point not in points:
-            raise CannotReset(workflow_id, run_id, to_seq, points)
-        start = segment[0].body
-        assert isinstance(start, WorkflowStarted)
+        point, start, copied = _history_to(workflow_id, run_id, segment, to_seq)
         running = current_lease_terminal(segment) is None
         new_run = new_run_id()
         closing: list[EventBody] = [
@@ -574,13 +569,8 @@ class LocalCommands:
         if running:
             closing.extend(teardown_bodies(segment, run_id, retire_timers=True))
         deadline = f"{DEADLINE_TIMER_PREFIX}{run_id}"
-        copied = [
-            e.body
-            for e in segment[1:]
-            if (e.seq <= point and getattr(e.body, "timer_id", None) != deadline)
-            # Signals that arrived after the point are delivered to the new run too.
-            or (e.seq > point and isinstance(e.body, SignalReceived))
-        ]
+        # Signals that arrived after the point are delivered to the new run too.
+        copied.extend(e.body for e in segment if e.seq > point and isinstance(e.body, SignalReceived))
 
         def landed() -> None:
             # No checkpoint since the append: the old run's code never sees its end.
@@ -619,6 +609,64 @@ class LocalCommands:
                 core, workflow_id, [b for b in closing if getattr(b, "timer_id", None) == deadline]
             )
         return new_run, run_id if running else None
+
+    async def fork(
+        self, workflow_id: str, to_seq: int | None, new_workflow_id: str, request_id: str | None = None
+    ) -> Started:
+        """Start ``new_workflow_id`` with the history of ``workflow_id``'s latest run up to
+        ``to_seq`` (see ``Engine.fork``); the source is read from the store, untouched."""
+        core = self._core
+        validate_workflow_id(new_workflow_id)
+        if request_id is not None:
+            validate_request_id(request_id)
+        if not core.epoch.admitting:
+            raise epoch_closed(new_workflow_id, None, "fork a workflow")
+        history = await core.events.read_history(workflow_id)
+        run_id = latest_run_id(history)
+        if run_id is None:
+            raise WorkflowNotFound(workflow_id)
+        point, start, copied = _history_to(workflow_id, run_id, run_segment(history, run_id), to_seq)
+        if new_workflow_id == workflow_id:
+            raise ValueError(
+                f"a fork needs a new workflow id, not {workflow_id!r} (reset a workflow in place)"
+            )
+        recorder = await core.recorder_for(new_workflow_id)
+        async with recorder.lock:
+            target = await recorder.current_history()
+            found = _recorded(target, new_workflow_id, request_id, WorkflowStarted, "fork")
+            if found is not None:
+                return Started(new_workflow_id, found.run_id, created=True)
+            existing = latest_run_id(target)
+            if existing is not None:
+                status = workflow_status(target)
+                raise WorkflowAlreadyStarted(
+                    new_workflow_id, existing, status.value if status else "unknown", "reject_duplicate"
+                )
+            new_run = new_run_id()
+            await core.runner.start_run_locked(
+                recorder,
+                WorkflowStarted(
+                    workflow_type=start.workflow_type,
+                    input=start.input,
+                    run_id=new_run,
+                    task_queue=start.task_queue,
+                    search_attributes=search_attributes(history, run_id),
+                    timeout=start.timeout,
+                    request_id=request_id,
+                ),
+                now=core.clock.now(),
+                action="fork a workflow",
+                delivered=copied,
+                resume_if_unknown=True,
+            )
+        logger.info(
+            "workflow forked at seq %d into %r",
+            point,
+            new_workflow_id,
+            extra={"workflow_id": workflow_id, "run_id": run_id, "new_run_id": new_run},
+        )
+        await core.refresh_visibility_soon(new_workflow_id)
+        return Started(new_workflow_id, new_run, created=True)
 
     async def query(self, workflow_id: str, name: str, arguments: Payload) -> Any:
         """Answer the query from the latest run's handler here (see ``Engine.query``)."""
@@ -737,6 +785,23 @@ async def _running_run(recorder: Recorder, operation: str) -> tuple[str, list[Ev
     if status is not WorkflowStatus.RUNNING or run_id is None:
         raise NotRunning(recorder.workflow_id, status.value if status else "unknown", operation)
     return run_id, run_segment(history, run_id)
+
+
+def _history_to(
+    workflow_id: str, run_id: str, segment: Sequence[Event], to_seq: int | None
+) -> tuple[int, WorkflowStarted, list[EventBody]]:
+    """A reset's or fork's point (``None``: the last step that did not fail), the run's
+    start, and the bodies after the start up to the point (the deadline's timer left
+    out: a new run arms its own), or :class:`CannotReset`."""
+    points = reset_points(segment)
+    point = last_step(segment) if to_seq is None else to_seq
+    if point is None or point not in points:
+        raise CannotReset(workflow_id, run_id, to_seq, points)
+    start = segment[0].body
+    assert isinstance(start, WorkflowStarted)
+    deadline = f"{DEADLINE_TIMER_PREFIX}{run_id}"
+    copied = [e.body for e in segment[1:] if e.seq <= point and getattr(e.body, "timer_id", None) != deadline]
+    return point, start, copied
 
 
 def _commands_after_cancel(segment: Sequence[Event], terminal_seq: int) -> int:
