@@ -277,7 +277,8 @@ async def test_fork_from_each_step_reruns_only_the_steps_after_it_and_leaves_the
             for k, point in enumerate(points):
                 before = dict(COUNTS)
                 fork = await engine.fork("src", to_seq=point, new_workflow_id=f"fork-{k}")
-                assert fork.workflow_id == f"fork-{k}" and fork.created
+                assert fork.workflow_id == f"fork-{k}"
+                assert fork.created
                 assert await fork.result() == 151, "the same output"
                 # Steps up to the point replay from the copied history; the later ones run again.
                 assert COUNTS == {i: before[i] + (1 if i > k else 0) for i in range(1, 6)}, k
