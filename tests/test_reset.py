@@ -298,3 +298,31 @@ async def test_fork_from_each_step_reruns_only_the_steps_after_it_and_leaves_the
                 await engine.fork("src", to_seq=points[1] - 1, new_workflow_id="fork-bad")
             with pytest.raises(aion.WorkflowNotFound):
                 await engine.describe("fork-bad")
+
+
+async def test_a_queued_reset_command_is_applied_by_the_owner(store_url: Callable[[], str]) -> None:
+    """As ``aion-trio reset`` queues it while a worker owns the store (PostgreSQL: cluster mode)."""
+    url = store_url()
+    url = f"{url}&node=reset-node" if url.startswith("postgresql:") else url
+    async with aion.open_store(url) as store:
+        assert isinstance(store, aion.CommandInbox)
+        async with aion.open_engine(store, workflows=[pipeline], activities=[step]) as engine:
+            with trio.fail_after(LIMIT):
+                run = await engine.start(pipeline, workflow_id="q-1")
+                await run.result()
+                point = _completed_seq(await engine.history("q-1"), 1)
+                command_id = await store.enqueue_command(
+                    aion.ResetCommand(workflow_id="q-1", to_seq=point, reason="queued")
+                )
+                while (outcome := await store.command_outcome(command_id)) is None:
+                    await engine.drain_inbox()
+                assert outcome.ok, outcome
+                assert outcome.run_id is not None
+                assert outcome.message == f"reset workflow 'q-1': new run {outcome.run_id}"
+                assert await engine.result("q-1") == ["a@v1", "b@v1", "c@v1"]
+                bad = await store.enqueue_command(aion.ResetCommand(workflow_id="q-1", to_seq=point + 1))
+                while (refused := await store.command_outcome(bad)) is None:
+                    await engine.drain_inbox()
+                assert not refused.ok
+                assert "is not a reset point" in refused.message
+    assert CALLS == ["a", "b", "c", "c"]
