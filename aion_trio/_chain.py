@@ -21,6 +21,7 @@ from ._events import (
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
+    WorkflowReset,
     WorkflowStarted,
     WorkflowStatus,
 )
@@ -71,9 +72,11 @@ def follow_chain(
 ) -> ChainPosition:
     """Follow ``run_id`` through continue-as-new successors to where its chain stands in ``history``.
 
+    A run ended by a reset (``WorkflowReset``) is followed to the run that replaced it
+    (recorded in the same append), as a continued run is to its successor.
     With ``follow_continue_as_new=False`` the run itself is the chain: a
-    ``WorkflowContinuedAsNew`` terminal settles it.  A run reopened after its
-    terminal runs again (a reopen supersedes the terminal of its run).
+    ``WorkflowContinuedAsNew`` or ``WorkflowReset`` terminal settles it.  A run reopened
+    after its terminal runs again (a reopen supersedes the terminal of its run).
     """
     current = run_id
     # Each step moves to a later run of the history; a chain has at most as many runs as events.
@@ -85,6 +88,9 @@ def follow_chain(
         terminal = current_lease_terminal(segment)
         if terminal is None:
             return ChainPosition(state=ChainState.RUNNING, run_id=current, status=status)
+        if follow_continue_as_new and isinstance(terminal.body, WorkflowReset):
+            current = terminal.body.new_run_id
+            continue
         if not follow_continue_as_new or not isinstance(terminal.body, WorkflowContinuedAsNew):
             return ChainPosition(state=ChainState.SETTLED, run_id=current, terminal=terminal, status=status)
         successor = successor_run_id(history, current)

@@ -60,6 +60,7 @@ from ._events import (
     WorkflowCompleted,
     WorkflowContinuedAsNew,
     WorkflowFailed,
+    WorkflowReset,
     WorkflowStarted,
     WorkflowTimedOut,
 )
@@ -358,7 +359,10 @@ async def run_closed(core: ChildrenHub, workflow_id: str, run_id: str) -> None:
         )
     start = state.start.body
     assert isinstance(start, WorkflowStarted)
-    if start.parent_workflow_id is not None and not isinstance(terminal.body, WorkflowContinuedAsNew):
+    # A continued or reset run is not the child's end: the run that replaced it ends it.
+    if start.parent_workflow_id is not None and not isinstance(
+        terminal.body, (WorkflowContinuedAsNew, WorkflowReset)
+    ):
         await guarded(
             core,
             "deliver a child workflow's outcome to its parent",

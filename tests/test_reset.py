@@ -171,6 +171,10 @@ async def test_reset_of_a_running_run_cancels_its_activity_in_flight(store_url: 
             again = await engine.reset("p-4", to_seq=_completed_seq(before, 0), request_id="reset-once")
             assert again.run_id == handle.run_id, "a retried reset records nothing"
             assert await handle.result() == ["a@v1", "b@v1", "c@v1"]
+            # A waiter on the old run follows the reset to the run that replaced it.
+            assert await run.result() == ["a@v1", "b@v1", "c@v1"]
+            with pytest.raises(aion.WorkflowFailure, match="reset"):
+                await run.result(follow_continue_as_new=False)
             history = await engine.history("p-4")
     assert CALLS == ["a", "b", "c", "b", "c"]
     old = run_segment(history, run.run_id)
@@ -325,4 +329,31 @@ async def test_a_queued_reset_command_is_applied_by_the_owner(store_url: Callabl
                     await engine.drain_inbox()
                 assert not refused.ok
                 assert "is not a reset point" in refused.message
+    assert CALLS == ["a", "b", "c", "c"]
+
+
+@aion.workflow
+async def parent_of_pipeline(ctx: aion.WorkflowContext) -> list[str]:
+    return list(await ctx.child(pipeline, workflow_id=f"{ctx.workflow_id}-child"))
+
+
+async def test_a_reset_child_is_not_its_end_the_parent_gets_the_new_run_s_result(
+    store_url: Callable[[], str],
+) -> None:
+    url = store_url()
+    gate = trio.Event()
+    GATE["c"] = gate
+    ARRIVED["c"] = trio.Event()
+    with trio.fail_after(LIMIT):
+        kinds = {"workflows": [parent_of_pipeline, pipeline], "activities": [step]}
+        async with aion.open_engine(url, **kinds) as engine:
+            parent = await engine.start(parent_of_pipeline, workflow_id="par")
+            await ARRIVED["c"].wait()  # the child's step c is in flight
+            VERSION["n"] = 2
+            GATE["c"] = None
+            child = await engine.history("par-child")
+            await engine.reset("par-child", to_seq=_completed_seq(child, 1), reason="redo c")
+            assert await parent.result() == ["a@v1", "b@v1", "c@v2"]
+            history = await engine.history("par")
+    assert not any(isinstance(e.body, ev.ChildWorkflowFailed) for e in history)
     assert CALLS == ["a", "b", "c", "c"]
