@@ -298,9 +298,11 @@ class Engine:
     async def result(
         self, workflow_id: str, *, run_id: str | None = None, follow_continue_as_new: bool = True
     ) -> Any:
-        """Wait for the run's terminal and return its result (following continue-as-new).
+        """Wait for the run's terminal and return its result (following continue-as-new,
+        and a reset to the run that replaced it).
 
-        Raises :class:`WorkflowFailure` if the run failed, was cancelled or timed out.
+        Raises :class:`WorkflowFailure` if the run failed, was cancelled or timed out
+        (or, with ``follow_continue_as_new=False``, was reset: status ``"reset"``).
         Reads what this engine holds, or the store for a workflow not in memory here
         (closed and released, or evicted): waiting wakes no evicted run.
         """
@@ -563,6 +565,7 @@ class Engine:
         running, its in-flight activities are cancelled as ``terminate`` does), and the new
         run's ``WorkflowStarted`` names it back (``reset_from_run_id``, ``reset_to_seq``).
         Signals the old run received after the point are delivered to the new run too.
+        A waiter on the old run (``result()``) follows the reset to the new run.
 
         Works on a running or closed run.  ``to_seq`` must be a reset point: the run's
         start, or a step boundary (an activity settled, a timer fired, a signal arrived)
