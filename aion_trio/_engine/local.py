@@ -72,7 +72,6 @@ from .._projections import (
     recorded_request,
     reset_points,
     run_segment,
-    search_attributes,
     workflow_status,
 )
 from .._recorder import Recorder
@@ -534,8 +533,11 @@ class LocalCommands:
             history = await recorder.current_history()
             found = _recorded(history, workflow_id, request_id, WorkflowReset, "reset")
             if found is not None:
+                # Recorded by a first attempt whose acknowledgement was lost: stop the old
+                # run here if that attempt could not.
                 assert isinstance(found.event.body, WorkflowReset)
                 new_run = found.event.body.new_run_id
+                core.stop_run_locally(workflow_id, found.run_id, found.event)
             else:
                 new_run, stopped = await self._reset_locked(recorder, history, to_seq, reason, request_id)
         if found is not None:
@@ -586,7 +588,8 @@ class LocalCommands:
                 run_id=new_run,
                 parent_workflow_id=start.parent_workflow_id,
                 task_queue=start.task_queue,
-                search_attributes=search_attributes(history, run_id),
+                # The start's values: the copied upserts (up to the point) replay on top.
+                search_attributes=start.search_attributes,
                 timeout=start.timeout,
                 reset_from_run_id=run_id,
                 reset_to_seq=point,
@@ -650,7 +653,7 @@ class LocalCommands:
                     input=start.input,
                     run_id=new_run,
                     task_queue=start.task_queue,
-                    search_attributes=search_attributes(history, run_id),
+                    search_attributes=start.search_attributes,
                     timeout=start.timeout,
                     request_id=request_id,
                 ),
