@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, final, o
 
 from ._childspec import ChildOptions, ParentClosePolicy, derive_child_workflow_id
 from ._definitions import ActivityDefinition, WorkflowDefinition
-from ._errors import Timeout
+from ._errors import NotRunning, Timeout, WorkflowNotFound
 from ._events import (
     Event,
     EventBody,
+    MarkerRecorded,
     SearchValue,
     SignalReceived,
     TimerCancelled,
@@ -50,19 +51,31 @@ from ._handles import (
     own_handles,
 )
 from ._ids import (
+    EXTERNAL_MARKER_PREFIX,
+    EXTERNAL_OUTCOME_MARKER_PREFIX,
     PATCH_MARKER_PREFIX,
     anonymous_timer,
+    check_text,
     named_timer,
     validate_task_queue,
     validate_workflow_id,
 )
 from ._payload import Payload
-from ._ports import CancelTimer, ScheduleActivity, StartChild, UpsertSearchAttributes, WorkflowPort
+from ._ports import (
+    CancelTimer,
+    ExternalMessage,
+    ScheduleActivity,
+    StartChild,
+    UpsertSearchAttributes,
+    WorkflowPort,
+)
 from ._projections import (
     COMMAND_ACTIVITY,
+    COMMAND_CANCEL_EXTERNAL,
     COMMAND_CHILD,
     COMMAND_PATCH,
     COMMAND_SEARCH_ATTRIBUTES,
+    COMMAND_SIGNAL_EXTERNAL,
     CommandKey,
     search_attributes_digest,
 )
@@ -82,6 +95,9 @@ R = TypeVar("R")
 H = TypeVar("H", ActivityHandle[Any], ChildHandle[Any], TimerHandle)
 P = ParamSpec("P")
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+_EXTERNAL_KINDS = (COMMAND_SIGNAL_EXTERNAL, COMMAND_CANCEL_EXTERNAL)
 
 
 @final
@@ -781,6 +797,85 @@ class WorkflowContext:
             assert isinstance(start.body, WorkflowStarted)
             self._search = dict(start.body.search_attributes)
         return self._search
+
+    # -- messages to other workflows ---------------------------------------------
+
+    @_command("ctx.signal_external()")
+    async def signal_external(self, workflow_id: str, name: str, payload: Any = None) -> None:
+        """Signal another workflow's running run (as ``engine.signal`` would), exactly once.
+
+        The intent is recorded in this run's history first (a command: on replay
+        it is found, and another target, name or payload at this point is a
+        :class:`NonDeterminismError`), then delivered with a request id derived
+        from this run and the message's ordinal, so a redelivery after a crash
+        in between is recorded once by the target; how it was received is
+        recorded too, so replay answers the same.  In cluster mode the signal
+        reaches the node owning the target through the inbox.
+
+        Raises :class:`WorkflowNotFound` if no workflow ``workflow_id`` exists and
+        :class:`NotRunning` if it is closed (recorded: a replay raises it again).
+        A bad name or payload raises ``ValueError``/``TypeError`` before anything
+        is recorded.
+        """
+        validate_workflow_id(workflow_id)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"signal name must be a non-empty str, got {name!r}")
+        check_text(name, "signal name")
+        encoded = self._port.codec.encode(payload, what=f"payload of signal {name!r}")
+        digest = input_digest(encoded)
+        key = CommandKey(COMMAND_SIGNAL_EXTERNAL, name, workflow_id, digest)
+        intent = {"kind": "signal", "workflow_id": workflow_id, "name": name, "digest": digest}
+        message = ExternalMessage(kind="signal", workflow_id=workflow_id, name=name, payload=payload)
+        await self._message_external("ctx.signal_external()", key, intent, message)
+
+    @_command("ctx.cancel_external()")
+    async def cancel_external(self, workflow_id: str, reason: str = "") -> None:
+        """Ask another workflow's running run to cancel (as ``engine.cancel`` would), exactly once.
+
+        Recorded, delivered and answered as :meth:`signal_external` is: the
+        target sees :class:`WorkflowCancelled` at its next await.  Raises
+        :class:`WorkflowNotFound` or :class:`NotRunning` (recorded) if there is
+        no such workflow or it is closed.
+        """
+        validate_workflow_id(workflow_id)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {reason!r}")
+        check_text(reason, "reason")
+        key = CommandKey(COMMAND_CANCEL_EXTERNAL, "", workflow_id)
+        intent = {"kind": "cancel", "workflow_id": workflow_id, "name": ""}
+        message = ExternalMessage(kind="cancel", workflow_id=workflow_id, reason=reason)
+        await self._message_external("ctx.cancel_external()", key, intent, message)
+
+    async def _message_external(
+        self, what: str, key: CommandKey, intent: dict[str, str], message: ExternalMessage
+    ) -> None:
+        replay = self._replay
+        replay.require_own_task(what)
+        await replay.flush()  # commands issued before it are recorded first
+        state = replay.state
+        state.sync()
+        recorded = replay.resolve_command(key)
+        if recorded is None:
+            ordinal = sum(1 for k, _ in state.commands if k.kind in _EXTERNAL_KINDS)
+            await self._port.record_marker(f"{EXTERNAL_MARKER_PREFIX}{ordinal}", Payload.of(intent))
+            state.sync()
+        else:
+            assert isinstance(recorded.body, MarkerRecorded)
+            ordinal = int(recorded.body.name[len(EXTERNAL_MARKER_PREFIX) :])
+        outcome_name = f"{EXTERNAL_OUTCOME_MARKER_PREFIX}{ordinal}"
+        if outcome_name not in state.markers:
+            # Live, or recorded by a run that stopped before it knew the outcome: deliver
+            # (again: the target records one request id once) and record the outcome.
+            await self._port.deliver_external(ordinal, message)
+            state.sync()
+        outcome = state.markers[outcome_name].body
+        assert isinstance(outcome, MarkerRecorded)
+        answer = outcome.value.value()
+        verb = "signal" if message.kind == "signal" else "cancel"
+        if answer.get("outcome") == "not_found":
+            raise WorkflowNotFound(message.workflow_id)
+        if answer.get("outcome") == "closed":
+            raise NotRunning(message.workflow_id, str(answer.get("status", "closed")), verb)
 
     # -- versioning ----------------------------------------------------------
 

@@ -168,6 +168,10 @@ class ClientCommands(Protocol):
 
     async def cancel(self, workflow_id: str, reason: str = "", *, request_id: str | None = None) -> None: ...
 
+    async def signal(
+        self, workflow_id: str, name: str, payload: Any = None, *, request_id: str | None = None
+    ) -> None: ...
+
     async def terminate(
         self, workflow_id: str, reason: str = "", *, request_id: str | None = None
     ) -> None: ...

@@ -6,6 +6,7 @@ their own; these helpers construct, validate and print them in one place.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from typing import TypeAlias
@@ -115,6 +116,13 @@ PATCH_MARKER_PREFIX = "patch:"
 CHILD_CANCEL_MARKER_PREFIX = "cancel-child:"
 """Names of the markers ``await child_handle.cancel()`` records (``cancel-child:N``, N the child's ordinal)."""
 
+EXTERNAL_MARKER_PREFIX = "external:"
+"""Names of the markers ``ctx.signal_external`` / ``ctx.cancel_external`` record before they
+deliver (``external:N``, N the run's N-th such message): the intent, a workflow command."""
+
+EXTERNAL_OUTCOME_MARKER_PREFIX = "external-outcome:"
+"""Names of the markers recording how message ``N`` was received (``external-outcome:N``)."""
+
 
 def deadline_timer_id(run_id: RunId) -> TimerId:
     return f"{DEADLINE_TIMER_PREFIX}{run_id}"
@@ -171,6 +179,13 @@ def validate_caller_request_id(request_id: object, what: str = "request_id") -> 
 
 def new_request_id() -> RequestId:
     return str(uuid.uuid4())
+
+
+def external_request_id(workflow_id: WorkflowId, run_id: RunId, ordinal: int) -> RequestId:
+    """The request id a run's ``ordinal``-th message to another workflow is delivered with:
+    the same on every redelivery, so the target records it once."""
+    digest = hashlib.blake2b(f"{workflow_id}\x00{run_id}\x00{ordinal}".encode(), digest_size=16)
+    return f"external:{digest.hexdigest()}"
 
 
 def inbox_request_id(command_id: int) -> RequestId:

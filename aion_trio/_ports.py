@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, Union, final
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union, final
 
 import attrs
 
@@ -92,6 +92,20 @@ class UpsertSearchAttributes:
 
     ordinal: int
     attributes: Mapping[str, SearchValue]
+
+
+@final
+@attrs.frozen
+class ExternalMessage:
+    """A message the run's code sends another workflow (``ctx.signal_external``,
+    ``ctx.cancel_external``), recorded as its ``ordinal``-th before it is delivered."""
+
+    kind: Literal["signal", "cancel"]
+    workflow_id: str
+    #: The signal's name and payload (as the code passed it); a cancel's reason.
+    name: str = ""
+    payload: Any = None
+    reason: str = ""
 
 
 WorkflowCommand = Union[ScheduleActivity, StartTimer, CancelTimer, StartChild, UpsertSearchAttributes]
@@ -190,6 +204,11 @@ class WorkflowPort(Protocol):
 
     async def cancel_recorded_child(self, ordinal: int) -> None:
         """Deliver the cancel the run recorded for child ``ordinal`` (idempotent)."""
+        ...
+
+    async def deliver_external(self, ordinal: int, message: ExternalMessage) -> None:
+        """Deliver the run's recorded message ``ordinal`` to its target (idempotent: its
+        request id makes a redelivery a no-op), then record how it was received."""
         ...
 
 

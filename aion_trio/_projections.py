@@ -53,7 +53,14 @@ from ._events import (
     WorkflowStatus,
     WorkflowTimedOut,
 )
-from ._ids import CHILD_CANCEL_MARKER_PREFIX, DEADLINE_TIMER_PREFIX, PATCH_MARKER_PREFIX, inbox_request_id
+from ._ids import (
+    CHILD_CANCEL_MARKER_PREFIX,
+    DEADLINE_TIMER_PREFIX,
+    EXTERNAL_MARKER_PREFIX,
+    PATCH_MARKER_PREFIX,
+    inbox_request_id,
+)
+from ._payload import Payload
 
 _body_of = operator.attrgetter("body")
 
@@ -593,6 +600,10 @@ class CommandKey:
             return f"cancel of child #{self.name}"
         if self.kind == COMMAND_SEARCH_ATTRIBUTES:
             return "search-attribute upsert"
+        if self.kind == COMMAND_SIGNAL_EXTERNAL:
+            return f"signal {self.name!r} to workflow {self.ident!r}"
+        if self.kind == COMMAND_CANCEL_EXTERNAL:
+            return f"cancel of workflow {self.ident!r}"
         return f"{self.kind} {self.name!r}"
 
 
@@ -604,6 +615,8 @@ COMMAND_ACTIVITY_CANCEL = "activity cancel"
 COMMAND_CHILD_CANCEL = "child cancel"
 COMMAND_PATCH = "patch"
 COMMAND_SEARCH_ATTRIBUTES = "search attributes"
+COMMAND_SIGNAL_EXTERNAL = "external signal"
+COMMAND_CANCEL_EXTERNAL = "external cancel"
 
 
 def _activity_command(body: ActivityScheduled) -> CommandKey:
@@ -637,9 +650,19 @@ def _marker_command(body: MarkerRecorded) -> CommandKey | None:
         return CommandKey(COMMAND_PATCH, body.name[len(PATCH_MARKER_PREFIX) :])
     if body.name.startswith(CHILD_CANCEL_MARKER_PREFIX):
         return CommandKey(COMMAND_CHILD_CANCEL, body.name[len(CHILD_CANCEL_MARKER_PREFIX) :])
+    if body.name.startswith(EXTERNAL_MARKER_PREFIX):
+        return external_command(body.value)
     # A child's options marker (CHILD_MARKER_PREFIX) is part of its ChildWorkflowStarted
-    # command; other markers are not written by workflow code.
+    # command; other markers (an external message's outcome) are not commands.
     return None
+
+
+def external_command(intent: Payload) -> CommandKey:
+    """The command key of a message to another workflow, from its recorded intent
+    (``{"kind": "signal"|"cancel", "workflow_id": ..., "name": ..., "digest": ...}``)."""
+    fields = json.loads(intent.json)
+    kind = COMMAND_SIGNAL_EXTERNAL if fields.get("kind") == "signal" else COMMAND_CANCEL_EXTERNAL
+    return CommandKey(kind, fields.get("name", ""), fields.get("workflow_id", ""), fields.get("digest"))
 
 
 def search_attributes_digest(attributes: Mapping[str, SearchValue]) -> str:
@@ -740,6 +763,8 @@ class RunState:
                     self.commands.append((key, event))
             if isinstance(body, ActivityScheduled):
                 self.scheduled[body.activity_id] = event
+            elif isinstance(body, MarkerRecorded):
+                self.markers[body.name] = event
             elif isinstance(body, ActivityStarted):
                 self.started_attempt[body.activity_id] = body.attempt
             elif isinstance(body, (ActivityCompleted, ActivityCancelled)):

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ._definitions import ActivityDefinition, WorkflowDefinition
     from ._events import Event
     from ._payload import Payload, PayloadCodec
-    from ._ports import WorkflowCommand
+    from ._ports import ExternalMessage, WorkflowCommand
     from ._registry import Lease
 
 
@@ -82,6 +82,8 @@ class Steps(Protocol):
     ) -> Event: ...
 
     async def cancel_recorded_child(self, lease: Lease, ordinal: int) -> None: ...
+
+    async def deliver_external(self, lease: Lease, ordinal: int, message: ExternalMessage) -> None: ...
 
 
 @final
@@ -163,6 +165,9 @@ class LeasePort:
 
     async def cancel_recorded_child(self, ordinal: int) -> None:
         await self._steps.cancel_recorded_child(self._lease, ordinal)
+
+    async def deliver_external(self, ordinal: int, message: ExternalMessage) -> None:
+        await self._steps.deliver_external(self._lease, ordinal, message)
 
 
 @final
@@ -259,3 +264,6 @@ class HistoryPort:
 
     async def cancel_recorded_child(self, ordinal: int) -> None:
         await trio.lowlevel.checkpoint()  # the child's cancel was delivered when it was recorded
+
+    async def deliver_external(self, ordinal: int, message: ExternalMessage) -> None:
+        raise HistoryEnded()  # its delivery would be done (and recorded) now

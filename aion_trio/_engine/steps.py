@@ -26,12 +26,15 @@ from .._activities import ActivityRequest
 from .._childspec import child_marker_name
 from .._epoch import EngineEpoch
 from .._errors import (
+    AionInternalError,
     BackendUnavailable,
     EngineEpochClosed,
     NotOwner,
+    NotRunning,
     SequenceConflict,
     StoreError,
     WorkflowFenced,
+    WorkflowNotFound,
 )
 from .._events import (
     SCOPE_TIMEOUT_TYPE,
@@ -50,9 +53,11 @@ from .._events import (
     input_digest,
 )
 from .._hub import ChildrenHub
+from .._ids import EXTERNAL_OUTCOME_MARKER_PREFIX, external_request_id
 from .._payload import Payload
 from .._ports import (
     CancelTimer,
+    ExternalMessage,
     RunAborted,
     ScheduleActivity,
     StartChild,
@@ -60,7 +65,7 @@ from .._ports import (
     UpsertSearchAttributes,
     WorkflowCommand,
 )
-from .._projections import COMMAND_SEARCH_ATTRIBUTES, RunState, retry_trail, run_segment
+from .._projections import COMMAND_SEARCH_ATTRIBUTES, RunState, retry_trail, run_segment, workflow_status
 from .._recorder import Recorder
 from .._registry import Lease, Residency
 from .._transient import RetryAbandoned, Transient
@@ -413,6 +418,52 @@ class StepRecorder:
             lease.workflow_id,
             child,
         )
+
+    # -- messages to other workflows (ctx.signal_external / ctx.cancel_external) ------------
+
+    async def deliver_external(self, lease: Lease, ordinal: int, message: ExternalMessage) -> None:
+        """Deliver the run's recorded message ``ordinal`` as any client would (in cluster mode
+        through the inbox to the node owning the target), then record its outcome marker.
+        The request id is derived from the sender's run and the ordinal, so a redelivery
+        after a crash between the two is recorded once by the target.  A transient store
+        fault is retried; the engine closing unwinds the run (recovery delivers again)."""
+        client = self._children_hub.client_commands
+        if client is None:
+            raise AionInternalError("no client commands were wired into the engine; please report this")
+        request_id = external_request_id(lease.workflow_id, lease.run_id, ordinal)
+        what = f"deliver message {ordinal} to workflow {message.workflow_id!r}"
+
+        async def attempt() -> dict[str, str]:
+            try:
+                if message.kind == "signal":
+                    await client.signal(
+                        message.workflow_id, message.name, message.payload, request_id=request_id
+                    )
+                else:
+                    await client.cancel(message.workflow_id, message.reason, request_id=request_id)
+            except WorkflowNotFound:
+                return {"outcome": "not_found"}
+            except NotRunning as exc:
+                # Refused by another node, the error carries no status: read it from history.
+                status = getattr(exc, "status", None) or await self._closed_status(message.workflow_id)
+                return {"outcome": "closed", "status": status}
+            return {"outcome": "delivered"}
+
+        def stop() -> str | None:
+            if not self._epoch.admitting:
+                return "the engine is shutting down; replay delivers the message again"
+            return None
+
+        park_if_closing(self._epoch, lease, what)
+        try:
+            outcome = await self._transient.call(what, attempt, logger, lease_fields(lease), stop=stop)
+        except (EngineEpochClosed, RetryAbandoned):
+            raise RunAborted() from None
+        await self.record_marker(lease, f"{EXTERNAL_OUTCOME_MARKER_PREFIX}{ordinal}", Payload.of(outcome))
+
+    async def _closed_status(self, workflow_id: str) -> str:
+        status = workflow_status(await self._children_hub.events.read_history(workflow_id))
+        return status.value if status is not None else "closed"
 
 
 def _upserts_recorded(state: RunState) -> int:

@@ -59,7 +59,18 @@ async def just_note(ctx: aion.WorkflowContext, text: str) -> str:
     return str(await ctx.run(note, text))
 
 
-WORKFLOWS = [approval, two_ticks, nap_then_note, just_note]
+@aion.workflow
+async def ticker(ctx: aion.WorkflowContext, target: str) -> str:
+    await ctx.signal_external(target, "tick", 1)
+    await ctx.signal_external(target, "tick", 2)
+    try:
+        await ctx.cancel_external(target)
+    except NotRunning as exc:
+        return f"then it was {exc.status}"
+    return "cancelled it too"
+
+
+WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker]
 
 
 @pytest.fixture(autouse=True)
@@ -667,4 +678,25 @@ async def test_signal_with_start_reaches_the_owner_or_starts_here(
         history = await b.history("fresh")
         assert [e.type for e in history[:2]] == ["WorkflowStarted", "SignalReceived"]
         assert [e.type for e in history].count("WorkflowStarted") == 1
+    assert_unforked(pg_url, schema)
+
+
+async def test_a_workflow_signals_a_workflow_another_node_owns_through_the_inbox(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a), node(url, "b") as (_, b):
+        await a.start(two_ticks, workflow_id="ticks")
+        assert await owner_of(pg_url, schema, "ticks") == "a"
+        await b.start(ticker, "ticks", workflow_id="ticker")
+        assert await owner_of(pg_url, schema, "ticker") == "b"
+        with trio.fail_after(20):
+            assert await a.result("ticks") == [1, 2]
+            assert await b.result("ticker") == "then it was completed"
+        assert b._cluster is not None
+        assert b._cluster.remote_commands == 3, "both signals and the cancel went to a through the inbox"
+        received = [e.body for e in await a.history("ticks") if isinstance(e.body, SignalReceived)]
+        assert [s.payload.value() for s in received] == [1, 2]
+        assert all((s.request_id or "").startswith("external:") for s in received)
     assert_unforked(pg_url, schema)
