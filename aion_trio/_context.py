@@ -51,6 +51,7 @@ from ._handles import (
     own_handles,
 )
 from ._ids import (
+    EVENT_MARKER_PREFIX,
     EXTERNAL_MARKER_PREFIX,
     EXTERNAL_OUTCOME_MARKER_PREFIX,
     PATCH_MARKER_PREFIX,
@@ -75,8 +76,10 @@ from ._projections import (
     COMMAND_CHILD,
     COMMAND_PATCH,
     COMMAND_SEARCH_ATTRIBUTES,
+    COMMAND_SET_EVENT,
     COMMAND_SIGNAL_EXTERNAL,
     CommandKey,
+    event_value_digest,
     search_attributes_digest,
 )
 from ._queries import QueryHandlers
@@ -876,6 +879,37 @@ class WorkflowContext:
             raise WorkflowNotFound(message.workflow_id)
         if answer.get("outcome") == "closed":
             raise NotRunning(message.workflow_id, str(answer.get("status", "closed")), verb)
+
+    # -- durable events ----------------------------------------------------------
+
+    @_command("ctx.set_event()")
+    async def set_event(self, key: str, value: Any) -> None:
+        """Publish ``value`` under ``key`` for other callers to read (``engine.get_event``,
+        another workflow's ``ctx.get_event``, ``aion-trio event get``); the last write wins.
+
+        A recorded command: it returns once recorded (with the commands issued
+        before it); on replay it is found instead, and another value at this
+        point is a :class:`NonDeterminismError`.  A bad key or an unserialisable
+        value raises here, before anything is recorded.
+        """
+        replay = self._replay
+        replay.require_own_task("ctx.set_event()")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"event key must be a non-empty str, got {key!r}")
+        check_text(key, "event key")
+        encoded = self._port.codec.encode(value, what=f"value of event {key!r}").value()
+        await replay.flush()
+        state = replay.state
+        state.sync()
+        if (
+            replay.resolve_command(CommandKey(COMMAND_SET_EVENT, key, digest=event_value_digest(encoded)))
+            is None
+        ):
+            ordinal = sum(1 for k, _ in state.commands if k.kind == COMMAND_SET_EVENT)
+            await self._port.record_marker(
+                f"{EVENT_MARKER_PREFIX}{ordinal}", Payload.of({"key": key, "value": encoded})
+            )
+            state.sync()
 
     # -- versioning ----------------------------------------------------------
 

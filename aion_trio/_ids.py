@@ -123,6 +123,10 @@ deliver (``external:N``, N the run's N-th such message): the intent, a workflow 
 EXTERNAL_OUTCOME_MARKER_PREFIX = "external-outcome:"
 """Names of the markers recording how message ``N`` was received (``external-outcome:N``)."""
 
+EVENT_MARKER_PREFIX = "set-event:"
+"""Names of the markers ``ctx.set_event(key, value)`` records (``set-event:N``, the run's N-th;
+the value holds ``{"key": ..., "value": ...}``)."""
+
 
 def deadline_timer_id(run_id: RunId) -> TimerId:
     return f"{DEADLINE_TIMER_PREFIX}{run_id}"

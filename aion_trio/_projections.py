@@ -56,6 +56,7 @@ from ._events import (
 from ._ids import (
     CHILD_CANCEL_MARKER_PREFIX,
     DEADLINE_TIMER_PREFIX,
+    EVENT_MARKER_PREFIX,
     EXTERNAL_MARKER_PREFIX,
     PATCH_MARKER_PREFIX,
     inbox_request_id,
@@ -604,6 +605,8 @@ class CommandKey:
             return f"signal {self.name!r} to workflow {self.ident!r}"
         if self.kind == COMMAND_CANCEL_EXTERNAL:
             return f"cancel of workflow {self.ident!r}"
+        if self.kind == COMMAND_SET_EVENT:
+            return f"set_event {self.name!r}"
         return f"{self.kind} {self.name!r}"
 
 
@@ -617,6 +620,7 @@ COMMAND_PATCH = "patch"
 COMMAND_SEARCH_ATTRIBUTES = "search attributes"
 COMMAND_SIGNAL_EXTERNAL = "external signal"
 COMMAND_CANCEL_EXTERNAL = "external cancel"
+COMMAND_SET_EVENT = "set event"
 
 
 def _activity_command(body: ActivityScheduled) -> CommandKey:
@@ -652,6 +656,9 @@ def _marker_command(body: MarkerRecorded) -> CommandKey | None:
         return CommandKey(COMMAND_CHILD_CANCEL, body.name[len(CHILD_CANCEL_MARKER_PREFIX) :])
     if body.name.startswith(EXTERNAL_MARKER_PREFIX):
         return external_command(body.value)
+    if body.name.startswith(EVENT_MARKER_PREFIX):
+        published = body.value.value()
+        return CommandKey(COMMAND_SET_EVENT, published["key"], digest=event_value_digest(published["value"]))
     # A child's options marker (CHILD_MARKER_PREFIX) is part of its ChildWorkflowStarted
     # command; other markers (an external message's outcome) are not commands.
     return None
@@ -663,6 +670,24 @@ def external_command(intent: Payload) -> CommandKey:
     fields = json.loads(intent.json)
     kind = COMMAND_SIGNAL_EXTERNAL if fields.get("kind") == "signal" else COMMAND_CANCEL_EXTERNAL
     return CommandKey(kind, fields.get("name", ""), fields.get("workflow_id", ""), fields.get("digest"))
+
+
+def event_value_digest(value: Any) -> str:
+    """The digest a ``ctx.set_event`` command key carries: of the encoded value's JSON."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def published_event(events: Sequence[Event], key: str) -> Payload | None:
+    """The value the workflow last published for ``key`` with ``ctx.set_event`` (in any of
+    its runs: the latest write wins), or ``None`` if it never did."""
+    for event in reversed(events):
+        body = event.body
+        if isinstance(body, MarkerRecorded) and body.name.startswith(EVENT_MARKER_PREFIX):
+            published = body.value.value()
+            if published["key"] == key:
+                return Payload.of(published["value"])
+    return None
 
 
 def search_attributes_digest(attributes: Mapping[str, SearchValue]) -> str:

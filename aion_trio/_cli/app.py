@@ -14,7 +14,7 @@ from .._demo import demo_command
 from .._version import __version__
 from .errors import EXIT_INTERRUPTED, fail
 from .options import DEFAULT_STORE, STORE_ENV
-from .read import history, list_, show, stores
+from .read import event, history, list_, show, stores
 from .replay import replay
 from .schedules import schedule
 from .worker import worker
@@ -97,6 +97,7 @@ for _command in (
     show,
     history,
     replay,
+    event,
     start,
     signal,
     query,

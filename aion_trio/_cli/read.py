@@ -1,10 +1,11 @@
-"""The read-only commands: ``stores``, ``list``, ``show`` and ``history``."""
+"""The read-only commands: ``stores``, ``list``, ``show``, ``history`` and ``event get``."""
 
 from __future__ import annotations
 
 import json
 
 import click
+import trio
 from rich.table import Table
 from rich.text import Text
 
@@ -12,7 +13,8 @@ from .._engine import describe_history
 from .._errors import InvalidQuery
 from .._events import Event
 from .._payload import PayloadCodec
-from .._store import VisibilityRow
+from .._projections import is_active, published_event
+from .._store import VisibilityFilter, VisibilityRow
 from .._urls import redact_url
 from .._wire import event_to_json
 from ..plugin import ENTRY_POINT_GROUP
@@ -179,3 +181,49 @@ def history(store: str | None, workflow_id: str, as_json: bool) -> None:
             click.echo(event_to_json(event))
         return
     make_console().print(history_table(events, f"History of {workflow_id}"))
+
+
+EVENT_POLL_SECONDS = 0.2
+"""How often ``aion-trio event get --timeout`` re-reads the store while it waits."""
+
+
+@click.group()
+def event() -> None:
+    """Read the durable events workflows publish with ctx.set_event."""
+
+
+@event.command("get")
+@store_option
+@click.argument("workflow_id")
+@click.argument("key")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait up to SECONDS for the workflow to publish KEY (re-reading the store).",
+)
+def event_get(store: str | None, workflow_id: str, key: str, timeout: float) -> None:
+    """Print the JSON value workflow WORKFLOW_ID last published under KEY.
+
+    Prints null if it has not (within --timeout), and at once if the workflow is
+    closed without publishing it, as engine.get_event returns None.
+    """
+    url = resolve_store(store)
+
+    async def read() -> Any:
+        async with open_for_reading(url) as opened:
+            events = await read_history(opened, workflow_id)
+            with trio.move_on_after(timeout):
+                while True:
+                    published = published_event(events, key)
+                    if published is not None:
+                        return published.value()
+                    if not is_active(events):
+                        return None
+                    await trio.sleep(EVENT_POLL_SECONDS)
+                    events = await read_history(opened, workflow_id)
+            return None
+
+    click.echo(json.dumps(run(url, read), ensure_ascii=False, separators=(",", ":")))

@@ -45,7 +45,9 @@ from .._ids import (
 from .._inbox import InboxDrainer, Ownership
 from .._ownership import OwnerClaim
 from .._projections import (
+    is_active,
     latest_run_id,
+    published_event,
 )
 from .._recorder import Recorder
 from .._registry import Residency
@@ -293,6 +295,56 @@ class Engine:
         else:
             await watch.wait()  # evicted here: its next wake loads it (or it is released)
             return None
+        return await core.events.read_history(workflow_id)
+
+    async def get_event(
+        self,
+        workflow_id: str,
+        key: str,
+        *,
+        timeout: timedelta | float = 60.0,  # noqa: ASYNC109 - a bound on the wait, as DBOS's
+    ) -> Any:
+        """The value the workflow last published under ``key`` with ``ctx.set_event``, waiting up
+        to ``timeout`` seconds for it to be published.
+
+        Returns ``None`` if the wait times out, and at once (without waiting) if the
+        workflow is closed and never published ``key`` (nothing can publish it any
+        more; a reopen or a new run could, and a later call sees it).  Raises
+        :class:`WorkflowNotFound` if no workflow ``workflow_id`` exists.  Read-only:
+        nothing is recorded.  In cluster mode a workflow another node drives is
+        re-read from the store when the cluster waker wakes.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"event key must be a non-empty str, got {key!r}")
+        seconds = duration_seconds(timeout, "timeout")
+        recorder = await self._local.existing_recorder(workflow_id)
+        core = self._core
+        fresh: list[Event] | None = None
+        if self._cluster is not None and not (
+            core.loaded_recorder(workflow_id) is recorder and core.drives(workflow_id)
+        ):
+            fresh = await core.events.read_history(workflow_id)  # driven elsewhere: the store's
+        with trio.move_on_after(seconds):
+            while True:
+                history = recorder.history if fresh is None else fresh
+                published = published_event(history, key)
+                if published is not None:
+                    return self._core.codec.decode(published)
+                if not is_active(history):
+                    return None
+                fresh = await self._await_change(workflow_id, recorder)
+        return None
+
+    async def _await_change(self, workflow_id: str, recorder: Recorder) -> list[Event] | None:
+        """As :meth:`_await_lifecycle`, woken by any append to the workflow's history."""
+        cluster = self._cluster
+        core = self._core
+        if cluster is None or (core.loaded_recorder(workflow_id) is recorder and core.drives(workflow_id)):
+            await recorder.wait_changed()
+            if cluster is None or core.loaded_recorder(workflow_id) is recorder:
+                return None
+        else:
+            await cluster.woken()
         return await core.events.read_history(workflow_id)
 
     async def result(

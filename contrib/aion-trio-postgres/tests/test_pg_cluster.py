@@ -70,7 +70,15 @@ async def ticker(ctx: aion.WorkflowContext, target: str) -> str:
     return "cancelled it too"
 
 
-WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker]
+@aion.workflow
+async def announcer(ctx: aion.WorkflowContext) -> str:
+    await ctx.set_event("stage", "one")
+    await ctx.wait_signal("tick")
+    await ctx.set_event("stage", "two")
+    return "announced"
+
+
+WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker, announcer]
 
 
 @pytest.fixture(autouse=True)
@@ -699,4 +707,21 @@ async def test_a_workflow_signals_a_workflow_another_node_owns_through_the_inbox
         received = [e.body for e in await a.history("ticks") if isinstance(e.body, SignalReceived)]
         assert [s.payload.value() for s in received] == [1, 2]
         assert all((s.request_id or "").startswith("external:") for s in received)
+    assert_unforked(pg_url, schema)
+
+
+async def test_get_event_reads_a_workflow_another_node_drives(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a), node(url, "b") as (_, b):
+        await a.start(announcer, workflow_id="news")
+        assert await owner_of(pg_url, schema, "news") == "a"
+        with trio.fail_after(20):
+            assert await b.get_event("news", "stage", timeout=20) == "one"
+            await b.signal("news", "tick")
+            assert await a.result("news") == "announced"
+            assert await b.get_event("news", "stage", timeout=20) == "two"
+            assert await b.get_event("news", "never", timeout=20) is None, "closed without it: at once"
     assert_unforked(pg_url, schema)
