@@ -52,6 +52,8 @@ from ._handles import (
 )
 from ._ids import (
     EVENT_MARKER_PREFIX,
+    EVENT_READ_MARKER_PREFIX,
+    EVENT_READ_RESULT_MARKER_PREFIX,
     EXTERNAL_MARKER_PREFIX,
     EXTERNAL_OUTCOME_MARKER_PREFIX,
     PATCH_MARKER_PREFIX,
@@ -74,6 +76,7 @@ from ._projections import (
     COMMAND_ACTIVITY,
     COMMAND_CANCEL_EXTERNAL,
     COMMAND_CHILD,
+    COMMAND_GET_EVENT,
     COMMAND_PATCH,
     COMMAND_SEARCH_ATTRIBUTES,
     COMMAND_SET_EVENT,
@@ -910,6 +913,75 @@ class WorkflowContext:
                 f"{EVENT_MARKER_PREFIX}{ordinal}", Payload.of({"key": key, "value": encoded})
             )
             state.sync()
+
+    @_command("ctx.get_event()")
+    async def get_event(self, workflow_id: str, key: str, *, timeout: timedelta | float = 60.0) -> Any:
+        """The value workflow ``workflow_id`` published under ``key`` (``ctx.set_event``),
+        waiting up to ``timeout`` for it; ``None`` if it is not published in time, or if the
+        workflow is closed without it (as ``engine.get_event``).
+
+        What the read found is recorded in this run's history (a command: replay
+        returns the same, and another workflow or key at this point is a
+        :class:`NonDeterminismError`); the wait's timeout is a durable timer, and
+        whichever of the value and the timer's fire is recorded first wins.
+        Raises :class:`WorkflowNotFound` (recorded) if no such workflow exists.
+        """
+        replay = self._replay
+        replay.require_own_task("ctx.get_event()")
+        validate_workflow_id(workflow_id)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"event key must be a non-empty str, got {key!r}")
+        seconds = _duration(timeout, "event timeout", allow_zero=True)
+        await replay.flush()
+        state = replay.state
+        state.sync()
+        recorded = replay.resolve_command(CommandKey(COMMAND_GET_EVENT, key, workflow_id))
+        if recorded is None:
+            ordinal = sum(1 for k, _ in state.commands if k.kind == COMMAND_GET_EVENT)
+            first = await self._port.look_up_event(workflow_id, key) or {"outcome": "waiting"}
+            read = {"workflow_id": workflow_id, "key": key, "first": first}
+            await self._port.record_marker(f"{EVENT_READ_MARKER_PREFIX}{ordinal}", Payload.of(read))
+            state.sync()
+        else:
+            assert isinstance(recorded.body, MarkerRecorded)
+            ordinal = int(recorded.body.name[len(EVENT_READ_MARKER_PREFIX) :])
+            first = recorded.body.value.value()["first"]
+        if first["outcome"] != "waiting":
+            return self._event_answer(workflow_id, first)
+        timer_id = anonymous_timer(replay.next_timer)
+        replay.next_timer += 1
+        fire_at = replay.now + timedelta(seconds=seconds)
+        started = replay.issue_timer(timer_id, fire_at)
+        if started is not None and isinstance(started.body, TimerStarted):
+            fire_at = started.body.fire_at
+        result_name = f"{EVENT_READ_RESULT_MARKER_PREFIX}{ordinal}"
+        if result_name not in state.markers and not replay.fired_scopes(timer_id):
+            await self._port.watch_event(ordinal, workflow_id, key, fire_at)
+
+        def check() -> Event | None:
+            state.sync()
+            candidates = list(replay.fired_scopes(timer_id))
+            if result_name in state.markers:
+                candidates.append(state.markers[result_name])
+            return min(candidates, key=lambda e: e.seq) if candidates else None
+
+        event = await replay.wait_until(check)
+        replay.consume(event)
+        if replay.resolve_timer_cancel(timer_id):
+            replay.pending.append(CancelTimer(timer_id=timer_id))
+        if isinstance(event.body, TimerFired):
+            if event.body.timer_id != timer_id:
+                raise Timeout(f"a timeout scope expired while waiting for event {key!r} of {workflow_id!r}")
+            return None
+        assert isinstance(event.body, MarkerRecorded)
+        return self._event_answer(workflow_id, event.body.value.value())
+
+    def _event_answer(self, workflow_id: str, answer: dict[str, Any]) -> Any:
+        if answer["outcome"] == "not_found":
+            raise WorkflowNotFound(workflow_id)
+        if answer["outcome"] == "published":
+            return self._port.codec.decode(Payload.of(answer["value"]))
+        return None  # closed without publishing it
 
     # -- versioning ----------------------------------------------------------
 

@@ -123,6 +123,13 @@ deliver (``external:N``, N the run's N-th such message): the intent, a workflow 
 EXTERNAL_OUTCOME_MARKER_PREFIX = "external-outcome:"
 """Names of the markers recording how message ``N`` was received (``external-outcome:N``)."""
 
+EVENT_READ_MARKER_PREFIX = "get-event:"
+"""Names of the markers ``ctx.get_event`` records (``get-event:N``): what it asked and what its
+first look found (``{"workflow_id", "key", "first": {"outcome": ...}}``), a workflow command."""
+
+EVENT_READ_RESULT_MARKER_PREFIX = "get-event-result:"
+"""Names of the markers recording what read ``N`` found after waiting (``get-event-result:N``)."""
+
 EVENT_MARKER_PREFIX = "set-event:"
 """Names of the markers ``ctx.set_event(key, value)`` records (``set-event:N``, the run's N-th;
 the value holds ``{"key": ..., "value": ...}``)."""

@@ -211,6 +211,15 @@ class WorkflowPort(Protocol):
         request id makes a redelivery a no-op), then record how it was received."""
         ...
 
+    async def look_up_event(self, workflow_id: str, key: str) -> dict[str, Any] | None:
+        """What ``workflow_id`` published under ``key`` now (``_projections.event_answer``)."""
+        ...
+
+    async def watch_event(self, ordinal: int, workflow_id: str, key: str, until: datetime) -> None:
+        """Until ``until``, wait in the background for ``workflow_id`` to publish ``key`` (or
+        close), then record the run's read ``ordinal``'s result marker."""
+        ...
+
 
 # -- what the engine's services read of a run's executing code --------------------------------
 

@@ -57,6 +57,7 @@ from ._ids import (
     CHILD_CANCEL_MARKER_PREFIX,
     DEADLINE_TIMER_PREFIX,
     EVENT_MARKER_PREFIX,
+    EVENT_READ_MARKER_PREFIX,
     EXTERNAL_MARKER_PREFIX,
     PATCH_MARKER_PREFIX,
     inbox_request_id,
@@ -607,6 +608,8 @@ class CommandKey:
             return f"cancel of workflow {self.ident!r}"
         if self.kind == COMMAND_SET_EVENT:
             return f"set_event {self.name!r}"
+        if self.kind == COMMAND_GET_EVENT:
+            return f"get_event {self.name!r} of workflow {self.ident!r}"
         return f"{self.kind} {self.name!r}"
 
 
@@ -621,6 +624,7 @@ COMMAND_SEARCH_ATTRIBUTES = "search attributes"
 COMMAND_SIGNAL_EXTERNAL = "external signal"
 COMMAND_CANCEL_EXTERNAL = "external cancel"
 COMMAND_SET_EVENT = "set event"
+COMMAND_GET_EVENT = "get event"
 
 
 def _activity_command(body: ActivityScheduled) -> CommandKey:
@@ -656,6 +660,9 @@ def _marker_command(body: MarkerRecorded) -> CommandKey | None:
         return CommandKey(COMMAND_CHILD_CANCEL, body.name[len(CHILD_CANCEL_MARKER_PREFIX) :])
     if body.name.startswith(EXTERNAL_MARKER_PREFIX):
         return external_command(body.value)
+    if body.name.startswith(EVENT_READ_MARKER_PREFIX):
+        read = body.value.value()
+        return CommandKey(COMMAND_GET_EVENT, read["key"], read["workflow_id"])
     if body.name.startswith(EVENT_MARKER_PREFIX):
         published = body.value.value()
         return CommandKey(COMMAND_SET_EVENT, published["key"], digest=event_value_digest(published["value"]))
@@ -687,6 +694,20 @@ def published_event(events: Sequence[Event], key: str) -> Payload | None:
             published = body.value.value()
             if published["key"] == key:
                 return Payload.of(published["value"])
+    return None
+
+
+def event_answer(events: Sequence[Event], key: str) -> dict[str, Any] | None:
+    """What a workflow-side read of ``key`` finds in the target's ``events``: the published
+    value, ``closed`` (a closed workflow that never published it), ``not_found`` (an empty
+    history), or ``None`` (not published yet: keep waiting)."""
+    if not events:
+        return {"outcome": "not_found"}
+    published = published_event(events, key)
+    if published is not None:
+        return {"outcome": "published", "value": published.value()}
+    if not is_active(events):
+        return {"outcome": "closed"}
     return None
 
 

@@ -18,6 +18,7 @@ query) or a divergence to report (the replayer).
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, final
 
 import trio
@@ -84,6 +85,12 @@ class Steps(Protocol):
     async def cancel_recorded_child(self, lease: Lease, ordinal: int) -> None: ...
 
     async def deliver_external(self, lease: Lease, ordinal: int, message: ExternalMessage) -> None: ...
+
+    async def look_up_event(self, workflow_id: str, key: str) -> dict[str, Any] | None: ...
+
+    def watch_event(
+        self, lease: Lease, ordinal: int, workflow_id: str, key: str, until: datetime
+    ) -> None: ...
 
 
 @final
@@ -168,6 +175,12 @@ class LeasePort:
 
     async def deliver_external(self, ordinal: int, message: ExternalMessage) -> None:
         await self._steps.deliver_external(self._lease, ordinal, message)
+
+    async def look_up_event(self, workflow_id: str, key: str) -> dict[str, Any] | None:
+        return await self._steps.look_up_event(workflow_id, key)
+
+    async def watch_event(self, ordinal: int, workflow_id: str, key: str, until: datetime) -> None:
+        self._steps.watch_event(self._lease, ordinal, workflow_id, key, until)
 
 
 @final
@@ -267,3 +280,9 @@ class HistoryPort:
 
     async def deliver_external(self, ordinal: int, message: ExternalMessage) -> None:
         raise HistoryEnded()  # its delivery would be done (and recorded) now
+
+    async def look_up_event(self, workflow_id: str, key: str) -> dict[str, Any] | None:
+        raise HistoryEnded()  # its answer would be recorded now
+
+    async def watch_event(self, ordinal: int, workflow_id: str, key: str, until: datetime) -> None:
+        raise HistoryEnded()

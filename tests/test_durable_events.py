@@ -197,3 +197,98 @@ def test_the_cli_reads_a_published_event(tmp_path: Path) -> None:
     unknown = run_cli("event", "get", "nope", "one", "--store", str(db))
     assert unknown.exit_code == 1
     assert "workflow 'nope' does not exist" in unknown.stderr or "does not exist" in unknown.output
+
+
+# --------------------------------------------------------------------------
+# From another workflow: ctx.get_event (recorded; its timeout a durable timer)
+# --------------------------------------------------------------------------
+
+
+@aion.workflow
+async def reader(ctx: aion.WorkflowContext, target: str, key: str, seconds: float) -> Any:
+    try:
+        return {"got": await ctx.get_event(target, key, timeout=seconds)}
+    except aion.WorkflowNotFound:
+        return "no such workflow"
+
+
+def _reads(history: Sequence[aion.Event]) -> list[tuple[str, Any]]:
+    return [
+        (e.body.name, e.body.value.value())
+        for e in history
+        if isinstance(e.body, aion.MarkerRecorded) and e.body.name.startswith("get-event")
+    ]
+
+
+async def test_a_workflow_waits_for_another_workflows_event(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    async with aion.open_engine(store_url(), workflows=[late_publisher, reader]) as engine:
+        await engine.start(late_publisher, workflow_id="late")
+        began = trio.current_time()
+        run = await engine.start(reader, "late", "ready", 3600, workflow_id="r")
+        with trio.fail_after(LIMIT):
+            assert await run.result() == {"got": 42}
+        assert 30 <= trio.current_time() - began < 3600, "woken when it was published"
+        history = await engine.history("r")
+        assert _reads(history) == [
+            ("get-event:0", {"workflow_id": "late", "key": "ready", "first": {"outcome": "waiting"}}),
+            ("get-event-result:0", {"outcome": "published", "value": 42}),
+        ]
+        types = [e.type for e in history]
+        assert "TimerStarted" in types, "the wait's timeout is a durable timer"
+        assert "TimerCancelled" in types, "and it is cancelled once the value came first"
+
+
+async def test_a_workflow_read_times_out_on_its_durable_timer_or_answers_at_once(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    async with aion.open_engine(store_url(), workflows=[late_publisher, quiet, reader]) as engine:
+        await engine.start(late_publisher, workflow_id="late")
+        timed_out = await engine.start(reader, "late", "never", 10, workflow_id="r-1")
+        with trio.fail_after(LIMIT):
+            assert await timed_out.result() == {"got": None}
+        assert "TimerFired" in [e.type for e in await engine.history("r-1")]
+        with trio.fail_after(LIMIT):
+            await (await engine.start(quiet, workflow_id="q")).result()
+        answers = {}
+        for name, key, target in [("r-2", "one", "q"), ("r-3", "two", "q"), ("r-4", "one", "nobody")]:
+            with trio.fail_after(LIMIT):
+                answers[name] = await (
+                    await engine.start(reader, target, key, 3600, workflow_id=name)
+                ).result()
+            assert "TimerStarted" not in [e.type for e in await engine.history(name)], "answered at once"
+        assert answers == {"r-2": {"got": 1}, "r-3": {"got": None}, "r-4": "no such workflow"}
+
+
+async def test_a_restart_mid_wait_watches_again_and_replays_the_same_answer(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[publisher, reader]) as engine:
+        await engine.start(publisher, workflow_id="p")
+        await engine.start(reader, "p", "late-key", 3600, workflow_id="r")
+        with trio.fail_after(LIMIT):
+            while not _reads(await engine.history("r")):
+                await trio.testing.wait_all_tasks_blocked()
+    async with aion.open_engine(url, workflows=[publisher_of_late_key, reader]) as engine:
+        await engine.signal("p", "go")
+        with trio.fail_after(LIMIT):
+            assert await engine.result("r") == {"got": "at last"}
+        assert [name for name, _ in _reads(await engine.history("r"))] == [
+            "get-event:0",
+            "get-event-result:0",
+        ]
+    async with aion.open_engine(url, workflows=[publisher_of_late_key, reader]) as engine:
+        with trio.fail_after(LIMIT):
+            assert await engine.result("r") == {"got": "at last"}, "a closed reader's result stands"
+
+
+@aion.workflow(name="publisher")
+async def publisher_of_late_key(ctx: aion.WorkflowContext) -> str:
+    await ctx.set_event("stage", "received")
+    await ctx.set_event("payment", {"id": 7, "ok": True})
+    await ctx.wait_signal("go")
+    await ctx.set_event("late-key", "at last")
+    await ctx.wait_signal("finish")
+    return "done"

@@ -53,7 +53,7 @@ from .._events import (
     input_digest,
 )
 from .._hub import ChildrenHub
-from .._ids import EXTERNAL_OUTCOME_MARKER_PREFIX, external_request_id
+from .._ids import EVENT_READ_RESULT_MARKER_PREFIX, EXTERNAL_OUTCOME_MARKER_PREFIX, external_request_id
 from .._payload import Payload
 from .._ports import (
     CancelTimer,
@@ -65,7 +65,14 @@ from .._ports import (
     UpsertSearchAttributes,
     WorkflowCommand,
 )
-from .._projections import COMMAND_SEARCH_ATTRIBUTES, RunState, retry_trail, run_segment, workflow_status
+from .._projections import (
+    COMMAND_SEARCH_ATTRIBUTES,
+    RunState,
+    event_answer,
+    retry_trail,
+    run_segment,
+    workflow_status,
+)
 from .._recorder import Recorder
 from .._registry import Lease, Residency
 from .._transient import RetryAbandoned, Transient
@@ -460,6 +467,54 @@ class StepRecorder:
         except (EngineEpochClosed, RetryAbandoned):
             raise RunAborted() from None
         await self.record_marker(lease, f"{EXTERNAL_OUTCOME_MARKER_PREFIX}{ordinal}", Payload.of(outcome))
+
+    # -- reading another workflow's durable events (ctx.get_event) ---------------------
+
+    async def look_up_event(self, workflow_id: str, key: str) -> dict[str, Any] | None:
+        """What ``workflow_id`` published under ``key`` now: from its recorder if this engine
+        drives it, else from the store (``event_answer``)."""
+        history, _ = await self._target_history(workflow_id)
+        return event_answer(history, key)
+
+    async def _target_history(self, workflow_id: str) -> tuple[Sequence[Event], Recorder | None]:
+        hub = self._children_hub
+        recorder = hub.loaded_recorder(workflow_id)
+        if recorder is not None and (hub.cluster is None or hub.drives(workflow_id)):
+            return recorder.history, recorder
+        return await hub.events.read_history(workflow_id), None
+
+    def watch_event(self, lease: Lease, ordinal: int, workflow_id: str, key: str, until: datetime) -> None:
+        """Wait in the epoch, until ``until`` (the read's timer), for ``workflow_id`` to publish
+        ``key`` or close, then record read ``ordinal``'s result.  Woken by the target's appends
+        when this engine drives it, else it re-reads the store every sweep interval.  Whichever
+        of the result and the timer's fire is recorded first is what the code (and its replay)
+        takes; a restart watches again from the replay."""
+        name = f"{EVENT_READ_RESULT_MARKER_PREFIX}{ordinal}"
+        deadline = self._children_hub.clock.trio_deadline(until)
+
+        async def watch() -> None:
+            with trio.move_on_at(deadline):
+                while True:
+                    history, recorder = await self._target_history(workflow_id)
+                    answer = event_answer(history, key)
+                    if answer is not None:
+                        try:
+                            await self.record_marker(lease, name, Payload.of(answer))
+                        except RunAborted:
+                            pass  # the run ended or moved: its next execution watches again
+                        return
+                    with trio.move_on_after(self._config.sweep_interval):
+                        if recorder is not None:
+                            await recorder.wait_changed()
+                        else:
+                            await trio.sleep_forever()
+
+        try:
+            self._epoch.spawn(
+                watch, name=f"watch event {key!r} of {workflow_id!r}", workflow_id=lease.workflow_id
+            )
+        except EngineEpochClosed:
+            raise RunAborted() from None
 
     async def _closed_status(self, workflow_id: str) -> str:
         status = workflow_status(await self._children_hub.events.read_history(workflow_id))

@@ -75,10 +75,19 @@ async def announcer(ctx: aion.WorkflowContext) -> str:
     await ctx.set_event("stage", "one")
     await ctx.wait_signal("tick")
     await ctx.set_event("stage", "two")
+    await ctx.set_event("final", True)
     return "announced"
 
 
-WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker, announcer]
+@aion.workflow
+async def listener(ctx: aion.WorkflowContext, target: str) -> list[object]:
+    first = await ctx.get_event(target, "stage", timeout=30)
+    await ctx.signal_external(target, "tick")
+    later = await ctx.get_event(target, "final", timeout=30)
+    return [first, later]
+
+
+WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker, announcer, listener]
 
 
 @pytest.fixture(autouse=True)
@@ -724,4 +733,19 @@ async def test_get_event_reads_a_workflow_another_node_drives(
             assert await a.result("news") == "announced"
             assert await b.get_event("news", "stage", timeout=20) == "two"
             assert await b.get_event("news", "never", timeout=20) is None, "closed without it: at once"
+    assert_unforked(pg_url, schema)
+
+
+async def test_a_workflow_reads_the_event_of_a_workflow_another_node_drives(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a), node(url, "b") as (_, b):
+        await a.start(announcer, workflow_id="news")
+        await b.start(listener, "news", workflow_id="listener")
+        assert await owner_of(pg_url, schema, "listener") == "b"
+        with trio.fail_after(20):
+            assert await b.result("listener") == ["one", True], "the second read waited across nodes"
+            assert await a.result("news") == "announced"
     assert_unforked(pg_url, schema)
