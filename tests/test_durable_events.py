@@ -292,3 +292,29 @@ async def publisher_of_late_key(ctx: aion.WorkflowContext) -> str:
     await ctx.set_event("late-key", "at last")
     await ctx.wait_signal("finish")
     return "done"
+
+
+@aion.workflow(name="reader")
+async def reader_of_another_key(ctx: aion.WorkflowContext, target: str, key: str, seconds: float) -> Any:
+    return {"got": await ctx.get_event(target, "other-key", timeout=seconds)}
+
+
+async def _until_read(engine: aion.Engine, workflow_id: str) -> list[aion.Event]:
+    with trio.fail_after(20):
+        while True:
+            history = await engine.history(workflow_id)
+            if _reads(history):
+                return history
+            await trio.sleep(0.005)
+
+
+async def test_another_read_on_replay_is_non_determinism(store_url: Callable[[], str]) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[publisher, reader]) as engine:
+        await engine.start(publisher, workflow_id="p")
+        await engine.start(reader, "p", "late-key", 3600, workflow_id="r")
+        before = await _until_read(engine, "r")
+    async with aion.open_engine(url, workflows=[publisher, reader_of_another_key]) as engine:
+        reason = await _stuck(engine, "r")
+        assert "was recorded as get_event 'late-key' of workflow 'p'" in reason, reason
+        assert await engine.history("r") == before

@@ -344,3 +344,21 @@ def test_a_sender_sigkilled_mid_send_delivers_exactly_once_on_restart(tmp_path: 
         "external:1",
         "external-outcome:1",
     ]
+
+
+@aion.workflow
+async def selfish(ctx: aion.WorkflowContext) -> list[Any]:
+    got: list[Any] = []
+    ctx.set_signal_handler("me", got.append)
+    await ctx.signal_external(ctx.workflow_id, "me", 1)
+    await ctx.wait_condition(lambda: bool(got))
+    return got
+
+
+async def test_a_workflow_may_signal_itself(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    async with aion.open_engine(store_url(), workflows=[selfish]) as engine:
+        run = await engine.start(selfish, workflow_id="self")
+        with trio.fail_after(LIMIT):
+            assert await run.result() == [1]
