@@ -130,6 +130,10 @@ first look found (``{"workflow_id", "key", "first": {"outcome": ...}}``), a work
 EVENT_READ_RESULT_MARKER_PREFIX = "get-event-result:"
 """Names of the markers recording what read ``N`` found after waiting (``get-event-result:N``)."""
 
+HEARTBEAT_MARKER_PREFIX = "heartbeat:"
+"""Names of the markers holding an activity attempt's last heartbeat details (``heartbeat:N``,
+N the activity id; the value ``{"attempt": A, "details": ...}``), written by the engine."""
+
 EVENT_MARKER_PREFIX = "set-event:"
 """Names of the markers ``ctx.set_event(key, value)`` records (``set-event:N``, the run's N-th;
 the value holds ``{"key": ..., "value": ...}``)."""

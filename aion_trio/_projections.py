@@ -59,6 +59,7 @@ from ._ids import (
     EVENT_MARKER_PREFIX,
     EVENT_READ_MARKER_PREFIX,
     EXTERNAL_MARKER_PREFIX,
+    HEARTBEAT_MARKER_PREFIX,
     PATCH_MARKER_PREFIX,
     inbox_request_id,
 )
@@ -694,6 +695,16 @@ def published_event(events: Sequence[Event], key: str) -> Payload | None:
             published = body.value.value()
             if published["key"] == key:
                 return Payload.of(published["value"])
+    return None
+
+
+def last_heartbeat_details(segment: Sequence[Event], activity_id: int) -> Payload | None:
+    """The heartbeat details last recorded for the activity's attempts in a run's segment."""
+    name = f"{HEARTBEAT_MARKER_PREFIX}{activity_id}"
+    for event in reversed(segment):
+        body = event.body
+        if isinstance(body, MarkerRecorded) and body.name == name:
+            return Payload.of(body.value.value()["details"])
     return None
 
 

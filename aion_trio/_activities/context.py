@@ -25,6 +25,9 @@ class ActivityInfo:
     activity_type: str
     attempt: int
     task_queue: str
+    #: The last details an earlier attempt passed to ``heartbeat(details)`` (``None``: none did),
+    #: so a long job resumes its progress.
+    heartbeat_details: Any = None
 
 
 current_info: contextvars.ContextVar[ActivityInfo | None] = contextvars.ContextVar(
@@ -84,6 +87,12 @@ async def watch_heartbeat(tracker: Heartbeat, attempt: trio.CancelScope, watch: 
 
 current_heartbeat: contextvars.ContextVar[Heartbeat | None] = contextvars.ContextVar(
     "aion_trio_heartbeat", default=None
+)
+
+#: Where the activity driver hears the heartbeats of the attempt it dispatches in-process
+#: (set around the dispatch; called in the Trio thread with each beat's encoded details).
+current_heartbeat_sink: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
+    "aion_trio_heartbeat_sink", default=None
 )
 
 

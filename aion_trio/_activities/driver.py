@@ -12,7 +12,7 @@ import attrs
 import trio
 
 from .._admission import AdmissionPool
-from .._errors import StoreError
+from .._errors import EngineEpochClosed, StoreError
 from .._events import (
     ActivityAdvisoryExhausted,
     ActivityCompleted,
@@ -23,14 +23,17 @@ from .._events import (
     Event,
     EventBody,
     FailureCause,
+    MarkerRecorded,
     WorkflowReopened,
 )
+from .._ids import HEARTBEAT_MARKER_PREFIX
 from .._logs import ContextLogger
 from .._observe import ActivityAttemptEnded, ActivityAttemptStarted
-from .._projections import retry_trail, run_segment
+from .._payload import Payload
+from .._projections import last_heartbeat_details, retry_trail, run_segment
 from .._retry import ActivityOptions
 from .._transient import Transient
-from .context import AttemptClock, current_attempt_clock
+from .context import AttemptClock, current_attempt_clock, current_heartbeat_sink
 from .protocol import ActivityDispatcher, ActivityOutcome, ActivityRequest, OutcomeKind
 from .records import RecordFailed, RecordOutcome, record_activity_event, record_outcome, record_retrying
 
@@ -38,6 +41,10 @@ if TYPE_CHECKING:
     from .._recorder import Recorder
 
 logger = ContextLogger("aion_trio.activity")
+
+HEARTBEAT_RECORD_INTERVAL = 30.0
+"""Seconds between two records of an attempt's heartbeat details without a heartbeat timeout
+(with one: 0.8 of it); details reported in between are kept for the next attempt."""
 
 
 def _observed_outcome(outcome: ActivityOutcome) -> tuple[str, str | None]:
@@ -110,6 +117,8 @@ class ActivityDriver:
         self.clock = clock
         #: How a record that fails transiently is retried (until it lands or the epoch closes).
         self.transient = transient
+        #: The last heartbeat details an attempt reported: given to the next attempt.
+        self.heartbeat_details: Payload | None = request.heartbeat_details
         self.log = {
             "workflow_id": request.workflow_id,
             "run_id": request.run_id,
@@ -232,17 +241,22 @@ class ActivityDriver:
         request = self.request
         if request.attempt != state.attempt or request.task_queue != state.current_queue:
             request = attrs.evolve(request, attempt=state.attempt, task_queue=state.current_queue)
+        if request.heartbeat_details is not self.heartbeat_details:
+            request = attrs.evolve(request, heartbeat_details=self.heartbeat_details)
         bound = self._attempt_bound()
         token = current_attempt_clock.set(clock)
+        beats = _HeartbeatLog(self, request.attempt)
+        sink = current_heartbeat_sink.set(beats.beat)
         try:
             if bound == math.inf:
                 # Nothing bounds the attempt: no cancel scope to pay for.
-                return await self._admitted(request, clock)
+                return await beats.finished(await self._admitted(request, clock))
             with trio.move_on_at(bound) as scope:
                 deadline = self._deadline()
                 clock.bind(scope, math.inf if deadline is None else self.clock.trio_deadline(deadline))
-                return await self._admitted(request, clock)
+                return await beats.finished(await self._admitted(request, clock))
         finally:
+            current_heartbeat_sink.reset(sink)
             current_attempt_clock.reset(token)
         assert scope.cancelled_caught
         if self._past_deadline():
@@ -304,6 +318,10 @@ class ActivityDriver:
         else:
             segment = []  # a fresh dispatch: nothing recorded beyond its first start
         state = _loop_state(segment, self.request, self.options)
+        if resume:
+            recorded = last_heartbeat_details(segment, self.request.activity_id)
+            if recorded is not None:
+                self.heartbeat_details = recorded
         self._last_attempt = state.attempt
         pending_error: ActivityError | None = None
         #: When the recorded dangling failure said the next attempt is due.
@@ -485,3 +503,56 @@ class ActivityDriver:
             if queue != state.current_queue:
                 return index, queue
         return None
+
+
+class _HeartbeatLog:
+    """An attempt's heartbeat details: the latest is kept for the next attempt (in this
+    driver) and recorded as a ``heartbeat:N`` marker, at most once per interval while the
+    attempt runs and once more when it ends without a result, so a driver resumed after a
+    crash gives the next attempt what was recorded.  Recording is best effort: a store
+    error leaves the details in memory only."""
+
+    def __init__(self, driver: ActivityDriver, attempt: int) -> None:
+        self._driver = driver
+        self._attempt = attempt
+        timeout = driver.options.heartbeat_timeout
+        self._interval = HEARTBEAT_RECORD_INTERVAL if timeout is None else 0.8 * timeout
+        self._recorded_at = -math.inf
+        self._unrecorded: Payload | None = None
+        self._recording = False
+
+    def beat(self, details: Payload) -> None:
+        self._driver.heartbeat_details = details
+        self._unrecorded = details
+        if self._recording or trio.current_time() - self._recorded_at < self._interval:
+            return
+        try:
+            self._driver.recorder.epoch.spawn(self._record, name="record heartbeat details")
+        except EngineEpochClosed:
+            return
+        self._recording = True
+
+    async def finished(self, outcome: ActivityOutcome) -> ActivityOutcome:
+        if outcome.result is None and self._unrecorded is not None and not self._recording:
+            await self._record()
+        return outcome
+
+    async def _record(self) -> None:
+        self._recording = True
+        try:
+            details = self._unrecorded
+            if details is None:
+                return
+            self._unrecorded = None
+            self._recorded_at = trio.current_time()
+            request = self._driver.request
+            body = MarkerRecorded(
+                name=f"{HEARTBEAT_MARKER_PREFIX}{request.activity_id}",
+                value=Payload.of({"attempt": self._attempt, "details": details.value()}),
+            )
+            try:
+                await record_activity_event(self._driver.recorder, request.run_id, request.activity_id, body)
+            except StoreError as exc:
+                logger.info("heartbeat details not recorded: %s", exc, extra=self._driver.log)
+        finally:
+            self._recording = False

@@ -30,6 +30,7 @@ from .context import (
     Heartbeat,
     current_attempt_clock,
     current_heartbeat,
+    current_heartbeat_sink,
     current_info,
     watch_heartbeat,
 )
@@ -94,8 +95,11 @@ class InProcessDispatcher:
             activity_type=request.activity_type,
             attempt=request.attempt,
             task_queue=request.task_queue,
+            heartbeat_details=(
+                None if request.heartbeat_details is None else self._codec.decode(request.heartbeat_details)
+            ),
         )
-        tracker = Heartbeat(options.heartbeat_timeout, on_heartbeat, info)
+        tracker = Heartbeat(options.heartbeat_timeout, on_heartbeat or self._details_sink(), info)
         info_token = current_info.set(info)
         beat_token = current_heartbeat.set(tracker)
         scope: trio.CancelScope | None = None
@@ -133,6 +137,25 @@ class InProcessDispatcher:
         except PayloadError as exc:
             return ActivityOutcome(error=error_from_exception(exc, FailureCause.TERMINAL))
         return ActivityOutcome(result=payload)
+
+    def _details_sink(self) -> Callable[[Any], None] | None:
+        """The driver's heartbeat sink (if it listens), given each beat's details encoded
+        with the engine's codec; details it cannot encode are not kept."""
+        sink = current_heartbeat_sink.get()
+        if sink is None:
+            return None
+        codec = self._codec
+
+        def keep(details: Any) -> None:
+            if details is None:
+                return
+            try:
+                encoded = codec.encode(details, what="heartbeat details")
+            except PayloadError:
+                return
+            sink(encoded)
+
+        return keep
 
     async def _guarded_call(
         self, definition: ActivityDefinition[Any], args: list[Any], options: ActivityOptions

@@ -33,6 +33,8 @@ class ActivityRequest:
     options: Payload
     #: When the activity was scheduled (``schedule_to_close`` counts from here).
     scheduled_at: datetime | None = None
+    #: The last heartbeat details an earlier attempt of this activity reported (JSON).
+    heartbeat_details: Payload | None = None
 
     def resolved_options(self) -> ActivityOptions:
         return _decoded_options(self.options.json, self.task_queue)
