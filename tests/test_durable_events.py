@@ -303,8 +303,8 @@ async def _until_read(engine: aion.Engine, workflow_id: str) -> list[aion.Event]
     with trio.fail_after(20):
         while True:
             history = await engine.history(workflow_id)
-            if _reads(history):
-                return history
+            if _reads(history) and any(e.type == "TimerStarted" for e in history):
+                return history  # the read and its timeout's timer are both recorded
             await trio.sleep(0.005)
 
 
