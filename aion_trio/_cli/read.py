@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 import trio
@@ -14,7 +15,7 @@ from .._errors import InvalidQuery
 from .._events import Event
 from .._payload import PayloadCodec
 from .._projections import is_active, published_event
-from .._store import VisibilityFilter, VisibilityRow
+from .._store import VisibilityRow
 from .._urls import redact_url
 from .._wire import event_to_json
 from ..plugin import ENTRY_POINT_GROUP
