@@ -34,6 +34,7 @@ from ._commands import (
     SignalWithStartCommand as SignalWithStartCommand,
     StartCommand as StartCommand,
     TerminateCommand as TerminateCommand,
+    UpdateCommand as UpdateCommand,
 )
 from ._context import WorkflowContext as WorkflowContext
 from ._definitions import (
@@ -115,6 +116,10 @@ from ._errors import (
     UnknownQuery as UnknownQuery,
     UnknownStoreScheme as UnknownStoreScheme,
     UnknownWorkflowType as UnknownWorkflowType,
+    UpdateError as UpdateError,
+    UpdateFailed as UpdateFailed,
+    UpdateRejected as UpdateRejected,
+    UpdateUnavailable as UpdateUnavailable,
     WorkerLost as WorkerLost,
     WorkflowAlreadyStarted as WorkflowAlreadyStarted,
     WorkflowCancelled as WorkflowCancelled,
@@ -148,6 +153,8 @@ from ._events import (
     TimerCancelled as TimerCancelled,
     TimerFired as TimerFired,
     TimerStarted as TimerStarted,
+    UpdateAccepted as UpdateAccepted,
+    UpdateCompleted as UpdateCompleted,
     WorkflowCancelRequested as WorkflowCancelRequested,
     WorkflowCompleted as WorkflowCompleted,
     WorkflowContinuedAsNew as WorkflowContinuedAsNew,

@@ -234,6 +234,23 @@ class QueryCommand:
         return f"query {self.name!r} of {self.workflow_id!r}"
 
 
+@final
+@attrs.frozen(kw_only=True)
+class UpdateCommand:
+    """Validate update ``name`` against the workflow's running run and record it as accepted
+    under ``update_id`` (``UpdateAccepted``); the caller reads the outcome from history."""
+
+    KIND: ClassVar[str] = "update"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+    name: str = attrs.field(validator=_non_empty)
+    update_id: str = attrs.field(validator=_non_empty)
+    args: Payload = attrs.field(factory=lambda: Payload("[]"), validator=_args)
+    request_id: str | None = _request_id()
+
+    def describe(self) -> str:
+        return f"update {self.name!r} of {self.workflow_id!r}"
+
+
 Command = Union[
     StartCommand,
     SignalCommand,
@@ -243,6 +260,7 @@ Command = Union[
     ReopenCommand,
     ResetCommand,
     QueryCommand,
+    UpdateCommand,
 ]
 """Any inbox command."""
 
@@ -257,6 +275,7 @@ COMMAND_TYPES: dict[str, type[Any]] = {
         ReopenCommand,
         ResetCommand,
         QueryCommand,
+        UpdateCommand,
     )
 }
 """Wire type name -> command class."""

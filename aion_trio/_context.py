@@ -699,6 +699,41 @@ class WorkflowContext:
         self.set_signal_handler(handler_name, handler)
         return handler
 
+    # -- updates -----------------------------------------------------------------
+
+    def set_update_handler(
+        self,
+        name: str,
+        handler: Callable[..., Any],
+        *,
+        validator: Callable[..., object] | None = None,
+    ) -> None:
+        """Answer ``engine.update(workflow_id, name, *args)`` with ``handler(*args)``.
+
+        ``validator(*args)``, if given, runs first against the live run's state
+        while its code is parked: if it raises, the caller gets
+        :class:`UpdateRejected` and nothing is recorded.  An accepted update is
+        recorded (``UpdateAccepted``) and delivered at the run's next await in
+        the order recorded, like a signal; the handler's return value (or its
+        exception, as :class:`UpdateFailed`) is recorded (``UpdateCompleted``)
+        and given to the caller.  Handler and validator are plain (sync)
+        functions that read and update the workflow's state; they must not
+        issue commands.  Registering a name again replaces both.
+        """
+        self._replay.require_own_task("ctx.set_update_handler()")
+        self._signal_handlers().register_update(name, handler, validator)
+
+    def update_handler(
+        self, name: str, /, *, validator: Callable[..., object] | None = None
+    ) -> Callable[[F], F]:
+        """Decorator form of :meth:`set_update_handler`: ``@ctx.update_handler("add")``."""
+
+        def register(handler: F) -> F:
+            self.set_update_handler(name, handler, validator=validator)
+            return handler
+
+        return register
+
     def _signal_handlers(self) -> SignalHandlers:
         replay = self._replay
         if replay.signal_handlers is None:
@@ -1135,6 +1170,14 @@ class RunActivation:
     def answer_query(self, name: str, args: Sequence[Any]) -> Any:
         """Run the handler for ``name`` synchronously (the run's task is parked)."""
         return self._queries.answer(name, args)
+
+    def validate_update(self, name: str, args: Sequence[Any]) -> None:
+        """Run update ``name``'s validator synchronously (the run's task is parked)."""
+        replay = self._replay
+        handlers = replay.signal_handlers
+        if handlers is None:
+            handlers = replay.signal_handlers = SignalHandlers()
+        handlers.validate_update(replay.workflow_id, name, args)
 
     def detach(self) -> None:
         """The run's code exited: queries can no longer use it."""

@@ -691,6 +691,53 @@ class QueryUnavailable(QueryError):
         super().__init__(f"cannot query workflow {workflow_id!r} run {run_id}: it is {status}, but {reason}")
 
 
+class UpdateError(EngineError):
+    """An update (``engine.update``) did not return a result."""
+
+
+class UpdateRejected(UpdateError):
+    """The update was refused before anything was recorded: no handler of that name is
+    registered by the running code, or its validator raised (``error_type``, ``message``)."""
+
+    def __init__(self, workflow_id: str, name: str, message: str, error_type: str) -> None:
+        self.workflow_id = workflow_id
+        self.name = name
+        self.message = message
+        self.error_type = error_type
+        super().__init__(
+            f"update {name!r} of workflow {workflow_id!r} was rejected ({error_type}: {message}); "
+            "nothing was recorded"
+        )
+
+
+class UpdateFailed(UpdateError):
+    """The update was accepted and its handler raised: ``error_type`` and ``message`` are
+    the exception's, as recorded in ``UpdateCompleted`` (a retry with the same update id
+    raises this again; the handler does not run again)."""
+
+    def __init__(self, workflow_id: str, name: str, update_id: str, error_type: str, message: str) -> None:
+        self.workflow_id = workflow_id
+        self.name = name
+        self.update_id = update_id
+        self.error_type = error_type
+        self.message = message
+        super().__init__(
+            f"update {name!r} ({update_id}) of workflow {workflow_id!r} failed: {error_type}: {message}"
+        )
+
+
+class UpdateUnavailable(UpdateError):
+    """Nothing here can take the update now: the run's code is not executing in this engine
+    (stuck, or not resident), or the run closed after the update was accepted and before
+    its handler ran (``reason`` says which)."""
+
+    def __init__(self, workflow_id: str, name: str, reason: str) -> None:
+        self.workflow_id = workflow_id
+        self.name = name
+        self.reason = reason
+        super().__init__(f"update {name!r} of workflow {workflow_id!r} has no result: {reason}")
+
+
 class ActivityFailure(AionError):
     """Raised inside workflow code when an activity settled with a final failure."""
 

@@ -547,6 +547,32 @@ class SignalReceived(EventBody):
 
 
 @attrs.frozen(kw_only=True)
+class UpdateAccepted(EventBody):
+    """An update (``engine.update``) its validator accepted, recorded before its handler runs;
+    the run's code gives it to the handler at the await it is delivered at, like a signal."""
+
+    update_id: str = attrs.field(validator=_non_empty_str)
+    name: str = attrs.field(validator=_non_empty_str)
+    payload: Payload = attrs.field(validator=_payload)
+
+
+@attrs.frozen(kw_only=True)
+class UpdateCompleted(EventBody):
+    """The outcome of an accepted update's handler: ``result``, or ``error`` if it raised.
+    One of the run's commands: replay finds it where the live run recorded it."""
+
+    update_id: str = attrs.field(validator=_non_empty_str)
+    result: Payload | None = attrs.field(
+        default=None, validator=_optional_payload, metadata={OMIT_NONE: True}
+    )
+    error: ErrorInfo | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(ErrorInfo)),
+        metadata={OMIT_NONE: True},
+    )
+
+
+@attrs.frozen(kw_only=True)
 class ChildWorkflowStarted(EventBody):
     child_workflow_id: str = attrs.field(validator=_workflow_id)
     workflow_type: str = attrs.field(validator=_non_empty_str)
@@ -610,6 +636,8 @@ EVENT_TYPES: Mapping[str, type[EventBody]] = {
         ChildWorkflowFailed,
         ChildWorkflowCancelled,
         MarkerRecorded,
+        UpdateAccepted,
+        UpdateCompleted,
     )
 }
 """Every event body type by its wire name."""

@@ -29,6 +29,7 @@ from ._commands import (
     SignalWithStartCommand,
     StartCommand,
     TerminateCommand,
+    UpdateCommand,
     signal_recorded_outcome,
     signal_with_start_outcome,
 )
@@ -219,6 +220,11 @@ async def apply_command(
         if isinstance(command, QueryCommand):
             answer = await commands.query(command.workflow_id, command.name, command.args)
             return CommandOutcome.success(json.dumps(answer, ensure_ascii=False, separators=(",", ":")))
+        if isinstance(command, UpdateCommand):
+            await commands.accept_update(command.workflow_id, command.name, command.args, command.update_id)
+            return CommandOutcome.success(
+                f"update {command.update_id!r} accepted by workflow {command.workflow_id!r}"
+            )
         raise AionInternalError(f"unknown inbox command {command!r}; please report this")
     except (EngineEpochClosed, BackendUnavailable, NotOwner):
         raise

@@ -9,7 +9,7 @@ here and is handed an implementation; it never imports the engine.
   execution of a run's code; a test drives a context against a fake one.
 * The commands workflow code issues (:class:`ScheduleActivity`,
   :class:`StartTimer`, :class:`CancelTimer`, :class:`StartChild`,
-  :class:`UpsertSearchAttributes`): the context
+  :class:`UpsertSearchAttributes`, :class:`CompleteUpdate`): the context
   queues them, the port records them as one batch.
 * :class:`ActiveRun` -- what the engine's services read of a run's code while
   it executes (queries, the recovery watch).
@@ -29,7 +29,7 @@ from ._payload import Payload
 
 if TYPE_CHECKING:
     from ._definitions import ActivityDefinition, WorkflowDefinition
-    from ._events import Event, SearchValue
+    from ._events import ErrorInfo, Event, SearchValue
     from ._payload import PayloadCodec
     from ._projections import RunState
 
@@ -108,7 +108,18 @@ class ExternalMessage:
     reason: str = ""
 
 
-WorkflowCommand = Union[ScheduleActivity, StartTimer, CancelTimer, StartChild, UpsertSearchAttributes]
+@attrs.define(eq=False)
+class CompleteUpdate:
+    """Record the outcome of accepted update ``update_id``'s handler (``UpdateCompleted``)."""
+
+    update_id: str
+    result: Payload | None
+    error: ErrorInfo | None
+
+
+WorkflowCommand = Union[
+    ScheduleActivity, StartTimer, CancelTimer, StartChild, UpsertSearchAttributes, CompleteUpdate
+]
 """A command workflow code issued, queued until its next await records the batch."""
 
 
@@ -237,4 +248,9 @@ class ActiveRun(Protocol):
 
     def answer_query(self, name: str, args: Sequence[Any]) -> Any:
         """Run the handler for ``name`` synchronously (only while :attr:`answerable`)."""
+        ...
+
+    def validate_update(self, name: str, args: Sequence[Any]) -> None:
+        """Run update ``name``'s validator synchronously (only while :attr:`answerable`):
+        raises what it raised, or :class:`~aion_trio.UpdateRejected` if no handler is registered."""
         ...

@@ -42,6 +42,8 @@ from ._events import (
     TimerCancelled,
     TimerFired,
     TimerStarted,
+    UpdateAccepted,
+    UpdateCompleted,
     WorkflowCancelled,
     WorkflowCancelRequested,
     WorkflowCompleted,
@@ -611,6 +613,8 @@ class CommandKey:
             return f"set_event {self.name!r}"
         if self.kind == COMMAND_GET_EVENT:
             return f"get_event {self.name!r} of workflow {self.ident!r}"
+        if self.kind == COMMAND_UPDATE:
+            return f"completion of update {self.name!r}"
         return f"{self.kind} {self.name!r}"
 
 
@@ -626,6 +630,7 @@ COMMAND_SIGNAL_EXTERNAL = "external signal"
 COMMAND_CANCEL_EXTERNAL = "external cancel"
 COMMAND_SET_EVENT = "set event"
 COMMAND_GET_EVENT = "get event"
+COMMAND_UPDATE = "update completion"
 
 
 def _activity_command(body: ActivityScheduled) -> CommandKey:
@@ -734,6 +739,10 @@ def _upsert_command(body: SearchAttributesUpserted) -> CommandKey:
     return CommandKey(COMMAND_SEARCH_ATTRIBUTES, "", digest=search_attributes_digest(body.attributes))
 
 
+def _update_command(body: UpdateCompleted) -> CommandKey:
+    return CommandKey(COMMAND_UPDATE, body.update_id)
+
+
 _COMMAND_KEYS: Mapping[type, Callable[[Any], CommandKey | None]] = {
     ActivityScheduled: _activity_command,
     ActivityCancelled: _activity_cancel_command,
@@ -742,6 +751,7 @@ _COMMAND_KEYS: Mapping[type, Callable[[Any], CommandKey | None]] = {
     ChildWorkflowStarted: _child_command,
     MarkerRecorded: _marker_command,
     SearchAttributesUpserted: _upsert_command,
+    UpdateCompleted: _update_command,
 }
 
 
@@ -782,6 +792,9 @@ class RunState:
         self.timers: dict[str, Event] = {}
         self.timer_resolutions: dict[str, Event] = {}
         self.signals: dict[str, list[Event]] = {}
+        #: Accepted updates in the order recorded, and the recorded outcomes by update id.
+        self.updates: list[Event] = []
+        self.update_outcomes: dict[str, Event] = {}
         #: Child commands by ordinal, the open ones by child id, outcomes by ordinal.
         self.children: dict[int, Event] = {}
         self.open_children: dict[str, int] = {}
@@ -864,8 +877,33 @@ class RunState:
                 self.timer_resolutions.pop(body.timer_id, None)
             elif isinstance(body, SignalReceived):
                 self.signals.setdefault(body.name, []).append(event)
+            elif isinstance(body, UpdateAccepted):
+                self.updates.append(event)
+            elif isinstance(body, UpdateCompleted):
+                self.update_outcomes.setdefault(body.update_id, event)
             elif isinstance(body, (TimerFired, TimerCancelled)):
                 self.timer_resolutions.setdefault(body.timer_id, event)
+
+
+def accepted_update(events: Sequence[Event], update_id: str) -> RecordedRequest | None:
+    """Where the ``UpdateAccepted`` of ``update_id`` was recorded (in any run), if it was."""
+    run_id: str | None = None
+    for event in events:
+        body = event.body
+        if isinstance(body, WorkflowStarted):
+            run_id = body.run_id
+        elif isinstance(body, UpdateAccepted) and body.update_id == update_id and run_id is not None:
+            return RecordedRequest(event=event, run_id=run_id)
+    return None
+
+
+def update_outcome(events: Sequence[Event], update_id: str) -> Event | None:
+    """The ``UpdateCompleted`` recorded for ``update_id``, if any (in any run)."""
+    for event in events:
+        body = event.body
+        if isinstance(body, UpdateCompleted) and body.update_id == update_id:
+            return event
+    return None
 
 
 def request_of(body: EventBody) -> str | None:

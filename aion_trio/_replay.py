@@ -25,19 +25,28 @@ import attrs
 import trio
 
 from ._convert import handler_hints
-from ._errors import NonDeterminismError, QueryReadOnly, Timeout, WorkflowCancelled, WorkflowCommandError
+from ._errors import (
+    NonDeterminismError,
+    QueryReadOnly,
+    Timeout,
+    UpdateRejected,
+    WorkflowCancelled,
+    WorkflowCommandError,
+)
 from ._events import (
+    ErrorInfo,
     Event,
     EventBody,
     SignalReceived,
     TimerCancelCause,
     TimerCancelled,
     TimerFired,
+    UpdateAccepted,
     WorkflowCancelRequested,
 )
 from ._payload import Payload
-from ._ports import CancelTimer, RunAborted, StartTimer, WorkflowCommand, WorkflowPort
-from ._projections import COMMAND_TIMER, COMMAND_TIMER_CANCEL, CommandKey, command_key
+from ._ports import CancelTimer, CompleteUpdate, RunAborted, StartTimer, WorkflowCommand, WorkflowPort
+from ._projections import COMMAND_TIMER, COMMAND_TIMER_CANCEL, COMMAND_UPDATE, CommandKey, command_key
 
 T = TypeVar("T")
 
@@ -404,6 +413,7 @@ class Replay:
             if self.signal_handlers is not None and self.signal_handlers.deliver_next(
                 self, self._cut(found, cancel, expired)
             ):
+                await self.flush()  # an update handler's outcome is recorded before anything else
                 continue  # a handler changed the state: decide again
             if found is not None and (cancel is None or _resolution_seq(found) < cancel.seq):
                 return found
@@ -466,6 +476,11 @@ class SignalHandlers:
     def __init__(self) -> None:
         self._handlers: dict[str, Callable[[Any], object]] = {}
         self._delivered: dict[str, int] = {}
+        #: Update handlers and validators by name; the ids of the accepted updates delivered
+        #: (and how many of the run's accepted updates, in order, all were).
+        self._updates: dict[str, tuple[Callable[..., object], Callable[..., object] | None]] = {}
+        self._updates_done: set[str] = set()
+        self._updates_seen = 0
         #: What runs now ("signal handler 'x'", "the wait_condition predicate"): commands are refused.
         self.running: str | None = None
 
@@ -485,8 +500,9 @@ class SignalHandlers:
         self._handlers[name] = handler
 
     def deliver_next(self, replay: Replay, below: float) -> bool:
-        """Give the earliest undelivered handled signal recorded before seq ``below`` to its
-        handler; ``False`` if there is none.  A handler's exception is raised at the await."""
+        """Give the earliest undelivered handled signal or accepted update recorded before seq
+        ``below`` to its handler; ``False`` if there is none.  A signal handler's exception is
+        raised at the await; an update handler's outcome is queued as the run's next command."""
         signals = replay.state.signals
         earliest: Event | None = None
         for name in self._handlers:
@@ -496,6 +512,10 @@ class SignalHandlers:
                 candidate = received[index]
                 if candidate.seq < below and (earliest is None or candidate.seq < earliest.seq):
                     earliest = candidate
+        update = self._next_update(replay, below)
+        if update is not None and (earliest is None or update.seq < earliest.seq):
+            self._deliver_update(replay, update)
+            return True
         if earliest is None:
             return False
         body = earliest.body
@@ -510,6 +530,75 @@ class SignalHandlers:
         self.call(f"signal handler {body.name!r}", self._handlers[body.name], value)
         return True
 
+    # -- updates ---------------------------------------------------------------
+
+    def register_update(
+        self, name: str, handler: Callable[..., object], validator: Callable[..., object] | None
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"update name must be a non-empty str, got {name!r}")
+        for role, fn in (("handler", handler), ("validator", validator)):
+            if fn is None and role == "validator":
+                continue
+            if not callable(fn):
+                raise TypeError(f"update {role} {name!r} must be callable, got {fn!r}")
+            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+                getattr(fn, "__call__", None)  # noqa: B004 -- an object with an async __call__
+            ):
+                raise TypeError(
+                    f"update {role} {name!r} is an async function; update handlers and validators "
+                    "are plain functions (def, not async def) that read and update the workflow's "
+                    "state and return the update's result"
+                )
+        self._updates[name] = (handler, validator)
+
+    def validate_update(self, workflow_id: str, name: str, args: Sequence[Any]) -> None:
+        """Run update ``name``'s validator (the run's task is parked): raises its rejection."""
+        entry = self._updates.get(name)
+        if entry is None:
+            raise UpdateRejected(
+                workflow_id, name, "the workflow has no handler for this update (yet)", "LookupError"
+            )
+        validator = entry[1]
+        if validator is None:
+            return
+        try:
+            self.call(f"update validator {name!r}", validator, *args)
+        except Exception as exc:
+            raise UpdateRejected(workflow_id, name, str(exc), type(exc).__name__) from exc
+
+    def _next_update(self, replay: Replay, below: float) -> Event | None:
+        for event in replay.state.updates[self._updates_seen :]:
+            if event.seq >= below:
+                return None
+            body = event.body
+            assert isinstance(body, UpdateAccepted)
+            if body.update_id not in self._updates_done and body.name in self._updates:
+                return event
+        return None
+
+    def _deliver_update(self, replay: Replay, event: Event) -> None:
+        body = event.body
+        assert isinstance(body, UpdateAccepted)
+        self._updates_done.add(body.update_id)
+        while (
+            self._updates_seen < len(replay.state.updates)
+            and _update_id(replay.state.updates[self._updates_seen]) in self._updates_done
+        ):
+            self._updates_seen += 1
+        replay.consume(event)
+        codec = replay.port.codec
+        handler = self._updates[body.name][0]
+        result: Payload | None = None
+        error: ErrorInfo | None = None
+        try:
+            value = self.call(f"update handler {body.name!r}", handler, *codec.decode(body.payload))
+            result = codec.encode(value, what=f"result of update {body.name!r}")
+        except Exception as exc:
+            error = ErrorInfo(type=type(exc).__name__, message=str(exc))
+        if replay.resolve_command(CommandKey(COMMAND_UPDATE, body.update_id)) is None:
+            replay.pending.append(CompleteUpdate(update_id=body.update_id, result=result, error=error))
+
     def call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """Run a handler or predicate with commands refused."""
         self.running = what
@@ -522,6 +611,12 @@ class SignalHandlers:
                 result.close()
             raise TypeError(f"{what} returned an awaitable; it must be a plain function")
         return result
+
+
+def _update_id(event: Event) -> str:
+    body = event.body
+    assert isinstance(body, UpdateAccepted)
+    return body.update_id
 
 
 def _argument_change(recorded: Event, arguments: Payload | None) -> str:

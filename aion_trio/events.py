@@ -33,6 +33,8 @@ from ._events import (
     TimerCancelled as TimerCancelled,
     TimerFired as TimerFired,
     TimerStarted as TimerStarted,
+    UpdateAccepted as UpdateAccepted,
+    UpdateCompleted as UpdateCompleted,
     WorkflowCancelled as WorkflowCancelled,
     WorkflowCancelRequested as WorkflowCancelRequested,
     WorkflowCompleted as WorkflowCompleted,

@@ -40,6 +40,8 @@ from aion_trio import (
     TimerCancelled,
     TimerFired,
     TimerStarted,
+    UpdateAccepted,
+    UpdateCompleted,
     WorkflowCancelRequested,
     WorkflowCompleted,
     WorkflowContinuedAsNew,
@@ -132,6 +134,8 @@ FULL_BODIES: dict[str, EventBody] = {
         ChildWorkflowFailed(child_workflow_id="order-7/ship", error=ERROR_INFO),
         ChildWorkflowCancelled(child_workflow_id="order-7/ship", reason="parent cancelled"),
         MarkerRecorded(name="version:checkout", value=Payload.of(2)),
+        UpdateAccepted(update_id="upd-1", name="set_language", payload=Payload.of(["fr", {"n": 2**63}])),
+        UpdateCompleted(update_id="upd-1", result=Payload.of("en"), error=ERROR_INFO),
     )
 }
 
@@ -157,6 +161,7 @@ MINIMAL_BODIES: dict[str, EventBody] = {
         ActivityCancelled(activity_id=0, attempt=1),  # cancelled by the engine (no by_workflow)
         # Recorded before commands carried their arguments' digest: it still decodes.
         ChildWorkflowStarted(child_workflow_id="order-7/ship", workflow_type="ship", input=Payload.of({})),
+        UpdateCompleted(update_id="upd-2"),
     )
 }
 
@@ -170,7 +175,7 @@ LATER_BODIES: tuple[EventBody, ...] = (
 
 #: Event types added after the first two sets: their full and minimal samples come after
 #: the later variants (appended, so earlier lines stay byte-exact).
-ADDED_TYPES: tuple[str, ...] = ("WorkflowReset",)
+ADDED_TYPES: tuple[str, ...] = ("WorkflowReset", "UpdateAccepted", "UpdateCompleted")
 
 
 def sample_bodies() -> list[EventBody]:

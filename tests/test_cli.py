@@ -712,6 +712,30 @@ def test_start_no_wait_then_signal_then_the_result(tmp_path: Path, monkeypatch: 
     assert "started workflow" not in waited.stderr
 
 
+def test_update_prints_the_handlers_result_and_a_retry_with_its_id_runs_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_root(monkeypatch)
+    monkeypatch.setenv("AION_TRIO_STORE", str(tmp_path / "up.db"))
+    monkeypatch.setenv("AION_TRIO_MODULE", APP)
+    assert run_cli("start", "approval", "7", "--id", "ap", "--no-wait").exit_code == 0
+    first = run_cli("update", "ap", "note", '"ship it"', "--update-id", "n-1")
+    assert first.exit_code == 0, first.output
+    assert first.stdout.strip() == "1"
+    again = run_cli("update", "ap", "note", '"ship it"', "--update-id", "n-1")
+    assert again.stdout.strip() == "1", again.output
+    assert run_cli("update", "ap", "note", '"later"').stdout.strip() == "2"
+    rejected = run_cli("update", "ap", "note", '""')
+    assert rejected.exit_code != 0
+    assert "a note needs text" in everything(rejected)
+    history = [json.loads(line) for line in run_cli("history", "ap", "--json").stdout.splitlines()]
+    assert [e["type"] for e in history].count("UpdateAccepted") == 2
+    assert next(e["data"] for e in history if e["type"] == "UpdateCompleted") == {
+        "update_id": "n-1",
+        "result": 1,
+    }
+
+
 def test_signal_with_start_starts_the_workflow_with_the_signal_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -67,7 +67,8 @@ AION_TRIO_NAMES = [
     "StoreSchemeConflict", "StoreTakenOver", "StoredSchedule", "TerminalError", "TerminateCommand", "Timeout",
     "TimeoutKind", "TimeoutScope", "TimerCancelCause", "TimerCancelled", "TimerFired", "TimerHandle",
     "TimerStarted", "TransientRetry", "UnknownActivityType", "UnknownQuery", "UnknownStoreScheme",
-    "UnknownWorkflowType", "VisibilityFilter", "VisibilityRow", "VisibilityStore", "WorkerLost",
+    "UnknownWorkflowType", "UpdateAccepted", "UpdateCommand", "UpdateCompleted", "UpdateError", "UpdateFailed",
+    "UpdateRejected", "UpdateUnavailable", "VisibilityFilter", "VisibilityRow", "VisibilityStore", "WorkerLost",
     "WorkflowAlreadyStarted", "WorkflowCancelRequested", "WorkflowCancelled", "WorkflowCommandError",
     "WorkflowCompleted", "WorkflowContext", "WorkflowContinuedAsNew", "WorkflowDefinition",
     "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowFenced", "WorkflowNotFound",
@@ -108,9 +109,10 @@ EVENTS_NAMES = [
     "ActivityFallbackRouted", "ActivityScheduled", "ActivityStarted", "ChildWorkflowCancelled",
     "ChildWorkflowCompleted", "ChildWorkflowFailed", "ChildWorkflowStarted", "ErrorInfo", "Event", "EventBody",
     "FailureCause", "MarkerRecorded", "SearchAttributesUpserted", "SignalReceived", "TimeoutKind",
-    "TimerCancelCause", "TimerCancelled", "TimerFired", "TimerStarted", "WorkflowCancelRequested",
-    "WorkflowCancelled", "WorkflowCompleted", "WorkflowContinuedAsNew", "WorkflowFailed", "WorkflowReopened",
-    "WorkflowReset", "WorkflowStarted", "WorkflowStatus", "WorkflowTimedOut",
+    "TimerCancelCause", "TimerCancelled", "TimerFired", "TimerStarted", "UpdateAccepted", "UpdateCompleted",
+    "WorkflowCancelRequested", "WorkflowCancelled", "WorkflowCompleted", "WorkflowContinuedAsNew",
+    "WorkflowFailed", "WorkflowReopened", "WorkflowReset", "WorkflowStarted", "WorkflowStatus",
+    "WorkflowTimedOut",
 ]
 # fmt: on
 

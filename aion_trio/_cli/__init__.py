@@ -1,7 +1,7 @@
 """The ``aion-trio`` command line.
 
 Commands: ``stores``, ``list``, ``show``, ``history`` (read-only); ``start``,
-``signal``, ``cancel``, ``terminate``, ``reopen``, ``reset`` (writes), ``worker`` (serve
+``signal``, ``update``, ``cancel``, ``terminate``, ``reopen``, ``reset`` (writes), ``worker`` (serve
 the user's definitions until SIGINT/SIGTERM, then drain) and ``console`` (a web
 console, ``aion_trio._console``, loaded when it runs).
 

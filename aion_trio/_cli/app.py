@@ -18,7 +18,7 @@ from .read import event, history, list_, show, stores
 from .replay import replay
 from .schedules import schedule
 from .worker import worker
-from .writes import cancel, query, reopen, reset, signal, start, terminate
+from .writes import cancel, query, reopen, reset, signal, start, terminate, update
 
 PROG_NAME = "aion-trio"
 
@@ -101,6 +101,7 @@ for _command in (
     start,
     signal,
     query,
+    update,
     cancel,
     terminate,
     reopen,

@@ -1,9 +1,10 @@
-"""The write commands: ``start``, ``signal``, ``query``, ``cancel``, ``terminate`` and
-``reopen``, applied by an engine opened here or queued for the store's live owner."""
+"""The write commands: ``start``, ``signal``, ``query``, ``update``, ``cancel``, ``terminate``
+and ``reopen``, applied by an engine opened here or queued for the store's live owner."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,10 +24,12 @@ from .._commands import (
     SignalWithStartCommand,
     StartCommand,
     TerminateCommand,
+    UpdateCommand,
     signal_with_start_outcome,
 )
 from .._engine import Engine, IdReusePolicy, open_engine
 from .._errors import StoreOwned
+from .._events import Event, UpdateCompleted
 from .._ids import new_workflow_id, validate_caller_request_id, validate_task_queue
 from .._ownership import claim_is_live, wall_now
 from .._payload import Payload
@@ -393,6 +396,82 @@ def query(
         click.echo(delivered.outcome.message)
     else:
         click.echo(delivered.value)
+
+
+@click.command()
+@store_option
+@module_option
+@click.argument("workflow_id")
+@click.argument("name")
+@click.argument("args_json", nargs=-1, metavar="[ARGS_JSON]...")
+@click.option(
+    "--update-id",
+    metavar="KEY",
+    callback=_vetted_request_id,
+    help="The update's id: the same update again with the same KEY is not run again; it prints the "
+    "recorded result (default: a fresh id).",
+)
+@_queue_timeout_option
+def update(
+    store: str | None,
+    module: str,
+    workflow_id: str,
+    name: str,
+    args_json: tuple[str, ...],
+    update_id: str | None,
+    queue_timeout: float,
+) -> None:
+    """Send update NAME (with JSON arguments) to a running workflow; prints its JSON result.
+
+    The workflow's validator may reject it (nothing is recorded); an accepted
+    update is recorded, its handler runs in the workflow and its result (or
+    error) is recorded and printed.  If a worker owns the store the update is
+    queued for it and this waits (at most --queue-timeout) for the result.
+    """
+    url = resolve_store(store)
+    args = [json_argument(text, "ARGS_JSON") for text in args_json]
+    app = load_app(module)
+    key = update_id or f"update-{uuid.uuid4().hex}"
+    command = _command(
+        lambda: UpdateCommand(workflow_id=workflow_id, name=name, update_id=key, args=Payload.of(args))
+    )
+
+    def dumps(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+    async def direct(engine: Engine) -> str:
+        return dumps(await engine.update(workflow_id, name, *args, update_id=key))
+
+    async def queued() -> str:
+        async with open_store(url, registry=load_registry()) as opened:
+            with trio.move_on_after(queue_timeout):
+                while True:
+                    body = _update_outcome(await opened.events.read_history(workflow_id), key)
+                    if body is not None:
+                        if body.error is not None:
+                            raise UserError(
+                                f"update {name!r} ({key}) of workflow {workflow_id!r} failed: "
+                                f"{body.error.type}: {body.error.message}"
+                            )
+                        assert body.result is not None
+                        return dumps(body.result.value())
+                    await trio.sleep(_RESULT_POLL)
+        raise UserError(
+            f"update {key!r} was accepted but has no result after {queue_timeout:g}s; run this again "
+            f"with --update-id {key} to wait for it (the handler does not run twice)"
+        )
+
+    delivered = run(
+        url, lambda: apply_or_queue(url, app, command, direct, wait=True, queue_timeout=queue_timeout)
+    )
+    click.echo(run(url, queued) if delivered.queued else delivered.value)
+
+
+def _update_outcome(history: list[Event], update_id: str) -> UpdateCompleted | None:
+    for event in history:
+        if isinstance(event.body, UpdateCompleted) and event.body.update_id == update_id:
+            return event.body
+    return None
 
 
 def _command(build: Callable[[], Command]) -> Command:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final, overload
@@ -23,16 +24,20 @@ from .._commands import (
     SignalCommand,
     SignalWithStartCommand,
     TerminateCommand,
+    UpdateCommand,
 )
 from .._definitions import WorkflowDefinition
 from .._epoch import EngineEpoch
 from .._errors import (
+    UpdateFailed,
+    UpdateUnavailable,
     WorkflowFenced,
     WorkflowNotFound,
     epoch_closed,
 )
 from .._events import (
     Event,
+    UpdateCompleted,
     WorkflowReopened,
     WorkflowStarted,
     WorkflowStatus,
@@ -45,9 +50,12 @@ from .._ids import (
 from .._inbox import InboxDrainer, Ownership
 from .._ownership import OwnerClaim
 from .._projections import (
+    accepted_update,
     is_active,
     latest_run_id,
     published_event,
+    run_status,
+    update_outcome,
 )
 from .._recorder import Recorder
 from .._registry import Residency
@@ -709,6 +717,80 @@ class Engine:
             lambda: QueryCommand(workflow_id=workflow_id, name=name, args=arguments),
         )
         return query_answer(found) if isinstance(found, CommandOutcome) else found
+
+    async def update(self, workflow_id: str, name: str, *args: Any, update_id: str | None = None) -> Any:
+        """Send update ``name`` to the workflow's running run and return its handler's result.
+
+        The handler (registered by the workflow code with ``ctx.set_update_handler``)
+        is a request/response into the run: its validator, if any, runs first
+        against the live state and a rejection raises :class:`UpdateRejected`
+        with nothing recorded.  An accepted update is recorded
+        (``UpdateAccepted``) before its handler runs, at the run's next await in
+        the order recorded; the handler's result or failure is recorded
+        (``UpdateCompleted``) and returned, or raised as :class:`UpdateFailed`.
+        ``update_id`` (default: a fresh one) makes the call idempotent: a call
+        with an id already accepted records nothing and waits for (or returns)
+        that update's recorded outcome, so the handler never runs twice, also
+        when the first caller or the engine died meanwhile.
+
+        Raises :class:`WorkflowNotFound`, :class:`NotRunning` (the workflow is
+        closed: nothing recorded), :class:`UpdateUnavailable` (its code is not
+        executing here, or the run closed after accepting the update and
+        before its handler ran), :class:`EngineEpochClosed`.  In cluster mode
+        the update goes to the owning node through the inbox like a signal.
+        Cancellation abandons the wait; the update, once accepted, still runs.
+        """
+        core = self._core
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"update name must be a non-empty str, got {name!r}")
+        check_text(name, "update name")
+        if update_id is None:
+            update_id = f"update-{uuid.uuid4().hex}"
+        else:
+            validate_caller_request_id(update_id)
+        arguments = core.codec.encode(list(args), what=f"arguments of update {name!r}")
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, f"record update {name!r}")
+        await self._here_or_owner(
+            workflow_id,
+            lambda: self._local.accept_update(workflow_id, name, arguments, update_id),
+            lambda: UpdateCommand(workflow_id=workflow_id, name=name, update_id=update_id, args=arguments),
+        )
+        recorder = await self._local.existing_recorder(workflow_id)
+        fresh: list[Event] | None = None
+        while True:
+            history = recorder.history if fresh is None else fresh
+            outcome = update_outcome(history, update_id)
+            if outcome is not None:
+                body = outcome.body
+                assert isinstance(body, UpdateCompleted)
+                if body.error is not None:
+                    raise UpdateFailed(workflow_id, name, update_id, body.error.type, body.error.message)
+                assert body.result is not None
+                return core.codec.decode(body.result)
+            accepted = accepted_update(history, update_id)
+            status = run_status(history, accepted.run_id) if accepted is not None else None
+            if accepted is not None and status is not WorkflowStatus.RUNNING:
+                what = status.value if status is not None else "unknown"
+                raise UpdateUnavailable(
+                    workflow_id,
+                    name,
+                    f"the run ended ({what}) after update {update_id!r} was accepted and before its "
+                    "handler ran (the workflow returned without awaiting again)",
+                )
+            fresh = await self._await_change(workflow_id, recorder)
+
+    async def _await_change(self, workflow_id: str, recorder: Recorder) -> list[Event] | None:
+        """Wait until ``workflow_id``'s history may have grown (as ``_await_lifecycle``, for any event)."""
+        cluster = self._cluster
+        core = self._core
+        if cluster is None or (core.loaded_recorder(workflow_id) is recorder and core.drives(workflow_id)):
+            await recorder.wait_changed()
+            if cluster is None or core.loaded_recorder(workflow_id) is recorder:
+                return None
+        else:
+            await cluster.woken()
+        return await core.events.read_history(workflow_id)
 
     async def history(self, workflow_id: str) -> list[Event]:
         """The workflow's full event history, read from the store."""

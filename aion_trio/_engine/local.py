@@ -30,6 +30,7 @@ from .._errors import (
     NotRunning,
     QueryUnavailable,
     SequenceConflict,
+    UpdateUnavailable,
     WorkflowAlreadyStarted,
     WorkflowNotFound,
     epoch_closed,
@@ -42,6 +43,7 @@ from .._events import (
     MarkerRecorded,
     SignalReceived,
     TimerStarted,
+    UpdateAccepted,
     WorkflowCancelled as CancelledEvent,
     WorkflowCancelRequested,
     WorkflowFailed,
@@ -64,6 +66,7 @@ from .._ports import RunAborted
 from .._projections import (
     RecordedRequest,
     RunState,
+    accepted_update,
     current_lease_terminal,
     failures_ending_the_run,
     last_step,
@@ -395,6 +398,58 @@ class LocalCommands:
                 action=f"record signal {name!r}",
                 run_id=run_id,
             )
+
+    async def accept_update(self, workflow_id: str, name: str, encoded: Payload, update_id: str) -> None:
+        """Validate update ``name`` against the running run's code here and record
+        ``UpdateAccepted`` (see ``Engine.update``), unless ``update_id`` is already accepted.
+
+        Validation and the append happen under the recorder's lock while the run is
+        parked with nothing new to consume, so the validator sees the state the
+        handler will be given (nothing can be delivered in between)."""
+        core = self._core
+        if not core.epoch.admitting:
+            raise epoch_closed(workflow_id, None, f"record update {name!r}")
+        recorder = await self.existing_recorder(workflow_id)
+        what = f"update {name!r}"
+        while True:
+            async with recorder.lock:
+                history = await recorder.current_history()
+                if accepted_update(history, update_id) is not None:
+                    return  # a retried call: the first one was accepted
+                status = workflow_status(history)
+                run_id = latest_run_id(history)
+                if status is not WorkflowStatus.RUNNING or run_id is None:
+                    raise NotRunning(workflow_id, status.value if status else "unknown", f"{what} to")
+                lease = core.registry.get(workflow_id, run_id)
+                if lease is None or lease.residency is not Residency.RESIDENT:
+                    reason = core.stuck.get(workflow_id) or (
+                        lease.stuck_reason if lease is not None else None
+                    )
+                    raise UpdateUnavailable(
+                        workflow_id,
+                        name,
+                        f"its code is not executing in this engine ({reason}); nothing was recorded"
+                        if reason
+                        else "it is not resident in this engine; nothing was recorded",
+                    )
+                activation = lease.activation
+                if activation is not None and activation.answerable:
+                    activation.validate_update(name, core.codec.decode(encoded))
+                    await recorder.append(
+                        [UpdateAccepted(update_id=update_id, name=name, payload=encoded)],
+                        action=f"record {what}",
+                        run_id=run_id,
+                    )
+                    return
+            if not core.epoch.admitting:
+                raise epoch_closed(workflow_id, run_id, f"record {what}")
+            # Starting, replaying or mid-step: wait for it to park (the context wakes
+            # query waiters) or for history to change.
+            lease.query_waiters += 1
+            try:
+                await recorder.wait_changed()
+            finally:
+                lease.query_waiters -= 1
 
     async def cancel(self, workflow_id: str, reason: str, request_id: str | None = None) -> None:
         """Record a cancel request for the running run, unless one is pending or ``request_id`` is recorded."""

@@ -50,6 +50,7 @@ from .._events import (
     TimerCancelCause,
     TimerCancelled,
     TimerStarted,
+    UpdateCompleted,
     input_digest,
 )
 from .._hub import ChildrenHub
@@ -57,6 +58,7 @@ from .._ids import EVENT_READ_RESULT_MARKER_PREFIX, EXTERNAL_OUTCOME_MARKER_PREF
 from .._payload import Payload
 from .._ports import (
     CancelTimer,
+    CompleteUpdate,
     ExternalMessage,
     RunAborted,
     ScheduleActivity,
@@ -260,6 +262,9 @@ class StepRecorder:
                 elif isinstance(p, UpsertSearchAttributes):
                     if p.ordinal >= _upserts_recorded(state):
                         bodies.append(SearchAttributesUpserted(attributes=p.attributes))
+                elif isinstance(p, CompleteUpdate):
+                    if p.update_id not in state.update_outcomes:
+                        bodies.append(UpdateCompleted(update_id=p.update_id, result=p.result, error=p.error))
                 elif (p.timer_id in state.timers or p.timer_id in started_now) and (
                     p.timer_id not in state.timer_resolutions
                 ):
@@ -287,6 +292,8 @@ class StepRecorder:
                 await self.start_recorded_child(lease, p.ordinal)
             elif isinstance(p, UpsertSearchAttributes):
                 upserted = True
+            elif isinstance(p, CompleteUpdate):
+                pass  # recorded: the caller waiting in engine.update reads it from history
             else:
                 scheduled = state.scheduled.get(p.ordinal)
                 at = scheduled.recorded_at if scheduled is not None else None

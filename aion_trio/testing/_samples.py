@@ -36,6 +36,8 @@ from .._events import (
     TimerCancelled,
     TimerFired,
     TimerStarted,
+    UpdateAccepted,
+    UpdateCompleted,
     WorkflowCancelled,
     WorkflowCancelRequested,
     WorkflowCompleted,
@@ -155,6 +157,8 @@ def full_bodies() -> list[EventBody]:
         ChildWorkflowFailed(child_workflow_id="child-2", error=error),
         ChildWorkflowCancelled(child_workflow_id="child-3", reason="parent closed"),
         MarkerRecorded(name="version:checkout", value=Payload.of(2)),
+        UpdateAccepted(update_id="upd-'1'", name="set_language", payload=Payload.of(["fr", {"n": BIG_INT}])),
+        UpdateCompleted(update_id="upd-'1'", result=Payload.of("en"), error=error),
     ]
     return bodies
 
@@ -177,6 +181,7 @@ def minimal_bodies() -> list[EventBody]:
         ),
         TimerCancelled(timer_id="named:x", cause=TimerCancelCause.WORKFLOW_INTENT),
         SignalReceived(name="s", payload=Payload.of(None)),
+        UpdateCompleted(update_id="u"),
     ]
 
 

@@ -49,6 +49,17 @@ async def fails(ctx: aion.WorkflowContext, message: str) -> str:
 @aion.workflow
 async def approval(ctx: aion.WorkflowContext, order: int) -> dict[str, object]:
     ctx.set_query_handler("pending", lambda: {"order": order, "waiting": True})
+    notes: list[str] = []
+
+    def note(text: str) -> int:
+        notes.append(text)
+        return len(notes)
+
+    def not_empty(text: str) -> None:
+        if not text:
+            raise ValueError("a note needs text")
+
+    ctx.set_update_handler("note", note, validator=not_empty)
     decision = await ctx.wait_signal("approve")
     return {"order": order, "decision": decision}
 

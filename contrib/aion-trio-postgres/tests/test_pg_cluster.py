@@ -87,7 +87,27 @@ async def listener(ctx: aion.WorkflowContext, target: str) -> list[object]:
     return [first, later]
 
 
-WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker, announcer, listener]
+@aion.workflow
+async def tally(ctx: aion.WorkflowContext) -> int:
+    total = 0
+    closed = False
+
+    @ctx.update_handler("add")
+    def add(amount: int) -> int:
+        nonlocal total
+        total += amount
+        return total
+
+    @ctx.signal_handler("close")
+    def close(_: object) -> None:
+        nonlocal closed
+        closed = True
+
+    await ctx.wait_condition(lambda: closed)
+    return total
+
+
+WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker, announcer, listener, tally]
 
 
 @pytest.fixture(autouse=True)
@@ -748,4 +768,31 @@ async def test_a_workflow_reads_the_event_of_a_workflow_another_node_drives(
         with trio.fail_after(20):
             assert await b.result("listener") == ["one", True], "the second read waited across nodes"
             assert await a.result("news") == "announced"
+    assert_unforked(pg_url, schema)
+
+
+async def test_an_update_reaches_the_owner_through_the_inbox_and_a_retry_is_not_run_twice(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a), node(url, "b") as (_, b):
+        await a.start(tally, workflow_id="tally")
+        assert await owner_of(pg_url, schema, "tally") == "a"
+        with trio.fail_after(20):
+            # b is not the owner: the update is validated and accepted by a (through the
+            # inbox), and b reads the outcome from the store.
+            assert await b.update("tally", "add", 2, update_id="add-1") == 2
+            assert await b.update("tally", "add", 2, update_id="add-1") == 2
+            assert await a.update("tally", "add", 3) == 5
+            with pytest.raises(aion.UpdateRejected, match="no handler"):
+                await b.update("tally", "subtract", 1)
+            await b.signal("tally", "close")
+            assert await b.result("tally") == 5
+        assert b._cluster is not None
+        assert b._cluster.remote_commands == 4
+        history = await b.history("tally")
+        assert [e.type for e in history].count("UpdateAccepted") == 2
+        with pytest.raises(NotRunning):
+            await b.update("tally", "add", 1)
     assert_unforked(pg_url, schema)
