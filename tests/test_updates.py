@@ -274,6 +274,35 @@ async def test_a_queued_update_command_is_accepted_by_the_owner_and_its_caller_r
     assert _types(history).count("UpdateAccepted") == 1
 
 
+async def test_an_update_whose_run_ends_before_its_handler_ran_raises_update_unavailable(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[greeter], activities=[lookup]) as engine:
+        await engine.start(greeter, workflow_id="u")
+        with trio.fail_after(LIMIT):
+            assert await engine.update("u", "count") == 1
+    # An update accepted for a handler this code never registers: the run cannot deliver it.
+    async with aion.open_store(url) as store:
+        before = await store.events.read_history("u")
+        body = aion.UpdateAccepted(update_id="g-1", name="ghost", payload=aion.Payload.of([]))
+        await store.events.append(
+            "u", make_batch("u", len(before) + 1, before[-1].recorded_at, [body]), len(before)
+        )
+    async with aion.open_engine(url, workflows=[greeter], activities=[lookup]) as engine:
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+
+                async def terminate_once_waiting() -> None:
+                    await trio.testing.wait_all_tasks_blocked()
+                    await engine.terminate("u", "operator")
+
+                nursery.start_soon(terminate_once_waiting)
+                with pytest.raises(aion.UpdateUnavailable, match="the run ended") as caught:
+                    await engine.update("u", "ghost", update_id="g-1")
+            assert caught.value.name == "ghost"
+
+
 # --------------------------------------------------------------------------
 # A real process SIGKILLed right after the update was accepted
 # --------------------------------------------------------------------------
