@@ -1182,9 +1182,18 @@ def test_writes_go_through_the_inbox_to_a_running_worker(
         assert queued + "2" in asked.stderr
         assert asked.stdout == '{"order":7,"waiting":true}\n'
 
+        noted = run_cli("update", "ap", "note", '"rush"', "--update-id", "rush-1")
+        assert noted.exit_code == 0, everything(noted)
+        assert queued + "3" in noted.stderr
+        assert "applied by the worker: update 'rush-1' accepted by workflow 'ap'" in noted.stderr
+        assert noted.stdout == "1\n", "the handler's result, read from the store"
+        refused = run_cli("update", "ap", "note", '""')
+        assert refused.exit_code == 1
+        assert "a note needs text" in error_lines(refused)[-1]
+
         sent = run_cli("signal", "ap", "approve", '{"by": "ops"}')
         assert sent.exit_code == 0, everything(sent)
-        assert queued + "3" in sent.stderr
+        assert queued + "5" in sent.stderr
         assert "applied by the worker: signal 'approve' recorded for workflow 'ap'" in sent.stderr
 
         # start --wait through the inbox: the id is generated here, the result read from the store.
@@ -1212,9 +1221,9 @@ def test_writes_go_through_the_inbox_to_a_running_worker(
         worker.kill()
     history = [json.loads(line) for line in run_cli("history", "ap", "--json").stdout.splitlines()]
     [received] = [e for e in history if e["type"] == "SignalReceived"]
-    # The signal carries the request id of the inbox command that caused it (#3, queued without one of
+    # The signal carries the request id of the inbox command that caused it (#5, queued without one of
     # its own): a redelivered command finds it and is not applied twice.
-    assert received["data"] == {"name": "approve", "payload": {"by": "ops"}, "request_id": "inbox:3"}
+    assert received["data"] == {"name": "approve", "payload": {"by": "ops"}, "request_id": "inbox:5"}
     assert history[-1]["type"] == "WorkflowCompleted"
     assert not any("Traceback" in line for line in worker.lines())
 
