@@ -116,9 +116,9 @@ class Replay:
         if handlers is not None and handlers.running is not None:
             raise WorkflowCommandError(
                 f"{what} was called from {handlers.running} of workflow {self.workflow_id!r}: signal "
-                "handlers and wait_condition predicates are plain functions that read and update the "
-                "workflow's state; issue commands from the workflow code (wait for the state with "
-                "ctx.wait_condition)"
+                "and update handlers, update validators and wait_condition predicates are plain "
+                "functions that read and update the workflow's state; issue commands from the "
+                "workflow code (wait for the state with ctx.wait_condition)"
             )
 
     def require_own_task(self, what: str) -> None:

@@ -200,6 +200,51 @@ async def test_an_update_to_a_closed_workflow_is_refused_with_not_running(
         assert await engine.history("u") == before
 
 
+@aion.workflow
+async def eager(ctx: aion.WorkflowContext) -> str:
+    done = False
+
+    @ctx.update_handler("look_up")
+    def look_up(language: str) -> None:
+        ctx.start(lookup, language)  # a command: refused in a handler
+
+    def peek(language: str) -> None:
+        ctx.start_timer("peek", 1)  # a command: refused in a validator
+
+    @ctx.update_handler("peeked", validator=peek)
+    def peeked(language: str) -> None:
+        pass
+
+    @ctx.update_handler("finish")
+    def finish() -> str:
+        nonlocal done
+        done = True
+        return "finishing"
+
+    await ctx.wait_condition(lambda: done)
+    return "done"
+
+
+async def test_a_command_issued_by_an_update_handler_or_validator_fails_the_update_not_the_run(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    async with aion.open_engine(store_url(), workflows=[eager], activities=[lookup]) as engine:
+        run = await engine.start(eager, workflow_id="e")
+        with trio.fail_after(LIMIT):
+            with pytest.raises(aion.UpdateFailed, match="update handler 'look_up'") as failed:
+                await engine.update("e", "look_up", "fr")
+            assert failed.value.error_type == "WorkflowCommandError"
+            with pytest.raises(aion.UpdateRejected, match="update validator 'peeked'") as rejected:
+                await engine.update("e", "peeked", "fr")
+            assert rejected.value.error_type == "WorkflowCommandError"
+            assert await engine.update("e", "finish") == "finishing"
+            assert await run.result() == "done"
+        history = await engine.history("e")
+    assert "ActivityScheduled" not in _types(history)
+    assert "TimerStarted" not in _types(history)
+    await assert_replays_cleanly(history, workflows=[eager], activities=[lookup])
+
+
 def test_update_handlers_and_validators_must_be_plain_functions() -> None:
     async def main() -> None:
         @aion.workflow
