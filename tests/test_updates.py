@@ -184,6 +184,25 @@ async def test_an_update_accepted_while_an_activity_runs_is_handled_before_its_r
     await assert_replays_cleanly(history, workflows=[greeter], activities=[lookup])
 
 
+async def test_an_update_to_an_evicted_run_replays_it_and_is_answered_from_its_replayed_state(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    config = aion.EngineConfig(evict_after=10.0)
+    async with aion.open_engine(
+        store_url(), workflows=[greeter], activities=[lookup], config=config
+    ) as engine:
+        run = await engine.start(greeter, workflow_id="u")
+        with trio.fail_after(LIMIT):
+            assert await engine.update("u", "count", 2, update_id="c-1") == 2
+            await trio.sleep(30)  # idle and parked: evicted
+            assert (await engine.describe("u")).residency == "evicted"
+            assert await engine.update("u", "count", 1) == 3
+            assert engine.statistics().reloads == 1
+            assert await engine.update("u", "count", 2, update_id="c-1") == 2
+            await engine.signal("u", "finish")
+            assert await run.result() == ["Hello, world", "en", 3]
+
+
 async def test_an_update_to_a_closed_workflow_is_refused_with_not_running(
     store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
 ) -> None:
