@@ -173,20 +173,24 @@ LATER_BODIES: tuple[EventBody, ...] = (
 )
 
 
-#: Event types added after the first two sets: their full and minimal samples come after
-#: the later variants (appended, so earlier lines stay byte-exact).
+#: Event types added after the first two sets, in the order they were added: each one's
+#: full and minimal samples come after the later variants and the types added before it
+#: (appended, so earlier lines of the golden file stay byte-exact).  A new type goes last.
 ADDED_TYPES: tuple[str, ...] = ("WorkflowReset", "UpdateAccepted", "UpdateCompleted")
 
 
 def sample_bodies() -> list[EventBody]:
-    """Every full sample, then every minimal one, then the later variants, then the full and
-    minimal samples of the types added since."""
+    """Every full sample, then every minimal one, then the later variants, then for each
+    type added since (in order) its full sample and its minimal one."""
     return [
         *(b for name, b in FULL_BODIES.items() if name not in ADDED_TYPES),
         *(b for name, b in MINIMAL_BODIES.items() if name not in ADDED_TYPES),
         *LATER_BODIES,
-        *(FULL_BODIES[name] for name in ADDED_TYPES),
-        *(MINIMAL_BODIES[name] for name in ADDED_TYPES if name in MINIMAL_BODIES),
+        *(
+            body
+            for name in ADDED_TYPES
+            for body in (FULL_BODIES[name], *((MINIMAL_BODIES[name],) if name in MINIMAL_BODIES else ()))
+        ),
     ]
 
 

@@ -780,18 +780,6 @@ class Engine:
                 )
             fresh = await self._await_change(workflow_id, recorder)
 
-    async def _await_change(self, workflow_id: str, recorder: Recorder) -> list[Event] | None:
-        """Wait until ``workflow_id``'s history may have grown (as ``_await_lifecycle``, for any event)."""
-        cluster = self._cluster
-        core = self._core
-        if cluster is None or (core.loaded_recorder(workflow_id) is recorder and core.drives(workflow_id)):
-            await recorder.wait_changed()
-            if cluster is None or core.loaded_recorder(workflow_id) is recorder:
-                return None
-        else:
-            await cluster.woken()
-        return await core.events.read_history(workflow_id)
-
     async def history(self, workflow_id: str) -> list[Event]:
         """The workflow's full event history, read from the store."""
         events = await self._core.events.read_history(workflow_id)
