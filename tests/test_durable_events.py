@@ -318,3 +318,46 @@ async def test_another_read_on_replay_is_non_determinism(store_url: Callable[[],
         reason = await _stuck(engine, "r")
         assert "was recorded as get_event 'late-key' of workflow 'p'" in reason, reason
         assert await engine.history("r") == before
+
+
+# --------------------------------------------------------------------------
+# Waiting through an eviction (a run parked longer than evict_after leaves memory)
+# --------------------------------------------------------------------------
+
+
+@aion.workflow
+async def slow_publisher(ctx: aion.WorkflowContext) -> str:
+    await ctx.sleep(300)
+    await ctx.set_event("done", "yes")
+    return "published"
+
+
+@aion.workflow
+async def slow_reader(ctx: aion.WorkflowContext, target: str) -> object:
+    return await ctx.get_event(target, "done", timeout=3600)
+
+
+async def test_engine_get_event_waits_through_the_publishers_eviction(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    config = aion.EngineConfig(evict_after=60)
+    async with aion.open_engine(store_url(), workflows=[slow_publisher], config=config) as engine:
+        await engine.start(slow_publisher, workflow_id="pub")
+        # The publisher is evicted after a minute parked; its timer wakes it four minutes
+        # later, and the value it then publishes must still reach this wait.
+        assert await engine.get_event("pub", "done", timeout=3600) == "yes"
+        assert engine.statistics().evictions >= 1
+
+
+async def test_ctx_get_event_is_answered_though_both_runs_park_past_evict_after(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    config = aion.EngineConfig(evict_after=60)
+    async with aion.open_engine(
+        store_url(), workflows=[slow_publisher, slow_reader], config=config
+    ) as engine:
+        await engine.start(slow_publisher, workflow_id="pub")
+        reader = await engine.start(slow_reader, "pub", workflow_id="reader")
+        # The reader's watch is in flight here: it is not evicted (its answer would have
+        # nowhere to land), so it gets the value, not the timeout's None.
+        assert await reader.result() == "yes"

@@ -282,20 +282,47 @@ class Engine:
             definition=self._core.workflows.get(workflow if isinstance(workflow, str) else workflow.name),
         )
 
-    async def _await_lifecycle(
-        self, workflow_id: str, recorder: Recorder | None, watch: trio.Event
-    ) -> list[Event] | None:
-        """Wait until ``workflow_id``'s history may hold a new lifecycle event.
+    async def _look(
+        self, workflow_id: str, fresh: list[Event] | None
+    ) -> tuple[trio.Event, Recorder | None, Sequence[Event]]:
+        """What a waiter looks at now: a watch set when the workflow's recorder is loaded
+        or dropped here, that recorder (``None``: not in memory here, e.g. evicted or
+        closed and released), and its history (``fresh``, the store's copy, if given).
+        Reads wake no evicted run."""
+        core = self._core
+        watch = core.recorders.watch(workflow_id)
+        recorder = core.loaded_recorder(workflow_id)
+        history: Sequence[Event]
+        if fresh is not None:
+            history = fresh
+        elif recorder is not None:
+            history = recorder.history
+        elif self._cluster is not None and not core.drives(workflow_id):
+            # Cluster mode, a workflow another node drives: a copy is read (and kept) here.
+            recorder = await self._local.existing_recorder(workflow_id)
+            history = recorder.history
+        else:
+            history = await core.recorders.history_of(workflow_id)
+            recorder = core.loaded_recorder(workflow_id)
+            if recorder is not None:  # loaded meanwhile: its history is as new or newer
+                history = recorder.history
+        return watch, recorder, history
 
-        ``None``: look again at what this engine holds (its recorder, or the store for a
-        run not in memory here).  In cluster mode, for a workflow driven elsewhere (or
-        relinquished while waiting), the history freshly read from the store.
-        ``recorder``: the workflow's loaded recorder (``None``: not in memory here: an
-        evicted run is waited for until a wake loads it again, ``watch``)."""
+    async def _await_history(
+        self, workflow_id: str, recorder: Recorder | None, watch: trio.Event, *, any_append: bool
+    ) -> list[Event] | None:
+        """Wait until ``workflow_id``'s history may hold something new: any append
+        (``any_append``), or only a lifecycle event (a start, a terminal, a reopen).
+
+        ``None``: look again (:meth:`_look`).  In cluster mode, for a workflow driven
+        elsewhere (or relinquished while waiting), the history freshly read from the
+        store.  ``recorder``: the workflow's loaded recorder, which wakes its waiters
+        when it is dropped too (``None``: not in memory here: an evicted run is waited
+        for until a wake loads it again, ``watch``)."""
         cluster = self._cluster
         core = self._core
         if recorder is not None and (cluster is None or core.drives(workflow_id)):
-            await recorder.wait_lifecycle()  # also woken when the recorder is dropped
+            await (recorder.wait_changed() if any_append else recorder.wait_lifecycle())
             if cluster is None or core.loaded_recorder(workflow_id) is recorder:
                 return None
         elif cluster is not None and not core.drives(workflow_id):
@@ -325,35 +352,22 @@ class Engine:
         if not isinstance(key, str) or not key:
             raise ValueError(f"event key must be a non-empty str, got {key!r}")
         seconds = duration_seconds(timeout, "timeout")
-        recorder = await self._local.existing_recorder(workflow_id)
-        core = self._core
         fresh: list[Event] | None = None
-        if self._cluster is not None and not (
-            core.loaded_recorder(workflow_id) is recorder and core.drives(workflow_id)
-        ):
-            fresh = await core.events.read_history(workflow_id)  # driven elsewhere: the store's
         with trio.move_on_after(seconds):
             while True:
-                history = recorder.history if fresh is None else fresh
+                # Looked up afresh each time round: the run may be evicted (or loaded
+                # again) while this waits, and a dropped recorder's history grows no more.
+                watch, recorder, history = await self._look(workflow_id, fresh)
+                fresh = None
+                if not history:
+                    raise WorkflowNotFound(workflow_id)
                 published = published_event(history, key)
                 if published is not None:
                     return self._core.codec.decode(published)
                 if not is_active(history):
                     return None
-                fresh = await self._await_change(workflow_id, recorder)
+                fresh = await self._await_history(workflow_id, recorder, watch, any_append=True)
         return None
-
-    async def _await_change(self, workflow_id: str, recorder: Recorder) -> list[Event] | None:
-        """As :meth:`_await_lifecycle`, woken by any append to the workflow's history."""
-        cluster = self._cluster
-        core = self._core
-        if cluster is None or (core.loaded_recorder(workflow_id) is recorder and core.drives(workflow_id)):
-            await recorder.wait_changed()
-            if cluster is None or core.loaded_recorder(workflow_id) is recorder:
-                return None
-        else:
-            await cluster.woken()
-        return await core.events.read_history(workflow_id)
 
     async def result(
         self, workflow_id: str, *, run_id: str | None = None, follow_continue_as_new: bool = True
@@ -366,7 +380,6 @@ class Engine:
         Reads what this engine holds, or the store for a workflow not in memory here
         (closed and released, or evicted): waiting wakes no evicted run.
         """
-        core = self._core
         current = run_id
         checked = 0
         # Cluster mode: a workflow another node drives grows in the store, not in
@@ -374,22 +387,7 @@ class Engine:
         # waker (a notification, or every sweep_interval).
         fresh: list[Event] | None = None
         while True:
-            watch = core.recorders.watch(workflow_id)
-            recorder = core.loaded_recorder(workflow_id)
-            history: Sequence[Event]
-            if fresh is not None:
-                history = fresh
-            elif recorder is not None:
-                history = recorder.history
-            elif self._cluster is not None and not core.drives(workflow_id):
-                # Cluster mode, a workflow another node drives: a copy is read (and kept) here.
-                recorder = await self._local.existing_recorder(workflow_id)
-                history = recorder.history
-            else:
-                history = await core.recorders.history_of(workflow_id)
-                recorder = core.loaded_recorder(workflow_id)
-                if recorder is not None:  # loaded meanwhile: its history is as new or newer
-                    history = recorder.history
+            watch, recorder, history = await self._look(workflow_id, fresh)
             fresh = None
             if not history:
                 raise WorkflowNotFound(workflow_id)
@@ -408,7 +406,7 @@ class Engine:
                 current = position.run_id
             # Nothing that could end (or continue) the run was appended: keep waiting.
             checked = len(history)
-            fresh = await self._await_lifecycle(workflow_id, recorder, watch)
+            fresh = await self._await_history(workflow_id, recorder, watch, any_append=False)
 
     async def signal(
         self, workflow_id: str, name: str, payload: Any = None, *, request_id: str | None = None
@@ -756,10 +754,12 @@ class Engine:
             lambda: self._local.accept_update(workflow_id, name, arguments, update_id),
             lambda: UpdateCommand(workflow_id=workflow_id, name=name, update_id=update_id, args=arguments),
         )
-        recorder = await self._local.existing_recorder(workflow_id)
         fresh: list[Event] | None = None
         while True:
-            history = recorder.history if fresh is None else fresh
+            watch, recorder, history = await self._look(workflow_id, fresh)
+            fresh = None
+            if not history:
+                raise WorkflowNotFound(workflow_id)
             outcome = update_outcome(history, update_id)
             if outcome is not None:
                 body = outcome.body
@@ -778,7 +778,7 @@ class Engine:
                     f"the run ended ({what}) after update {update_id!r} was accepted and before its "
                     "handler ran (the workflow returned without awaiting again)",
                 )
-            fresh = await self._await_change(workflow_id, recorder)
+            fresh = await self._await_history(workflow_id, recorder, watch, any_append=True)
 
     async def history(self, workflow_id: str) -> list[Event]:
         """The workflow's full event history, read from the store."""

@@ -47,8 +47,9 @@ class ResidencyService:
 
     ``revive(recorder, run)`` replays an evicted run from its history (the
     recovery path); ``inflight`` is the dispatch service's running attempts by
-    ``(workflow_id, run_id, activity_id)``; ``live_runs()`` how many runs'
-    code executes here now.
+    ``(workflow_id, run_id, activity_id)``; ``watching`` the event watches
+    (``ctx.get_event``) in flight by reading workflow; ``live_runs()`` how many
+    runs' code executes here now.
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class ResidencyService:
         registry: Registry,
         recorders: Recorders,
         inflight: Mapping[tuple[str, str, int], object],
+        watching: Mapping[str, int],
         live_runs: Callable[[], int],
         revive: Callable[[Recorder, EvictedRun], Awaitable[None]],
         observers: ObserverHub | None,
@@ -70,6 +72,7 @@ class ResidencyService:
         self._registry = registry
         self._recorders = recorders
         self._inflight = inflight
+        self._watching = watching
         self._live_runs = live_runs
         self._revive = revive
         self._observers = observers
@@ -213,6 +216,8 @@ class ResidencyService:
             other is not lease and other.task is not None for other in self._registry.leases_of(workflow_id)
         ):
             return False
+        if self._watching.get(workflow_id):
+            return False
         return not any(key[0] == workflow_id for key in self._inflight)
 
     def _evict(self, lease: Lease, reason: str) -> None:
@@ -257,6 +262,7 @@ class ResidencyService:
             or workflow_id in self._reviving
             or any(lease.task is not None or lease.query_waiters for lease in leases)
             or any(key[0] == workflow_id for key in self._inflight)
+            or self._watching.get(workflow_id)
         ):
             return None
         for lease in leases:

@@ -15,6 +15,7 @@ children, marking a run stuck) it is given.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from datetime import datetime
 from typing import Any, final
@@ -149,6 +150,10 @@ class StepRecorder:
         self._forget_timer = forget_timer
         self._mark_stuck = mark_stuck
         self._refresh_visibility = refresh_visibility
+        #: Event watches in flight (``ctx.get_event`` waiting for another workflow), by the
+        #: reading workflow's id: such a run has something in flight here and is not evicted
+        #: (the watch records its answer through the run's lease).
+        self.watching: collections.Counter[str] = collections.Counter()
 
     # -- the one append ------------------------------------------------------
 
@@ -500,6 +505,15 @@ class StepRecorder:
         deadline = self._children_hub.clock.trio_deadline(until)
 
         async def watch() -> None:
+            self.watching[lease.workflow_id] += 1
+            try:
+                await watching()
+            finally:
+                self.watching[lease.workflow_id] -= 1
+                if not self.watching[lease.workflow_id]:
+                    del self.watching[lease.workflow_id]
+
+        async def watching() -> None:
             with trio.move_on_at(deadline):
                 while True:
                     history, recorder = await self._target_history(workflow_id)

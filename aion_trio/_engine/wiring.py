@@ -401,6 +401,7 @@ def build_core(
         registry=registry,
         recorders=recorders,
         inflight=activity_dispatch.inflight,
+        watching=steps.watching,
         live_runs=lambda: runner.live_runs,
         revive=recovery.revive,
         observers=observers,
