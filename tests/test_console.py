@@ -189,6 +189,54 @@ async def test_the_workflow_page_draws_each_attempt_the_timer_the_child_and_the_
         assert child.parent == "rounds"
 
 
+_declined: list[bool] = [True]
+
+
+@aion.activity
+async def hold(amount: int) -> int:
+    return amount
+
+
+@aion.activity(retry=aion.RetryPolicy(max_attempts=1))
+async def debit(amount: int) -> str:
+    if _declined[0]:
+        raise RuntimeError("declined")
+    return f"debited {amount}"
+
+
+@aion.workflow
+async def pay(ctx: aion.WorkflowContext, amount: int) -> str:
+    return await ctx.run(debit, await ctx.run(hold, amount))
+
+
+async def test_the_page_offers_the_reset_points_and_links_a_reset_run_both_ways(
+    store_url: Callable[[], str], autojump_clock: object
+) -> None:
+    _declined[0] = True
+    url = store_url()
+    async with aion.open_engine(url, workflows=[pay], activities=[hold, debit]) as engine:
+        handle = await engine.start(pay, 5, workflow_id="pay")
+        with trio.fail_after(60), pytest.raises(aion.WorkflowFailure):
+            await handle.result()
+        failed = await workflow_page(engine.store, "pay")
+        kinds = dict(failed.reset_points)
+        assert kinds[1] == "WorkflowStarted"
+        assert failed.default_reset is not None
+        assert kinds[failed.default_reset] == "ActivityCompleted"  # hold's: debit runs again
+        assert failed.reset_to is None
+        assert failed.reset_from is None
+        _declined[0] = False
+        new = await engine.reset("pay", to_seq=None, reason="fixed")
+        with trio.fail_after(60):
+            assert await new.result() == "debited 5"
+        latest = await workflow_page(engine.store, "pay")
+        assert latest.run_id == new.run_id
+        assert latest.reset_from == (failed.run_id, failed.default_reset)
+        old = await workflow_page(engine.store, "pay", failed.run_id)
+        assert old.reset_to == (new.run_id, failed.default_reset)
+        assert old.reset_from is None
+
+
 def test_without_its_extra_the_console_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 

@@ -54,6 +54,25 @@ def _screenshots() -> bool:
     return os.environ.get("AION_TRIO_CONSOLE_SCREENSHOTS", "") not in ("", "0")
 
 
+@aion_trio.activity(name="debit", retry=aion_trio.RetryPolicy(max_attempts=1))
+async def _broken_debit(amount: int) -> str:
+    raise RuntimeError(f"card declined ({amount})")
+
+
+async def _seed_failed(db: Path) -> None:
+    """c-1 failed in ``debit`` (the seed's broken one: the worker's is fixed)."""
+    from procs import console_app
+
+    async with aion_trio.open_engine(
+        f"sqlite:///{db}",
+        workflows=console_app.workflows,
+        activities=[console_app.greet, _broken_debit],
+    ) as engine:
+        c = await engine.start("charge", 5, workflow_id="c-1")
+        with pytest.raises(aion_trio.WorkflowFailure):
+            await c.result()
+
+
 async def _seed(db: Path) -> None:
     """h-1 completed (region eu); o-1 (region us) and o-2 (region ap) past their retried
     activity, their timer and their child, waiting for the ``approve`` signal."""
@@ -123,7 +142,18 @@ def store_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def console_url(store_db: Path) -> Iterator[str]:
     """The console's URL with its token; a worker owns the store meanwhile."""
-    db = store_db
+    yield from _serve(store_db)
+
+
+@pytest.fixture(scope="module")
+def failed_console_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """As ``console_url``, over a store of its own holding the failed c-1."""
+    db = tmp_path_factory.mktemp("console-reset") / "console.db"
+    trio.run(_seed_failed, db)
+    yield from _serve(db)
+
+
+def _serve(db: Path) -> Iterator[str]:
     log = db.parent / "worker.log"
     with log.open("w", encoding="utf-8") as stderr:
         worker = subprocess.Popen(
@@ -373,6 +403,44 @@ def test_terminate_reopen_and_cancel_from_the_page(driver: WebDriver, console_ur
     refused = _act(driver, "reopen")  # a running workflow: the worker's refusal, shown as such
     assert refused.startswith("reopen failed: "), refused
     assert "bad" in (driver.find_element(By.ID, "outcome").get_attribute("class") or "")
+
+
+def test_a_failed_workflow_reset_from_the_page_completes_in_its_new_run(
+    driver: WebDriver, failed_console_url: str
+) -> None:
+    _login(driver, failed_console_url)
+    driver.get(_base(failed_console_url) + "/workflows/c-1")
+    assert driver.find_element(By.ID, "status").text == "failed"
+    old_run = driver.find_element(By.XPATH, "//dt[text()='Run']/following-sibling::dd[1]").text
+    chosen = driver.find_element(By.ID, "reset-to-seq")
+    options = chosen.find_elements(By.TAG_NAME, "option")
+    selected = [o for o in options if o.is_selected()]
+    assert len(selected) == 1, [o.text for o in options]
+    assert "(last step)" in selected[0].text, [o.text for o in options]
+    assert "ActivityCompleted" in selected[0].text  # after greet: debit runs again
+    form = driver.find_element(By.ID, "do-reset").find_element(By.XPATH, "./..")
+    form.find_element(By.NAME, "reason").send_keys("card fixed")
+    page = driver.find_element(By.TAG_NAME, "html")
+    form.find_element(By.ID, "do-reset").click()
+    assert _accept_confirm(driver) == "Reset workflow c-1?"
+    _wait(driver).until(staleness_of(page))
+    outcome = _wait(driver).until(lambda d: d.find_element(By.ID, "outcome")).text
+    assert "applied by the worker" in outcome, outcome
+    assert "reset workflow 'c-1': new run" in outcome, outcome
+    new_run = outcome.rsplit("new run ", 1)[1].split()[0].rstrip(")")
+    # The worker runs the new run with the fixed debit: the live page shows it complete.
+    _wait(driver).until(lambda d: d.find_element(By.ID, "status").text == "completed")
+    assert driver.find_element(By.ID, "result").text == '"hello payer: debited 5"'
+    back = driver.find_element(By.ID, "reset-from")  # the new run links back to the old one
+    assert back.text, old_run
+    assert old_run.startswith(back.text), (back.text, old_run)
+    back.click()
+    _wait(driver).until(lambda d: d.find_elements(By.ID, "older-run"))
+    ahead = driver.find_element(By.ID, "reset-to")
+    assert new_run.startswith(ahead.text), (ahead.text, new_run)
+    history = driver.find_element(By.CSS_SELECTOR, "table.history").text
+    assert "WorkflowReset" in history
+    assert '"reason": "card fixed"' in history
 
 
 # --------------------------------------------------------------------------

@@ -30,7 +30,7 @@ DEFAULT_PORT = 8233
     "--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True, help="0: any free port."
 )
 @click.option(
-    "--read-only", is_flag=True, help="Show workflows only: no signal, cancel, terminate or reopen."
+    "--read-only", is_flag=True, help="Show workflows only: no signal, cancel, terminate, reopen or reset."
 )
 @click.option(
     "--refresh",
@@ -61,7 +61,7 @@ def console(
 
     It lists the workflows (filters as 'aion-trio list' takes them), shows each
     one's summary, timeline and history, live, and sends signal, cancel,
-    terminate and reopen the way the write commands do (queued for the store's
+    terminate, reopen and reset the way the write commands do (queued for the store's
     running worker, or applied here with --module's definitions). It prints a
     URL with a secret token made at launch: every request needs it (the browser
     keeps it as a cookie).

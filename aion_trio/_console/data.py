@@ -20,10 +20,11 @@ from .._cli.render import row_json, show_json
 from .._cli.stores import read_history
 from .._engine import describe_history
 from .._errors import InvalidQuery
-from .._events import ChildWorkflowStarted, Event, WorkflowStarted, WorkflowStatus
+from .._events import ChildWorkflowStarted, Event, WorkflowReset, WorkflowStarted, WorkflowStatus
 from .._payload import PayloadCodec
+from .._projections import last_step, reset_points, run_segment
 from .._store import ClusterStore, Store, VisibilityFilter, VisibilityRow
-from .._wire import format_datetime, parse_datetime
+from .._wire import event_to_wire, format_datetime, parse_datetime
 from .timeline import Timeline, build_timeline
 
 PAGE_SIZE = 50
@@ -229,6 +230,14 @@ class WorkflowPage:
     parent: str | None
     row: Mapping[str, Any] | None
     owner: str | None
+    reset_points: tuple[tuple[int, str], ...] = ()
+    """The latest run's reset points: (seq, the event's type), ascending."""
+    default_reset: int | None = None
+    """The point a reset takes by default: the latest run's last step that did not fail."""
+    reset_to: tuple[str, int] | None = None
+    """The shown run ended by a reset: (the new run, the seq of this run it replays up to)."""
+    reset_from: tuple[str, int] | None = None
+    """The shown run started by a reset: (the run it was reset from, that run's seq)."""
 
     def fingerprint(self) -> str:
         return _digest((len(self.events), self.show["status"], self.owner, self.show["stuck_reason"]))
@@ -248,6 +257,8 @@ async def workflow_page(store: Store, workflow_id: str, run_id: str | None = Non
     shown = run_id if run_id in description.run_ids else description.run_id
     children: list[tuple[str, str]] = []
     parent: str | None = None
+    reset_to: tuple[str, int] | None = None
+    reset_from: tuple[str, int] | None = None
     segment_started = False
     for event in events:
         body = event.body
@@ -255,8 +266,15 @@ async def workflow_page(store: Store, workflow_id: str, run_id: str | None = Non
             segment_started = body.run_id == shown
             if segment_started and body.parent_workflow_id:
                 parent = body.parent_workflow_id
+            if segment_started and body.reset_from_run_id and body.reset_to_seq is not None:
+                reset_from = (body.reset_from_run_id, body.reset_to_seq)
         elif segment_started and isinstance(body, ChildWorkflowStarted):
             children.append((body.child_workflow_id, body.workflow_type))
+        elif segment_started and isinstance(body, WorkflowReset):
+            reset_to = (body.new_run_id, body.to_seq)
+    latest = run_segment(events, description.run_id) if description.run_id else []
+    by_seq = {event.seq: event for event in latest}
+    points = tuple((seq, str(event_to_wire(by_seq[seq])["type"])) for seq in reset_points(latest))
     owners = await owners_of(store, [row] if row is not None and row.status is WorkflowStatus.RUNNING else [])
     return WorkflowPage(
         show=show_json(events, description),
@@ -267,4 +285,8 @@ async def workflow_page(store: Store, workflow_id: str, run_id: str | None = Non
         parent=parent,
         row=row_json(row) if row is not None else None,
         owner=owners.get(workflow_id),
+        reset_points=points,
+        default_reset=last_step(latest),
+        reset_to=reset_to,
+        reset_from=reset_from,
     )

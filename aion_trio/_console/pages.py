@@ -172,7 +172,24 @@ def workflow_live(page: WorkflowPage) -> str:
             )
             for r in runs
         )
-        summary.append(("Continue-as-new chain", links))
+        summary.append(("Runs", links))
+    if page.reset_from is not None:
+        run, seq = page.reset_from
+        summary.append(
+            (
+                "Reset from",
+                f'<a id="reset-from" href="/workflows/{_q(wid)}?run={e(run)}">{e(run[:8])}</a> at seq {seq}',
+            )
+        )
+    if page.reset_to is not None:
+        run, seq = page.reset_to
+        summary.append(
+            (
+                "Reset to",
+                f'<a id="reset-to" href="/workflows/{_q(wid)}?run={e(run)}">{e(run[:8])}</a> '
+                f"(a new run replaying this one up to seq {seq})",
+            )
+        )
     parts = []
     if page.run_id != show["run_id"]:
         latest = f'<a href="/workflows/{_q(wid)}">the latest run</a>'
@@ -239,7 +256,15 @@ def history_table(history: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def actions_form(workflow_id: str, *, csrf: str, enabled: bool, why_not: str) -> str:
+def actions_form(
+    workflow_id: str,
+    *,
+    csrf: str,
+    enabled: bool,
+    why_not: str,
+    reset_points: Sequence[tuple[int, str]] = (),
+    default_reset: int | None = None,
+) -> str:
     if not enabled:
         return f'<section class="actions"><h2>Actions</h2><p class="muted" id="actions-off">{e(why_not)}</p></section>'
     hidden = (
@@ -268,7 +293,26 @@ def actions_form(workflow_id: str, *, csrf: str, enabled: bool, why_not: str) ->
         + button("cancel", "Cancel", reason)
         + button("terminate", "Terminate", reason)
         + button("reopen", "Reopen")
+        + _reset_form(workflow_id, hidden, reset_points, default_reset)
         + "</section>"
+    )
+
+
+def _reset_form(workflow_id: str, hidden: str, points: Sequence[tuple[int, str]], default: int | None) -> str:
+    """Reset the latest run to one of its reset points (the last step that did not fail first)."""
+    if not points:
+        return '<p class="muted" id="reset-off">Reset: the latest run has no reset point.</p>'
+    options = "".join(
+        f'<option value="{seq}"{" selected" if seq == default else ""}>'
+        f"seq {seq}: {e(kind)}{' (last step)' if seq == default else ''}</option>"
+        for seq, kind in points
+    )
+    return (
+        f'<form method="post" action="/actions/reset" class="action reset" '
+        f'data-confirm="Reset workflow {e(workflow_id)}?">{hidden}'
+        f'<label>to <select name="to_seq" id="reset-to-seq">{options}</select></label>'
+        '<input name="reason" placeholder="reason (recorded)">'
+        '<button type="submit" id="do-reset">Reset</button></form>'
     )
 
 

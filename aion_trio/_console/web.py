@@ -24,7 +24,14 @@ from .._cli.errors import describe_error
 from .._cli.options import json_argument
 from .._cli.userapp import App
 from .._cli.writes import apply_or_queue
-from .._commands import CancelCommand, Command, ReopenCommand, SignalCommand, TerminateCommand
+from .._commands import (
+    CancelCommand,
+    Command,
+    ReopenCommand,
+    ResetCommand,
+    SignalCommand,
+    TerminateCommand,
+)
 from .._engine import Engine
 from .._errors import WorkflowNotFound
 from .._payload import Payload
@@ -38,7 +45,7 @@ COOKIE = "aion_trio_console"
 _LINES = re.compile(r"\r\n|\r|\n")
 STATIC = Path(__file__).parent / "static"
 MAX_FORM = 1 << 20
-ACTIONS = ("signal", "cancel", "terminate", "reopen")
+ACTIONS = ("signal", "cancel", "terminate", "reopen", "reset")
 #: Outcomes kept for the page an action redirects to (the oldest dropped first).
 _OUTCOMES_KEPT = 200
 
@@ -149,7 +156,14 @@ def build_app(store: Store, settings: Settings) -> ASGIApp:
                 status_code=404,
             )
         off = settings.actions_off()
-        actions = actions_form(workflow_id, csrf=settings.csrf, enabled=off is None, why_not=off or "")
+        actions = actions_form(
+            workflow_id,
+            csrf=settings.csrf,
+            enabled=off is None,
+            why_not=off or "",
+            reset_points=data.reset_points,
+            default_reset=data.default_reset,
+        )
         outcome = outcomes.get(request.query_params.get("outcome", ""))
         return page(workflow_id, workflow_body(data, actions=actions, outcome=outcome))
 
@@ -286,6 +300,17 @@ async def issue(
             async def direct(engine: Engine) -> str:
                 await engine.terminate(workflow_id, reason)
                 return f"workflow {workflow_id!r} terminated"
+
+        elif name == "reset":
+            given = form.get("to_seq", "").strip()
+            if given and not given.isdigit():
+                raise ValueError(f"the reset point must be an event's seq, got {given!r}")
+            to_seq = int(given) if given else None
+            command = ResetCommand(workflow_id=workflow_id, to_seq=to_seq, reason=reason)
+
+            async def direct(engine: Engine) -> str:
+                handle = await engine.reset(workflow_id, to_seq=to_seq, reason=reason)
+                return f"reset workflow {handle.workflow_id!r}: new run {handle.run_id}"
 
         else:
             command = ReopenCommand(workflow_id=workflow_id)

@@ -2,7 +2,9 @@
 
 ``order`` runs ``flaky`` (it fails its first two attempts, then succeeds: a retry trail),
 sleeps on a timer, runs the ``shipping`` child workflow, then waits for the ``approve``
-signal and returns what it carried.
+signal and returns what it carried.  ``charge`` greets, then runs ``debit``: the seed
+ran it with a ``debit`` that always fails (the run failed there); this one, the fixed code,
+succeeds, so a reset to the last step completes the new run.
 """
 
 from __future__ import annotations
@@ -42,11 +44,22 @@ async def order(ctx: aion.WorkflowContext, item: str) -> dict[str, object]:
     return {"reserved": reserved, "shipped": shipped, "decision": decision}
 
 
+@aion.activity(name="debit", retry=aion.RetryPolicy(max_attempts=1))
+async def debit(amount: int) -> str:
+    return f"debited {amount}"
+
+
+@aion.workflow
+async def charge(ctx: aion.WorkflowContext, amount: int) -> str:
+    greeting = await ctx.run(greet, "payer")
+    return f"{greeting}: {await ctx.run(debit, amount)}"
+
+
 @aion.workflow
 async def hello(ctx: aion.WorkflowContext, name: str) -> str:
     return await ctx.run(greet, name)
 
 
-workflows = [order, shipping, hello]
-activities = [flaky, greet]
+workflows = [order, shipping, hello, charge]
+activities = [flaky, greet, debit]
 app = types.SimpleNamespace(workflows=workflows, activities=activities)
