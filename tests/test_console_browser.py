@@ -493,23 +493,16 @@ def test_every_request_needs_the_token_and_every_post_the_csrf_field(console_url
     assert status == 200
     csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
     form = urllib.parse.urlencode({"workflow_id": "h-1", "csrf": csrf})
-    refused = [
-        _http(console_url, "/actions/reopen", method="POST", body=form),  # no cookie
-        _http(
-            console_url, "/actions/reopen", method="POST", cookie=cookie, body="workflow_id=h-1"
-        ),  # no field
-        _http(console_url, "/actions/reopen", method="POST", cookie=cookie, body=form + "x"),  # a wrong one
-        _http(
-            console_url,
-            "/actions/reopen",
-            method="POST",
-            cookie=cookie,
-            body=form,
-            origin="http://evil.example",
-        ),
-    ]
-    assert [status for status, _, _ in refused] == [403, 403, 403, 403]
-    assert "CSRF check failed" in refused[1][2]
+    for action in ("reopen", "reset"):
+        path = f"/actions/{action}"
+        refused = [
+            _http(console_url, path, method="POST", body=form),  # no cookie
+            _http(console_url, path, method="POST", cookie=cookie, body="workflow_id=h-1"),  # no field
+            _http(console_url, path, method="POST", cookie=cookie, body=form + "x"),  # a wrong one
+            _http(console_url, path, method="POST", cookie=cookie, body=form, origin="http://evil.example"),
+        ]
+        assert [status for status, _, _ in refused] == [403, 403, 403, 403], action
+        assert "CSRF check failed" in refused[1][2]
     status, headers, _ = _http(console_url, "/live/list", cookie=cookie)
     assert (status, headers["content-type"].split(";")[0]) == (200, "text/event-stream")
 
@@ -530,9 +523,11 @@ def test_a_read_only_console_shows_no_actions_and_takes_none(store_db: Path) -> 
         assert "actions are disabled" in page
         assert 'name="csrf"' not in page
         assert "read-only" in page
-        status, _, text = _http(
-            url, "/actions/reopen", method="POST", cookie=cookie, body="workflow_id=h-1&csrf=anything"
-        )
-        assert (status, "runs with --read-only" in text) == (403, True)
+        assert 'id="do-reset"' not in page
+        for action in ("reopen", "reset"):
+            status, _, text = _http(
+                url, f"/actions/{action}", method="POST", cookie=cookie, body="workflow_id=h-1&csrf=anything"
+            )
+            assert (status, "runs with --read-only" in text) == (403, True), action
     finally:
         _stop(console)
