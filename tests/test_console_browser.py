@@ -432,8 +432,9 @@ def test_a_failed_workflow_reset_from_the_page_completes_in_its_new_run(
     _wait(driver).until(lambda d: d.find_element(By.ID, "status").text == "completed")
     assert driver.find_element(By.ID, "result").text == '"hello payer: debited 5"'
     back = driver.find_element(By.ID, "reset-from")  # the new run links back to the old one
-    assert back.text, old_run
-    assert old_run.startswith(back.text), (back.text, old_run)
+    back_text = back.text
+    assert back_text, old_run
+    assert old_run.startswith(back_text), (back_text, old_run)
     back.click()
     _wait(driver).until(lambda d: d.find_elements(By.ID, "older-run"))
     ahead = driver.find_element(By.ID, "reset-to")
@@ -441,6 +442,13 @@ def test_a_failed_workflow_reset_from_the_page_completes_in_its_new_run(
     history = driver.find_element(By.CSS_SELECTOR, "table.history").text
     assert "WorkflowReset" in history
     assert '"reason": "card fixed"' in history
+    # In the history, the old run's WorkflowReset links to the new run and the new run's
+    # WorkflowStarted back to the old one.
+    links = [a.text for a in driver.find_elements(By.CSS_SELECTOR, "table.history a.run-link")]
+    assert links == [f"to the new run {new_run[:8]}", f"from run {back_text}"], links
+    driver.find_element(By.LINK_TEXT, links[0]).click()
+    _wait(driver).until(lambda d: d.find_elements(By.ID, "reset-from"))
+    assert not driver.find_elements(By.ID, "older-run")  # the latest run's page
 
 
 # --------------------------------------------------------------------------

@@ -238,17 +238,25 @@ def workflow_live(page: WorkflowPage) -> str:
             "<section><h2>Pending timers</h2><table><thead><tr><th>Timer</th><th>Fires at</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></section>"
         )
-    parts.append(history_table(show["history"]))
+    parts.append(history_table(show["history"], wid))
     return "".join(parts)
 
 
-def history_table(history: Sequence[Mapping[str, Any]]) -> str:
+def history_table(history: Sequence[Mapping[str, Any]], workflow_id: str) -> str:
     rows = []
     for event in history:
         data = event.get("data", {})
+        # A reset's two ends link to each other, as the runs' list does.
+        other = data.get("new_run_id") if event["type"] == "WorkflowReset" else data.get("reset_from_run_id")
+        link = (
+            f'<p><a class="run-link" href="/workflows/{_q(workflow_id)}?run={e(other)}">'
+            f"{'to the new run' if event['type'] == 'WorkflowReset' else 'from run'} {e(str(other)[:8])}</a></p>"
+            if isinstance(other, str)
+            else ""
+        )
         rows.append(
             f'<tr><td class="seq">{event["seq"]}</td><td>{_time(event["recorded_at"])}</td>'
-            f"<td><b>{e(event['type'])}</b></td><td>{_pre(data) if data else ''}</td></tr>"
+            f"<td><b>{e(event['type'])}</b>{link}</td><td>{_pre(data) if data else ''}</td></tr>"
         )
     return (
         '<section><h2>History</h2><table class="history"><thead><tr><th>Seq</th><th>Time (UTC)</th>'
