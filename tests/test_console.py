@@ -189,6 +189,42 @@ async def test_the_workflow_page_draws_each_attempt_the_timer_the_child_and_the_
         assert child.parent == "rounds"
 
 
+@aion.workflow
+async def tallied(ctx: aion.WorkflowContext) -> int:
+    total = 0
+
+    @ctx.update_handler("add")
+    def add(amount: int) -> int:
+        nonlocal total
+        if amount < 0:
+            raise ValueError("no refunds here")
+        total += amount
+        return total
+
+    await ctx.wait_signal("close")
+    return total
+
+
+async def test_the_timeline_draws_each_update_from_its_acceptance_to_its_outcome(
+    store_url: Callable[[], str], autojump_clock: object
+) -> None:
+    url = store_url()
+    async with aion.open_engine(url, workflows=[tallied]) as engine:
+        handle = await engine.start(tallied, workflow_id="tally")
+        with trio.fail_after(60):
+            assert await engine.update("tally", "add", 5) == 5
+            with pytest.raises(aion.UpdateFailed):
+                await engine.update("tally", "add", -1)
+            await engine.signal("tally", "close")
+            assert await handle.result() == 5
+    async with aion.open_store(url) as store:
+        page = await workflow_page(store, "tally")
+    updates = [lane for lane in page.timeline.lanes if lane.label == "update add"]
+    assert [[b.kind for b in lane.bars] for lane in updates] == [["update"], ["failed"]]
+    assert all(b.end is not None for lane in updates for b in lane.bars)
+    assert page.timeline.svg().count('class="bar update"') == 1
+
+
 _declined: list[bool] = [True]
 
 

@@ -24,6 +24,8 @@ from .._events import (
     TimerCancelled,
     TimerFired,
     TimerStarted,
+    UpdateAccepted,
+    UpdateCompleted,
     WorkflowStarted,
 )
 from .._projections import current_lease_terminal, run_segment
@@ -66,8 +68,8 @@ class Timeline:
 
 
 def build_timeline(history: Sequence[Event], run_id: str) -> Timeline:
-    """The lanes of run ``run_id``: the run, then one per activity, timer and child in the order
-    they began, then the signals."""
+    """The lanes of run ``run_id``: the run, then one per activity, timer, child and update in
+    the order they began, then the signals."""
     segment = run_segment(history, run_id)
     start = segment[0].recorded_at
     terminal = current_lease_terminal(segment)
@@ -128,6 +130,13 @@ def build_timeline(history: Sequence[Event], run_id: str) -> Timeline:
             _close(lanes.get(f"c{body.child_workflow_id}"), at, outcome)
         elif isinstance(body, SignalReceived):
             signals.append(Bar(at, at, "signal", f"signal {body.name} {body.payload.json[:80]}"))
+        elif isinstance(body, UpdateAccepted):
+            # From its acceptance to its handler's outcome (one lane per update).
+            lane(f"u{body.update_id}", f"update {body.name}").append(
+                Bar(at, None, "update", f"update {body.name} {body.payload.json[:80]} running")
+            )
+        elif isinstance(body, UpdateCompleted):
+            _close(lanes.get(f"u{body.update_id}"), at, "failed" if body.error is not None else "completed")
     for (key, attempt), began in open_at.items():
         lanes[key].append(Bar(began, None, "running", f"attempt {attempt} running"))
     end = max(ends)
