@@ -353,6 +353,9 @@ class Engine:
             raise ValueError(f"event key must be a non-empty str, got {key!r}")
         seconds = duration_seconds(timeout, "timeout")
         fresh: list[Event] | None = None
+        if self._cluster is not None and not self._core.drives(workflow_id):
+            # Another node drives it: the store's history now, not a copy read earlier here.
+            fresh = await self._core.events.read_history(workflow_id)
         with trio.move_on_after(seconds):
             while True:
                 # Looked up afresh each time round: the run may be evicted (or loaded
