@@ -37,7 +37,18 @@ def soak(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 @pytest.mark.slow
 def test_the_sqlite_soak_smoke_run_finds_every_history_whole(tmp_path: Path) -> None:
-    command = [sys.executable, str(BENCH / "soak.py"), "--kills", "10", "--seed", "20261201"]
+    # 80 workflows over 10 kills: enough work that most generations are killed mid-way on
+    # a fast idle machine too (with 40, faster recovery let half of them finish first).
+    command = [
+        sys.executable,
+        str(BENCH / "soak.py"),
+        "--kills",
+        "10",
+        "--seed",
+        "20261201",
+        "--workflows",
+        "80",
+    ]
     done = subprocess.run(
         [*command, "--dir", str(tmp_path), "--patience", "60"],
         capture_output=True,
@@ -52,10 +63,13 @@ def test_the_sqlite_soak_smoke_run_finds_every_history_whole(tmp_path: Path) -> 
     found = figures[0]
     assert found["violations"] == 0
     assert found["kills"] + found["generations_that_finished_before_their_kill"] == 10
-    assert found["kills"] >= 5, found  # most generations were killed, not finished
-    assert found["workflows"] == 40
-    assert found["signals_queued"] == 8  # one per signal workflow
-    assert found["histories"] == 48  # 40 workflows and 8 children
+    # Killed mid-way, not finished: the seed kills two during start-up; the rest depends
+    # on how fast the engine gets through the work (6 of 10 on an idle machine, more
+    # under load), so the bound leaves that margin.
+    assert found["kills"] >= 4, found
+    assert found["workflows"] == 80
+    assert found["signals_queued"] == 16  # one per signal workflow
+    assert found["histories"] == 96  # 80 workflows and 16 children
     assert not list(tmp_path.iterdir()), "the scratch directory was removed"
 
 
