@@ -682,22 +682,7 @@ class WorkflowContext:
         ``@ctx.signal_handler("approve")`` registers under the given name;
         bare ``@ctx.signal_handler`` under the function's ``__name__``.
         """
-        if isinstance(name_or_handler, str):
-            name = name_or_handler
-
-            def register(handler: F) -> F:
-                self.set_signal_handler(name, handler)
-                return handler
-
-            return register
-        handler = name_or_handler
-        handler_name = getattr(handler, "__name__", None)
-        if not isinstance(handler_name, str):
-            raise TypeError(
-                f"cannot name signal handler {handler!r} (no __name__); use @ctx.signal_handler('name')"
-            )
-        self.set_signal_handler(handler_name, handler)
-        return handler
+        return _handler_decorator("signal", name_or_handler, self.set_signal_handler)
 
     # -- updates -----------------------------------------------------------------
 
@@ -1093,22 +1078,7 @@ class WorkflowContext:
         ``@ctx.query_handler("status")`` registers under the given name;
         bare ``@ctx.query_handler`` under the function's ``__name__``.
         """
-        if isinstance(name_or_handler, str):
-            name = name_or_handler
-
-            def register(handler: F) -> F:
-                self.set_query_handler(name, handler)
-                return handler
-
-            return register
-        handler = name_or_handler
-        handler_name = getattr(handler, "__name__", None)
-        if not isinstance(handler_name, str):
-            raise TypeError(
-                f"cannot name query handler {handler!r} (no __name__); use @ctx.query_handler('name')"
-            )
-        self.set_query_handler(handler_name, handler)
-        return handler
+        return _handler_decorator("query", name_or_handler, self.set_query_handler)
 
 
 @final
@@ -1182,6 +1152,30 @@ class RunActivation:
     def detach(self) -> None:
         """The run's code exited: queries can no longer use it."""
         self._replay.parked = False
+
+
+def _handler_decorator(
+    kind: str, name_or_handler: str | F, register: Callable[[str, F], None]
+) -> Callable[[F], F] | F:
+    """The decorator forms of ``ctx.set_signal_handler`` and ``ctx.set_query_handler``:
+    ``@ctx.KIND_handler("name")`` registers under the name given, a bare
+    ``@ctx.KIND_handler`` under the function's ``__name__``."""
+    if isinstance(name_or_handler, str):
+        name = name_or_handler
+
+        def decorate(handler: F) -> F:
+            register(name, handler)
+            return handler
+
+        return decorate
+    handler = name_or_handler
+    handler_name = getattr(handler, "__name__", None)
+    if not isinstance(handler_name, str):
+        raise TypeError(
+            f"cannot name {kind} handler {handler!r} (no __name__); use @ctx.{kind}_handler('name')"
+        )
+    register(handler_name, handler)
+    return handler
 
 
 def _duration(value: timedelta | float, what: str, *, allow_zero: bool) -> float:
