@@ -9,6 +9,12 @@ module is the engine's side of it:
   (claims orphaned workflows and recovers them), and sends commands for
   workflows another node owns through the store's inbox, waiting for their
   outcome.
+* The sweeper also watches for this node's lease lapsing (seen invalid, or a
+  wake-up far later than the sweep interval: the process was stopped or starved).
+  Once the lease is valid again the node rejoins as a fresh node would: every
+  workflow it holds, loaded or evicted, is checked against the store and the
+  ones another node claimed meanwhile are dropped here before they write or
+  start anything (``rejoin``).
 * :class:`LeaseGatedDispatcher` holds every activity attempt back while this
   node's lease is not valid: a node that may have been taken for dead starts
   no side effect, and once its lease is renewed it runs a held attempt only if
@@ -137,6 +143,16 @@ Running for workflows this node owns and history says ended are rewritten."""
 RECOVERY_CONCURRENCY = 16
 """How many claimed workflows a sweep recovers at once."""
 
+REJOIN_CONCURRENCY = 16
+"""How many held workflows a rejoin checks against the store at once."""
+
+
+def late_wake_after(sweep_interval: float) -> float:
+    """How long between two sweeper wake-ups (wall clock) counts as a lapse of its own: the
+    process was stopped (``SIGSTOP``, a VM pause) or starved for long enough that its lease
+    may have run out and been renewed before the sweeper saw it invalid."""
+    return 2 * sweep_interval + 1.0
+
 
 @final
 class ClusterServices:
@@ -152,6 +168,12 @@ class ClusterServices:
         self._reconciled_at = 0  # the sweep count at the last visibility reconciliation
         self.claimed = 0
         self.remote_commands = 0
+        #: The lease was seen invalid (or a wake-up came late) and no rejoin has run since.
+        self._lapsed = False
+        self._idle_since: float | None = None  # wall clock when the sweeper last began to wait
+        #: Rejoins done, and the workflows they found claimed by another node and dropped.
+        self.rejoins = 0
+        self.lost_on_rejoin = 0
         #: Set by the engine: drains the inbox (the owner's side of remote commands).
         self.drain: Any = None
 
@@ -220,6 +242,59 @@ class ClusterServices:
                 nursery.start_soon(recover, workflow_id)
         return claimed
 
+    def lapse_seen(self) -> bool:
+        """Note the lease's state at a sweeper wake-up (no I/O); ``True`` when a lapse ended:
+        the lease is valid now, and since the last rejoin it was seen invalid or a wake-up came
+        :func:`late_wake_after` late."""
+        late = self._idle_since is not None and time.monotonic() - self._idle_since > late_wake_after(
+            self.config.sweep_interval
+        )
+        if late:
+            self._lapsed = True
+        if not self.cluster.lease_valid():
+            self._lapsed = True
+            return False
+        return self._lapsed
+
+    async def rejoin(self) -> int:
+        """After a lapse, drop every held workflow another node claimed meanwhile; returns how
+        many.  Each is looked up with ``command_target`` (a failed look-up raises and the next
+        wake-up tries the whole rejoin again); a workflow still owned here stays as it is: its
+        writes are fenced by the store anyway, this only stops the ones that are lost before
+        they write or start a side effect."""
+        held = self.core.held_workflows()
+        lost: list[tuple[str, str]] = []
+        limiter = trio.CapacityLimiter(REJOIN_CONCURRENCY)
+
+        async def check(workflow_id: str) -> None:
+            async with limiter:
+                owner = await self.cluster.command_target(workflow_id)
+            if owner is not None:
+                lost.append((workflow_id, owner))
+
+        async with trio.open_nursery() as nursery:
+            for workflow_id in held:
+                nursery.start_soon(check, workflow_id)
+        for workflow_id, owner in lost:
+            self.core.relinquish_lost(
+                workflow_id,
+                WorkflowFenced(
+                    workflow_id,
+                    f"this node's lease lapsed and {'node ' + repr(owner) if owner else 'no live node'} "
+                    "owns the workflow now; dropped here on rejoining",
+                ),
+            )
+        self._lapsed = False
+        self.rejoins += 1
+        self.lost_on_rejoin += len(lost)
+        logger.info(
+            "rejoined after a lease lapse: %d of %d held workflow(s) were claimed by another node and dropped",
+            len(lost),
+            len(held),
+            extra={"node": self.cluster.node_id, "held": len(held), "lost": len(lost)},
+        )
+        return len(lost)
+
     def _running_here(self) -> set[str]:
         """The workflows whose runs this node drives now (their rows are its own to write)."""
         running = set()
@@ -232,8 +307,11 @@ class ClusterServices:
     async def sweeper(self) -> None:
         """Sweep on every wake-up; then drain the commands the claimed workflows brought along."""
         while True:
+            self._idle_since = time.monotonic()
             await self.woken()
             try:
+                if self.lapse_seen():
+                    await self.rejoin()
                 claimed = await self.sweep_once()
                 if claimed or self.sweeps - self._reconciled_at >= VISIBILITY_RECONCILE_SWEEPS:
                     self._reconciled_at = self.sweeps

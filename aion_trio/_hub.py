@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._clock import EngineClock
     from ._commands import IdReusePolicy
     from ._epoch import EngineEpoch
+    from ._errors import NotOwner
     from ._events import WorkflowContinuedAsNew, WorkflowStarted
     from ._observe import ObserverHub
     from ._payload import Payload
@@ -131,6 +132,10 @@ class ClusterHub(Protocol):
     def service_threads(self) -> trio.CapacityLimiter: ...
 
     def loaded_recorder(self, workflow_id: str) -> Recorder | None: ...
+
+    def held_workflows(self) -> list[str]: ...
+
+    def relinquish_lost(self, workflow_id: str, error: NotOwner) -> None: ...
 
     async def take_fresh(self, workflow_id: str) -> None: ...
 

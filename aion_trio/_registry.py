@@ -146,6 +146,10 @@ class Registry:
         """Forget the evicted entry of ``workflow_id`` (it is being made resident again)."""
         return self._evicted.pop(workflow_id, None)
 
+    def evicted_ids(self) -> list[str]:
+        """The workflow ids whose run is evicted (a snapshot)."""
+        return list(self._evicted)
+
     @property
     def evicted_count(self) -> int:
         return len(self._evicted)

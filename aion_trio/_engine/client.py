@@ -196,6 +196,7 @@ class Engine:
 
     def statistics(self) -> EngineStatistics:
         leases = self._core.registry.leases()
+        services = self._core.cluster_services
         return EngineStatistics(
             registered_leases=len(leases),
             resident_runs=sum(1 for lease in leases if lease.task is not None),
@@ -208,6 +209,9 @@ class Engine:
             evictions=self._core.residency.evictions,
             reloads=self._core.residency.reloads,
             released_workflows=self._core.residency.released,
+            relinquished_workflows=self._core.recorders.relinquished,
+            rejoins=0 if services is None else services.rejoins,
+            lost_on_rejoin=0 if services is None else services.lost_on_rejoin,
         )
 
     @overload

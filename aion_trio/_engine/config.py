@@ -304,3 +304,10 @@ class EngineStatistics:
     reloads: int = 0
     #: Closed workflows whose leases and recorder left memory, since the engine opened.
     released_workflows: int = 0
+    #: Cluster mode: workflows this node stopped because another node claimed them (its
+    #: appends were fenced, or a rejoin found them lost), since the engine opened.
+    relinquished_workflows: int = 0
+    #: Cluster mode: times this node rejoined after its lease lapsed, and the workflows those
+    #: rejoins found claimed by another node and dropped (counted in ``relinquished_workflows`` too).
+    rejoins: int = 0
+    lost_on_rejoin: int = 0

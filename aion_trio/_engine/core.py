@@ -25,7 +25,7 @@ from .._clock import EngineClock
 from .._cluster import ClusterServices
 from .._definitions import ActivityDefinition, WorkflowDefinition
 from .._epoch import EngineEpoch
-from .._errors import UnknownActivityType, UnknownWorkflowType
+from .._errors import NotOwner, UnknownActivityType, UnknownWorkflowType
 from .._events import Event, WorkflowContinuedAsNew
 from .._hub import ClientCommands
 from .._observe import ObserverHub
@@ -154,6 +154,12 @@ class EngineCore:
 
     def loaded_recorder(self, workflow_id: str) -> Recorder | None:
         return self.recorders.loaded_recorder(workflow_id)
+
+    def held_workflows(self) -> list[str]:
+        return self.recorders.held()
+
+    def relinquish_lost(self, workflow_id: str, error: NotOwner) -> None:
+        self.recorders.relinquish_lost(workflow_id, error)
 
     def drives(self, workflow_id: str) -> bool:
         return self.recorders.drives(workflow_id)

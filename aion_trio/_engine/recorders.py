@@ -209,6 +209,28 @@ class Recorders:
             error,
         )
 
+    def held(self) -> list[str]:
+        """The workflows this engine holds now: loaded, or with an evicted run (a snapshot)."""
+        return [*self._recorders, *(w for w in self._registry.evicted_ids() if w not in self._recorders)]
+
+    def relinquish_lost(self, workflow_id: str, error: NotOwner) -> None:
+        """Cluster mode: drop a workflow this node found another node owns (after its lease
+        lapsed), loaded or evicted, before it writes to it or starts a side effect for it.
+        The same stop as :meth:`relinquish`; nothing is recorded.  No checkpoint."""
+        recorder = self._recorders.get(workflow_id)
+        if recorder is not None:
+            self.relinquish(recorder, error)
+            return
+        if self._registry.evicted(workflow_id) is None:
+            return  # dropped meanwhile
+        self._forget(workflow_id)
+        self._changed(workflow_id)
+        self._report_relinquished(
+            workflow_id,
+            "evicted workflow relinquished: another node claimed it while this node's lease had lapsed: %s",
+            error,
+        )
+
     def _report_relinquished(self, workflow_id: str, message: str, error: StoreError) -> None:
         """Count a workflow this node stopped running, log ``message`` (``%s``: ``error``) and
         tell the observers."""

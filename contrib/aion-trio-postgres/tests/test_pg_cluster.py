@@ -117,12 +117,18 @@ def _clear_calls() -> None:
 
 @contextlib.asynccontextmanager
 async def node(
-    url: str, name: str, *, ttl: float = 1.0, renew_every: float | None = -1.0, observers: Any = ()
+    url: str,
+    name: str,
+    *,
+    ttl: float = 1.0,
+    renew_every: float | None = -1.0,
+    observers: Any = (),
+    config: EngineConfig = FAST,
 ) -> AsyncIterator[tuple[PostgresClusterStore, aion.Engine]]:
     async with open_postgres_store(url, node=name, lease_ttl=ttl, renew_every=renew_every) as store:
         assert isinstance(store, PostgresClusterStore)
         async with aion.open_engine(
-            store, workflows=WORKFLOWS, activities=[note], config=FAST, observers=observers
+            store, workflows=WORKFLOWS, activities=[note], config=config, observers=observers
         ) as engine:
             yield store, engine
 
@@ -354,6 +360,52 @@ async def test_a_held_back_attempt_whose_workflow_was_taken_over_meanwhile_never
             assert getattr(gate, "not_owned", 0) == 1
             assert [e.workflow_id for e in seen] == ["w"]
             assert cut._core.loaded_recorder("w") is None
+    assert_unforked(pg_url, schema)
+
+
+async def test_a_node_whose_lease_lapsed_drops_what_it_lost_when_it_rejoins(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    """A partition longer than the TTL healed: the node does not wait for a fenced write to
+    find out what it lost.  On rejoining it checks every workflow it holds, the resident one
+    and the evicted one, and drops those another node claimed meanwhile (an evicted run kept
+    here could be woken by its own timer, replayed and dispatch a side effect)."""
+    url = fresh_store_url()
+    schema = schema_of(url)
+    seen: list[WorkflowRelinquished] = []
+
+    def observe(event: object) -> None:
+        if isinstance(event, WorkflowRelinquished):
+            seen.append(event)
+
+    one_resident = EngineConfig(sweep_interval=0.1, remote_command_timeout=10.0, max_resident_runs=1)
+    async with node(url, "cut", ttl=0.5, renew_every=None, observers=[observe], config=one_resident) as (
+        store_c,
+        cut,
+    ):
+        await cut.start(approval, 1, workflow_id="evicted")
+        await cut.start(approval, 2, workflow_id="resident")
+        await eventually(lambda: _true(cut.statistics().evicted_runs == 1))
+        assert (await cut.describe("evicted")).residency == "evicted"
+        assert (await cut.describe("resident")).residency == "resident"
+        await eventually(lambda: _true(not store_c.lease_valid()))  # the partition: no renewal
+        async with node(url, "other") as (_, other):
+            await eventually(lambda: _owned_by(pg_url, schema, "evicted", "other"))
+            await eventually(lambda: _owned_by(pg_url, schema, "resident", "other"))
+            assert seen == [], "control: nothing was dropped before the lease came back"
+            await store_c.renew_lease()  # the partition heals
+            await eventually(lambda: _true(cut.statistics().lost_on_rejoin == 2))
+            stats = cut.statistics()
+            assert (stats.rejoins, stats.evicted_runs, stats.loaded_recorders) == (1, 0, 0)
+            assert stats.relinquished_workflows == 2
+            assert sorted(e.workflow_id for e in seen) == ["evicted", "resident"]
+            assert cut._core.loaded_recorder("resident") is None
+            # The workflows go on where they are owned now, untouched by the rejoined node.
+            await other.signal("evicted", "approve", "yes")
+            await other.signal("resident", "approve", "no")
+            with trio.fail_after(10):
+                assert await other.result("evicted") == {"order": 1, "decision": "yes"}
+                assert await other.result("resident") == {"order": 2, "decision": "no"}
     assert_unforked(pg_url, schema)
 
 
