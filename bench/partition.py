@@ -16,8 +16,9 @@ the answers are lost; ``flap``: cut and healed every 0.3 s for ``--hold``
 seconds, 6 by default, 60 for the full-scale run), then heals; then ``n2`` is
 ``kill -9``'d and ``n1`` finishes everything.  Per repetition it measures
 *stopped* (partition to the start of ``n1``'s last side effect), *takeover*
-(partition until ``n2`` owns every workflow ``n1`` ran) and *rejoin* (heal
-until ``n1``'s lease is renewed), and checks the invariants (histories, one
+(partition until ``n2`` owns every workflow ``n1`` ran), *rejoin* (heal
+until ``n1``'s lease is renewed) and *dropped* (heal until ``n1`` dropped the
+last workflow ``n2`` took over), and checks the invariants (histories, one
 completion per attempt, no overlapping runs of one activity on two nodes).
 
 Prints one JSON line per repetition, then per measure p50 and max beside
@@ -98,7 +99,7 @@ def main(argv: list[str]) -> None:
     base = args.pg_url.split("?", 1)[0]
 
     def body(directory: str) -> None:
-        measures: dict[str, list[float]] = {"stopped": [], "takeover": [], "rejoin": []}
+        measures: dict[str, list[float]] = {"stopped": [], "takeover": [], "rejoin": [], "dropped": []}
         failed = 0
         for rep in range(args.repetitions):
             schema = f"aion_pb_{uuid.uuid4().hex[:12]}"
@@ -140,6 +141,7 @@ def main(argv: list[str]) -> None:
                     if outcome.takeover == outcome.takeover
                     else None,
                     "rejoin_s": round(outcome.rejoin, 3),
+                    "dropped_s": round(outcome.dropped, 3) if outcome.dropped == outcome.dropped else None,
                     "relinquished": outcome.relinquished,
                     "problems": outcome.problems[:5],
                 }

@@ -19,8 +19,9 @@ Prints ``READY <pid>`` once the engine is open, ``STARTED <n>`` after starting
 when ``--start`` is given: a restarted node starts nothing), ``NAPPING``
 after starting ``nap`` workflows ``nap-<i>`` (``--nap``), ``SPANNING``
 after starting ``spans`` workflows ``s-<i>`` of ``--steps`` steps, and one
-``RELINQUISHED <workflow_id> <reason>`` line each time the store fenced this
-node (``NotOwner``: another node claimed the workflow).  Runs until SIGTERM or
+``RELINQUISHED <workflow_id> <unix time> <reason>`` line each time this node
+stopped a workflow another node claimed (a fenced append, or found on
+rejoining after its lease lapsed).  Runs until SIGTERM or
 SIGINT, then closes the engine and prints ``STOPPED``.
 
 ``--chain`` (throughput mode): after ``READY``, waits for a line on stdin,
@@ -52,7 +53,7 @@ def _range(text: str) -> range:
 
 def _observer(event: object) -> None:
     if isinstance(event, aion.WorkflowRelinquished):
-        print(f"RELINQUISHED {event.workflow_id} {event.reason}", flush=True)
+        print(f"RELINQUISHED {event.workflow_id} {time.time():.3f} {event.reason}", flush=True)
 
 
 async def _run_chains(

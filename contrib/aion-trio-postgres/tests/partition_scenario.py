@@ -12,8 +12,9 @@ Then:
    ``n1``'s running workflows over.  Or (``fault``) the partition is
    asymmetric (``send_only``: requests arrive, answers never do) or the link
    flaps (``flap``: cut and healed every few hundred milliseconds);
-2. the partition heals: ``n1`` is fenced where it still writes (``NotOwner``:
-   it prints ``RELINQUISHED``) and renews its lease again (it rejoins);
+2. the partition heals: ``n1`` renews its lease again and rejoins: it drops
+   every workflow ``n2`` took over (it prints ``RELINQUISHED``), found by its
+   rejoin check or, at the latest, by a fenced append;
 3. ``n2`` is ``kill -9``'d, so the rejoined ``n1`` must claim everything and
    finish it: a node that came back from a partition works as any other.
 
@@ -25,7 +26,11 @@ Measured (seconds of wall clock; the proxy's switch is the partition's start):
 ``takeover``
     from the partition until ``n2`` owns every workflow ``n1`` was running;
 ``rejoin``
-    from the heal until ``n1``'s lease is renewed again (database clock).
+    from the heal until ``n1``'s lease is renewed again (database clock);
+``dropped``
+    from the heal until ``n1`` has dropped the last workflow ``n2`` took over
+    (its ``RELINQUISHED`` lines; not measured for a flap, which may cause no
+    takeover).
 
 Checked after the run (:attr:`Outcome.problems`): the SQL invariants of
 ``_invariants.py`` with every workflow's expected result; every step ran;
@@ -60,6 +65,7 @@ class Outcome:
     rejoin: float
     relinquished: int
     problems: list[str]
+    dropped: float = float("nan")
 
 
 class ScenarioFailed(AssertionError):
@@ -272,6 +278,21 @@ def run_partition(
 
             run.wait_for("n1 to renew its lease after the heal", renewed, 10 * ttl + 10)
             rejoin = time.time() - heal_at
+            dropped = float("nan")
+            if fault != "flap":
+                lost = set(held)
+
+                def all_dropped() -> float | None:
+                    at: dict[str, float] = {}
+                    for line in run.text("n1").splitlines():
+                        parts = line.split(" ", 3)
+                        if len(parts) >= 3 and parts[0] == "RELINQUISHED" and parts[1] in lost:
+                            at.setdefault(parts[1], float(parts[2]))
+                    return max(at.values()) if len(at) == len(lost) else None
+
+                dropped = (
+                    run.wait_for("n1 to drop every workflow it lost", all_dropped, 10 * ttl + 10) - heal_at
+                )
 
             # The rejoined node must be a working node: it finishes what n2 leaves behind.
             popen, log = run.procs.pop("n2")
@@ -310,7 +331,12 @@ def run_partition(
         )
     stopped = max(cut_off) - partition_at if cut_off else 0.0
     return Outcome(
-        stopped=stopped, takeover=takeover, rejoin=rejoin, relinquished=relinquished, problems=problems
+        stopped=stopped,
+        takeover=takeover,
+        rejoin=rejoin,
+        relinquished=relinquished,
+        problems=problems,
+        dropped=dropped,
     )
 
 

@@ -56,6 +56,8 @@ def test_a_partitioned_node_stops_is_taken_over_is_fenced_and_rejoins(
     assert outcome.takeover <= TTL + SWEEP + POLL + 2.0, outcome
     assert outcome.relinquished > 0, "the healed node was never fenced: it wrote nothing after the heal?"
     assert outcome.rejoin <= TTL, outcome
+    # Rejoining drops what was lost at the first sweep with a valid lease, not at a later write.
+    assert outcome.dropped <= outcome.rejoin + 2 * SWEEP + 1.0, outcome
 
 
 @pytest.mark.slow
@@ -72,6 +74,7 @@ def test_an_asymmetric_partition_keeps_every_invariant(
     # A renewal sent into the partition still lands: the lease can last one TTL more.
     assert outcome.takeover <= 2 * TTL + SWEEP + POLL + 2.0, outcome
     assert outcome.relinquished > 0
+    assert outcome.dropped <= outcome.rejoin + 2 * SWEEP + 1.0, outcome
 
 
 @pytest.mark.slow
