@@ -65,7 +65,7 @@ PUBLIC = ("aion_trio", "aion_trio.events", "aion_trio.projections", "aion_trio.p
 #: table and docs/architecture.md's "Testing seams" section the same (checked below).
 SEAMS: dict[str, tuple[str, ...]] = {
     "entry points": ("aion_trio._cli", "aion_trio._demo", "aion_trio._console"),
-    "engine services": ("aion_trio._inbox",),
+    "engine services": ("aion_trio._inbox", "aion_trio._cluster"),
     "activities": ("aion_trio._activities",),
     "workflow code": ("aion_trio._context", "aion_trio._ports"),
     "runtime": (
