@@ -52,11 +52,20 @@ class FailureCause(enum.Enum):
 
 
 class TimerCancelCause(enum.Enum):
+    """Why a timer was cancelled (``TimerCancelled.cause``).
+
+    ``WORKFLOW_INTENT``: the workflow no longer wants it (a cancelled handle or
+    scope, a retired deadline).  ``CANCEL_TEARDOWN``: a cancel, terminate or
+    deadline ending the run retired it; a reopen re-arms it.
+    """
+
     WORKFLOW_INTENT = "workflow_intent"
     CANCEL_TEARDOWN = "cancel_teardown"
 
 
 class TimeoutKind(enum.Enum):
+    """Which timeout ended a run (``WorkflowTimedOut.timeout_kind``): ``DEADLINE``, the run's ``timeout``."""
+
     DEADLINE = "deadline"
 
 
@@ -350,6 +359,8 @@ class EventBody:
 
 @attrs.frozen(kw_only=True)
 class WorkflowStarted(EventBody):
+    """The first event of a run: type, input, run id, parent (a child's), task queue, deadline."""
+
     workflow_type: str = attrs.field(validator=_non_empty_str)
     input: Payload = attrs.field(validator=_payload)
     run_id: str = attrs.field(validator=_run_id)
@@ -375,24 +386,32 @@ class WorkflowStarted(EventBody):
 
 @attrs.frozen(kw_only=True)
 class WorkflowCompleted(EventBody):
+    """The run returned ``result``; ends the run."""
+
     TERMINAL: ClassVar[bool] = True
     result: Payload = attrs.field(validator=_payload)
 
 
 @attrs.frozen(kw_only=True)
 class WorkflowFailed(EventBody):
+    """The run raised; ``error`` describes the exception.  Ends the run."""
+
     TERMINAL: ClassVar[bool] = True
     error: ErrorInfo = attrs.field(validator=attrs.validators.instance_of(ErrorInfo))
 
 
 @attrs.frozen(kw_only=True)
 class WorkflowCancelRequested(EventBody):
+    """``engine.cancel`` asked the run to stop; the run sees ``trio.Cancelled`` at its next await."""
+
     reason: str = attrs.field(validator=_str)
     request_id: str | None = _request_id_field()
 
 
 @attrs.frozen(kw_only=True)
 class WorkflowCancelled(EventBody):
+    """The run ended cancelled (or ``terminated`` without running its code); ends the run."""
+
     TERMINAL: ClassVar[bool] = True
     reason: str = attrs.field(validator=_str)
     #: True when ``terminate`` ended the run without running its code.
@@ -402,6 +421,8 @@ class WorkflowCancelled(EventBody):
 
 @attrs.frozen(kw_only=True)
 class WorkflowTimedOut(EventBody):
+    """The run's deadline (its start's ``timeout``) passed before it ended; ends the run."""
+
     TERMINAL: ClassVar[bool] = True
     timeout_kind: TimeoutKind = attrs.field(
         default=TimeoutKind.DEADLINE, validator=attrs.validators.instance_of(TimeoutKind)
@@ -410,6 +431,8 @@ class WorkflowTimedOut(EventBody):
 
 @attrs.frozen(kw_only=True)
 class WorkflowContinuedAsNew(EventBody):
+    """The run continued as a new run (``ctx.continue_as_new``) with ``input``; ends this run."""
+
     TERMINAL: ClassVar[bool] = True
     input: Payload = attrs.field(validator=_payload)
     workflow_type: str | None = attrs.field(default=None, validator=_optional_non_empty_str)
@@ -431,6 +454,8 @@ class WorkflowReset(EventBody):
 
 @attrs.frozen(kw_only=True)
 class WorkflowReopened(EventBody):
+    """``engine.reopen`` resumed an ended run ``run_id``, re-scheduling the activities it names."""
+
     run_id: str = attrs.field(validator=_run_id)
     reopened_activity_ids: tuple[int, ...] = attrs.field(
         default=(), converter=_int_tuple, validator=_activity_ids
@@ -440,11 +465,15 @@ class WorkflowReopened(EventBody):
 
 @attrs.frozen(kw_only=True)
 class SearchAttributesUpserted(EventBody):
+    """The workflow set (or, with ``None``, removed) search attributes (``ctx.upsert_search_attributes``)."""
+
     attributes: Mapping[str, SearchValue] = attrs.field(converter=_search_attrs_converter)
 
 
 @attrs.frozen(kw_only=True)
 class ActivityScheduled(EventBody):
+    """The workflow asked for activity ``activity_id`` (its type, input, task queue and resolved options)."""
+
     activity_id: int = attrs.field(validator=_non_negative)
     activity_type: str = attrs.field(validator=_non_empty_str)
     input: Payload = attrs.field(validator=_payload)
@@ -460,12 +489,16 @@ class ActivityScheduled(EventBody):
 
 @attrs.frozen(kw_only=True)
 class ActivityStarted(EventBody):
+    """Attempt ``attempt`` of an activity began."""
+
     activity_id: int = attrs.field(validator=_non_negative)
     attempt: int = attrs.field(validator=_positive)
 
 
 @attrs.frozen(kw_only=True)
 class ActivityCompleted(EventBody):
+    """An attempt returned ``result``; settles the activity."""
+
     activity_id: int = attrs.field(validator=_non_negative)
     result: Payload = attrs.field(validator=_payload)
     attempt: int = attrs.field(validator=_positive)
@@ -473,6 +506,10 @@ class ActivityCompleted(EventBody):
 
 @attrs.frozen(kw_only=True)
 class ActivityFailed(EventBody):
+    """An attempt failed: a retry-trail record (``final`` false) or, ``final`` true, the failure that settles the
+    activity.
+    """
+
     activity_id: int = attrs.field(validator=_non_negative)
     error: ActivityError = attrs.field(validator=attrs.validators.instance_of(ActivityError))
     attempt: int = attrs.field(validator=_positive)
@@ -493,6 +530,8 @@ class ActivityFailed(EventBody):
 
 @attrs.frozen(kw_only=True)
 class ActivityCancelled(EventBody):
+    """The activity was cancelled at attempt ``attempt``; settles it."""
+
     activity_id: int = attrs.field(validator=_non_negative)
     attempt: int = attrs.field(validator=_positive)
     #: True: the workflow cancelled it (``await handle.cancel()``, one of its commands);
@@ -502,6 +541,8 @@ class ActivityCancelled(EventBody):
 
 @attrs.frozen(kw_only=True)
 class ActivityFallbackRouted(EventBody):
+    """An attempt found no worker on ``from_task_queue`` and went to its fallback queue ``to_task_queue``."""
+
     activity_id: int = attrs.field(validator=_non_negative)
     attempt: int = attrs.field(validator=_positive)
     from_task_queue: str = attrs.field(validator=_non_empty_str)
@@ -511,6 +552,10 @@ class ActivityFallbackRouted(EventBody):
 
 @attrs.frozen(kw_only=True)
 class ActivityAdvisoryExhausted(EventBody):
+    """An advisory activity ran out of attempts: recorded for people (``reason``), the activity still settles as
+    usual.
+    """
+
     activity_id: int = attrs.field(validator=_non_negative)
     activity_type: str = attrs.field(validator=_non_empty_str)
     reason: str = attrs.field(validator=_str)
@@ -519,23 +564,31 @@ class ActivityAdvisoryExhausted(EventBody):
 
 @attrs.frozen(kw_only=True)
 class TimerStarted(EventBody):
+    """A durable timer ``timer_id`` was set to fire at ``fire_at`` (a timezone-aware datetime)."""
+
     timer_id: str = attrs.field(validator=_timer_id)
     fire_at: datetime = attrs.field(validator=_require_aware)
 
 
 @attrs.frozen(kw_only=True)
 class TimerFired(EventBody):
+    """Timer ``timer_id`` fired."""
+
     timer_id: str = attrs.field(validator=_timer_id)
 
 
 @attrs.frozen(kw_only=True)
 class TimerCancelled(EventBody):
+    """Timer ``timer_id`` was cancelled before firing; ``cause`` says why."""
+
     timer_id: str = attrs.field(validator=_timer_id)
     cause: TimerCancelCause = attrs.field(validator=attrs.validators.instance_of(TimerCancelCause))
 
 
 @attrs.frozen(kw_only=True)
 class SignalReceived(EventBody):
+    """Signal ``name`` with ``payload`` was delivered to the workflow."""
+
     name: str = attrs.field(validator=_non_empty_str)
     payload: Payload = attrs.field(validator=_payload)
     #: Histories written before request ids: the inbox command that delivered the
@@ -574,6 +627,8 @@ class UpdateCompleted(EventBody):
 
 @attrs.frozen(kw_only=True)
 class ChildWorkflowStarted(EventBody):
+    """The workflow started child workflow ``child_workflow_id`` (its type and input)."""
+
     child_workflow_id: str = attrs.field(validator=_workflow_id)
     workflow_type: str = attrs.field(validator=_non_empty_str)
     input: Payload = attrs.field(validator=_payload)
@@ -585,24 +640,32 @@ class ChildWorkflowStarted(EventBody):
 
 @attrs.frozen(kw_only=True)
 class ChildWorkflowCompleted(EventBody):
+    """Child ``child_workflow_id`` returned ``result``."""
+
     child_workflow_id: str = attrs.field(validator=_workflow_id)
     result: Payload = attrs.field(validator=_payload)
 
 
 @attrs.frozen(kw_only=True)
 class ChildWorkflowFailed(EventBody):
+    """Child ``child_workflow_id`` failed or timed out; ``error`` describes why."""
+
     child_workflow_id: str = attrs.field(validator=_workflow_id)
     error: ErrorInfo = attrs.field(validator=attrs.validators.instance_of(ErrorInfo))
 
 
 @attrs.frozen(kw_only=True)
 class ChildWorkflowCancelled(EventBody):
+    """Child ``child_workflow_id`` ended cancelled or terminated (``reason`` starts ``terminated:``)."""
+
     child_workflow_id: str = attrs.field(validator=_workflow_id)
     reason: str = attrs.field(validator=_str)
 
 
 @attrs.frozen(kw_only=True)
 class MarkerRecorded(EventBody):
+    """A named value recorded in the history (``name``, ``value``); heartbeat details are recorded this way."""
+
     name: str = attrs.field(validator=_non_empty_str)
     value: Payload = attrs.field(validator=_payload)
 
