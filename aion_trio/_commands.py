@@ -359,6 +359,7 @@ def command_from_data_json(type_name: object, data_text: str | bytes) -> Command
 
 
 def outcome_to_json(outcome: CommandOutcome) -> str:
+    """The JSON text a store keeps for an inbox command's outcome (``CommandInbox.ack_command``)."""
     data = {"ok": outcome.ok, "message": outcome.message}
     if outcome.error_type is not None:
         data["error_type"] = outcome.error_type
@@ -368,6 +369,7 @@ def outcome_to_json(outcome: CommandOutcome) -> str:
 
 
 def outcome_from_json(text: str | bytes) -> CommandOutcome:
+    """The outcome ``outcome_to_json`` wrote; anything else raises ``CommandDecodeError``."""
     try:
         data = loads_strict(text)
         if not isinstance(data, dict) or set(data) - {"ok", "message", "error_type", "run_id"}:

@@ -146,6 +146,7 @@ def run_ids(events: Sequence[Event]) -> list[str]:
 
 
 def latest_run_id(events: Sequence[Event]) -> str | None:
+    """The id of the workflow's latest run (``None`` for an empty history)."""
     ids = run_ids(events)
     return ids[-1] if ids else None
 
@@ -208,6 +209,7 @@ def is_active_status(status: WorkflowStatus | None) -> bool:
 
 
 def is_active(events: Sequence[Event]) -> bool:
+    """Whether the workflow's latest run is still running (the status ``workflow_status`` projects)."""
     return is_active_status(workflow_status(events))
 
 
@@ -264,6 +266,7 @@ def activity_settled_or_run_ended(events: Sequence[Event], run_id: str, activity
 
 
 def scheduled_activities(segment: Sequence[Event]) -> dict[int, ActivityScheduled]:
+    """The ``ActivityScheduled`` bodies of ``segment`` (one run's events) by activity id."""
     return {e.body.activity_id: e.body for e in segment if isinstance(e.body, ActivityScheduled)}
 
 
@@ -383,6 +386,8 @@ _TIMER_FOLD_TYPES = frozenset({TimerStarted, TimerFired, TimerCancelled, Workflo
 
 @attrs.frozen(kw_only=True)
 class OutstandingTimer:
+    """A timer started and neither fired nor cancelled: its id and when it is due."""
+
     timer_id: str
     fire_at: datetime
 
@@ -566,6 +571,7 @@ def search_attributes(events: Sequence[Event], run_id: str | None = None) -> dic
 
 
 def start_event(events: Sequence[Event], run_id: str) -> Event | None:
+    """The ``WorkflowStarted`` event of run ``run_id`` (``None`` if the history has no such run)."""
     seg = run_segment(events, run_id)
     return seg[0] if seg else None
 

@@ -140,6 +140,10 @@ def _predicate_value(value: object) -> SearchValue:
 
 @attrs.frozen(kw_only=True)
 class SearchPredicate:
+    """One condition of a ``VisibilityFilter``: search attribute ``key`` compared with ``value`` by ``op``
+    (``SearchOp``); bad input raises ``InvalidQuery``.
+    """
+
     key: str
     op: SearchOp
     value: SearchValue = attrs.field(converter=_predicate_value)

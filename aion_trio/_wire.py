@@ -687,10 +687,12 @@ def event_from_wire(obj: object) -> Event:
 
 
 def event_to_json(event: Event) -> str:
+    """The wire form of ``event`` (compact JSON text), as a store persists it; ``event_from_json`` reads it back."""
     return _encode_json(event_to_wire(event))
 
 
 def event_from_json(text: str | bytes) -> Event:
+    """The event ``event_to_json`` wrote; text that is not a valid event raises ``EventDecodeError``."""
     try:
         obj = _loads(text)
     except (ValueError, TypeError) as exc:
@@ -704,4 +706,5 @@ def format_datetime(value: datetime) -> str:
 
 
 def parse_datetime(value: str) -> datetime:
+    """A datetime from its wire form (ISO-8601 with a timezone), as aware UTC; else ``EventDecodeError``."""
     return _parse_dt(value)

@@ -41,6 +41,8 @@ class ActivityRequest:
 
 
 class OutcomeKind(enum.Enum):
+    """How an activity attempt ended, as a dispatcher reports it in ``ActivityOutcome.kind``."""
+
     COMPLETED = "completed"
     FAILED = "failed"
     #: The worker vanished: re-dispatch the same attempt, consume no budget.

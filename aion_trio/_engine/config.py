@@ -251,6 +251,8 @@ class EngineConfig:
 @final
 @attrs.frozen(kw_only=True)
 class PendingActivity:
+    """An activity of the current run that is not settled yet (``WorkflowDescription.pending_activities``)."""
+
     activity_id: int
     activity_type: str
     attempt: int
@@ -286,6 +288,10 @@ class WorkflowDescription:
 @final
 @attrs.frozen(kw_only=True)
 class EngineStatistics:
+    """A snapshot of an engine's bookkeeping (``engine.statistics()``): runs registered, resident, stuck and
+    evicted, threads, renewals.
+    """
+
     registered_leases: int
     resident_runs: int
     stuck_runs: int

@@ -20,6 +20,7 @@ from . import hookspecs
 from ._registry import ENTRY_POINT_GROUP, StoreRegistry
 
 DISABLE_ENV = "AION_TRIO_DISABLE_PLUGINS"
+"""The environment variable listing entry points not to load, comma-separated (``=prometheus,acme``)."""
 
 
 class PluginLoadError(PluginError):

@@ -28,6 +28,7 @@ PROJECT_NAME = "aion_trio"
 """pluggy's project name: markers of another project are not aion_trio hooks."""
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+"""Marks a hook specification (the functions of this module)."""
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 """Mark a plugin's function as the implementation of the hook it is named after."""
 

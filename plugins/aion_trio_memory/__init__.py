@@ -100,6 +100,10 @@ class _Closable:
 @final
 @attrs.define(eq=False)
 class MemoryEventStore(_Closable):
+    """The memory store's ``EventStore``: histories, timers, and the optional capabilities (ownership, inbox,
+    recovery counts, schedules).
+    """
+
     _data: _Data = attrs.field(factory=_Data, alias="data")
     _closed: bool = attrs.field(default=False, init=False)
 
@@ -159,6 +163,8 @@ class MemoryEventStore(_Closable):
 @final
 @attrs.define(eq=False)
 class MemoryVisibilityStore(_Closable):
+    """The memory store's ``VisibilityStore``: one row per workflow, filtered and counted in memory."""
+
     _data: _Data = attrs.field(factory=_Data, alias="data")
     _closed: bool = attrs.field(default=False, init=False)
 
@@ -395,6 +401,10 @@ def _parse(url: str) -> str | None:
 
 @contextlib.asynccontextmanager
 async def open_memory_store(url: str = "memory://") -> AsyncIterator[MemoryStore]:
+    """Open ``memory://`` (a fresh, private store) or ``memory://NAME`` (shared in this process).
+
+    Any other URL, or a ``NAME`` with ``/``, ``?`` or ``#``, raises ``InvalidStoreUrl``.
+    """
     name = _parse(url)
     if name is None:
         data = _Data()
