@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
-import types
 from pathlib import Path
 
 import attrs
@@ -69,7 +68,8 @@ class Sources:
             root = self.extra_roots[top]
         else:
             spec = importlib.util.find_spec(top)  # a top-level lookup imports nothing
-            assert spec is not None and spec.submodule_search_locations, f"cannot find package {top}"
+            assert spec is not None, f"cannot find package {top}"
+            assert spec.submodule_search_locations, f"{top} is not a package"
             root = Path(next(iter(spec.submodule_search_locations)))
         base = root.joinpath(*rest)
         return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")

@@ -7,6 +7,8 @@ up verbatim, so this turns each role into inline code (the last component
 for a ``~`` target, as Sphinx shows it) and ``text::`` into ``text:``.
 An attribute documented Sphinx-style, by ``#:`` comment lines right above
 it, gets those lines as its docstring (griffe reads only string literals).
+A class attribute whose value is a call (``attrs.field(validator=...)``) is
+shown without it: the call is machinery, not a value a reader can use.
 """
 
 from __future__ import annotations
@@ -54,5 +56,8 @@ class SphinxRolesToMarkdown(griffe.Extension):
             text = comment_docstring(lines, obj.lineno)
             if text is not None:
                 obj.docstring = griffe.Docstring(text, lineno=obj.lineno, parent=obj)
+        if obj.is_attribute and obj.parent is not None and obj.parent.is_class:
+            if isinstance(getattr(obj, "value", None), griffe.ExprCall):
+                obj.value = None  # type: ignore[union-attr]
         if obj.docstring is not None:
             obj.docstring.value = markdown_docstring(obj.docstring.value)
