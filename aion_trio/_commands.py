@@ -108,6 +108,7 @@ class StartCommand:
             raise ValueError(f"id_reuse must be one of {', '.join(ID_REUSE_VALUES)}, got {value!r}")
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         return f"start {self.workflow_type} as {self.workflow_id!r}"
 
 
@@ -123,6 +124,7 @@ class SignalCommand:
     request_id: str | None = _request_id()
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         return f"signal {self.name!r} to {self.workflow_id!r}"
 
 
@@ -151,6 +153,7 @@ class SignalWithStartCommand:
             raise ValueError(f"id_reuse of a signal-with-start must be one of {allowed}, got {value!r}")
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         return f"signal {self.signal_name!r} to {self.workflow_id!r}, starting {self.workflow_type} if not running"
 
 
@@ -165,6 +168,7 @@ class CancelCommand:
     request_id: str | None = _request_id()
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         return f"cancel {self.workflow_id!r}"
 
 
@@ -179,6 +183,7 @@ class TerminateCommand:
     request_id: str | None = _request_id()
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         return f"terminate {self.workflow_id!r}"
 
 
@@ -192,6 +197,7 @@ class ReopenCommand:
     request_id: str | None = _request_id()
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         return f"reopen {self.workflow_id!r}"
 
 
@@ -212,6 +218,7 @@ class ResetCommand:
     request_id: str | None = _request_id()
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         where = "its last step" if self.to_seq is None else f"seq {self.to_seq}"
         return f"reset {self.workflow_id!r} to {where}"
 
@@ -231,6 +238,7 @@ class QueryCommand:
     request_id: str | None = _request_id()
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         return f"query {self.name!r} of {self.workflow_id!r}"
 
 
@@ -248,6 +256,7 @@ class UpdateCommand:
     request_id: str | None = _request_id()
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         return f"update {self.name!r} of {self.workflow_id!r}"
 
 
@@ -315,10 +324,12 @@ class CommandOutcome:
 
     @classmethod
     def success(cls, message: str, run_id: str | None = None) -> CommandOutcome:
+        """The outcome of a command that was applied (``run_id``: the run it started, if any)."""
         return cls(ok=True, message=message, run_id=run_id)
 
     @classmethod
     def failure(cls, exc: BaseException) -> CommandOutcome:
+        """The outcome of a command that raised ``exc``: its type name and one-line message."""
         return cls(ok=False, message=" ".join(str(exc).split()), error_type=type(exc).__name__)
 
 

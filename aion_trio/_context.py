@@ -197,14 +197,17 @@ class WorkflowContext:
 
     @property
     def workflow_id(self) -> str:
+        """The id of the workflow this code runs for."""
         return self._replay.workflow_id
 
     @property
     def run_id(self) -> str:
+        """The id of the current run (a continue-as-new or a reset starts a new one)."""
         return self._replay.run_id
 
     @property
     def workflow_type(self) -> str:
+        """The registered name of the workflow (its definition's ``name``)."""
         return self._port.workflow_type
 
     @property

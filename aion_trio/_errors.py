@@ -752,10 +752,12 @@ class ActivityFailure(AionError):
 
     @property
     def type(self) -> str:
+        """The type name of the exception the activity raised."""
         return str(self.error.type)
 
     @property
     def message(self) -> str:
+        """The message of the exception the activity raised."""
         return str(self.error.message)
 
 

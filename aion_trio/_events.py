@@ -38,6 +38,7 @@ class WorkflowStatus(enum.Enum):
 
     @property
     def is_terminal(self) -> bool:
+        """Whether the status is final for its run (anything but ``RUNNING``)."""
         return self is not WorkflowStatus.RUNNING
 
 
@@ -731,10 +732,12 @@ class Event:
 
     @property
     def type(self) -> str:
+        """The body's type name, as on the wire (``"WorkflowStarted"``)."""
         return type(self.body).__name__
 
     @property
     def is_terminal(self) -> bool:
+        """Whether the body ends a run's current lease (``EventBody.TERMINAL``)."""
         return self.body.TERMINAL
 
 

@@ -151,6 +151,7 @@ class OwnerIdentity:
         )
 
     def describe(self) -> str:
+        """``pid N on host H``, for messages naming the owner."""
         return f"pid {self.pid} on host {self.host!r}"
 
 

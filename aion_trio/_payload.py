@@ -236,6 +236,7 @@ class Payload:
 
     @property
     def size(self) -> int:
+        """The encoded size in bytes (UTF-8), as the size limits count it."""
         return len(self.json.encode("utf-8"))
 
     def value(self) -> Any:
@@ -307,4 +308,5 @@ class PayloadCodec:
         return Payload.trusted(text)
 
     def decode(self, payload: Payload) -> Any:
+        """The value ``payload`` holds, as plain JSON data."""
         return payload.value()

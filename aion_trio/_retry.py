@@ -63,9 +63,11 @@ class Fixed:
     delay: float = attrs.field(converter=_delay)
 
     def delay_after(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt``: always ``delay``."""
         return self.delay
 
     def to_json(self) -> dict[str, Any]:
+        """The backoff as a JSON object (``kind``: ``fixed``)."""
         return {"kind": "fixed", "delay": self.delay}
 
 
@@ -87,6 +89,7 @@ class Exponential:
             )
 
     def delay_after(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based), capped at ``maximum``."""
         exponent = max(attempt - 1, 0)
         try:
             value = self.initial * self.multiplier**exponent
@@ -95,6 +98,7 @@ class Exponential:
         return min(value, self.maximum)
 
     def to_json(self) -> dict[str, Any]:
+        """The backoff as a JSON object (``kind``: ``exponential``)."""
         return {
             "kind": "exponential",
             "initial": self.initial,
@@ -119,9 +123,11 @@ class Linear:
             )
 
     def delay_after(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based), capped at ``maximum``."""
         return min(self.initial + self.increment * max(attempt - 1, 0), self.maximum)
 
     def to_json(self) -> dict[str, Any]:
+        """The backoff as a JSON object (``kind``: ``linear``)."""
         return {
             "kind": "linear",
             "initial": self.initial,
@@ -195,10 +201,12 @@ class RetryPolicy:
     non_retryable: tuple[str, ...] = attrs.field(default=(), converter=_type_names)
 
     def is_non_retryable(self, exc: BaseException) -> bool:
+        """Whether ``exc``'s class, or a base class, is named in ``non_retryable``."""
         names = {cls.__qualname__ for cls in type(exc).__mro__} | {cls.__name__ for cls in type(exc).__mro__}
         return any(name in names for name in self.non_retryable)
 
     def to_json(self) -> dict[str, Any]:
+        """The policy as a JSON object (read back by ``from_json``)."""
         return {
             "max_attempts": self.max_attempts,
             "backoff": self.backoff.to_json(),
@@ -207,6 +215,7 @@ class RetryPolicy:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RetryPolicy:
+        """The policy ``to_json`` wrote."""
         return cls(
             max_attempts=data["max_attempts"],
             backoff=backoff_from_json(data["backoff"]),
@@ -242,6 +251,7 @@ class ActivityOptions:
     advisory: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        """The options as a JSON object (the form ``ActivityScheduled.options`` records)."""
         return {
             "retry": self.retry.to_json() if self.retry else None,
             "timeout": self.timeout,

@@ -52,6 +52,7 @@ class Definition:
     module: str
     name: str
     docstring: str | None
+    node: ast.stmt | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.define
@@ -104,7 +105,7 @@ class Sources:
         for index, statement in enumerate(body):
             if isinstance(statement, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 if statement.name == name:
-                    found = Definition(module, name, ast.get_docstring(statement))
+                    found = Definition(module, name, ast.get_docstring(statement), statement)
             elif _assigns(statement, name):
                 following = body[index + 1] if index + 1 < len(body) else None
                 docstring = None
@@ -214,6 +215,62 @@ def api_problems(sources: Sources, api: dict[str, list[str]], targets: list[str]
     return {"no docstring": no_docstring, "not in docs/reference": not_in_reference}
 
 
+def _methods(node: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Public methods and properties (the last definition of a name: overloads are stubs)."""
+    return {
+        item.name: item
+        for item in node.body
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_")
+    }
+
+
+def _is_protocol(node: ast.ClassDef) -> bool:
+    for base in node.bases:
+        base = base.value if isinstance(base, ast.Subscript) else base
+        if (isinstance(base, ast.Name) and base.id == "Protocol") or (
+            isinstance(base, ast.Attribute) and base.attr == "Protocol"
+        ):
+            return True
+    return False
+
+
+def member_problems(sources: Sources, api: dict[str, list[str]]) -> list[str]:
+    """Public methods of public classes without a docstring.
+
+    Excused: a protocol's methods (its class docstring states the contract, as
+    ``EventStore``'s does), a class's methods named after the methods of a
+    protocol it implements (defines more than half of its methods: the
+    protocol documents them), and the
+    ``test_<scenario>`` methods of the conformance suites (named after what they check).
+    """
+    classes: dict[tuple[str, str], ast.ClassDef] = {}
+    for module, names in api.items():
+        for name in names:
+            definition = sources.define(module, name)
+            if isinstance(definition.node, ast.ClassDef):
+                classes[definition.module, definition.name] = definition.node
+    protocols = [set(_methods(node)) for node in classes.values() if _is_protocol(node)]
+    missing = []
+    for (module, name), node in sorted(classes.items()):
+        if _is_protocol(node):
+            continue
+        methods = _methods(node)
+        excused = set().union(*(p for p in protocols if 2 * len(p & set(methods)) > len(p)))
+        for method, item in methods.items():
+            if method.startswith("test_") or method in excused:
+                continue
+            if not (ast.get_docstring(item) or "").strip():
+                missing.append(f"{module}.{name}.{method}")
+    return missing
+
+
+def test_every_public_method_has_a_docstring() -> None:
+    sources = Sources(extra_roots=dict(CONTRIB))
+    api = public_api(sources)
+    missing = member_problems(sources, api)
+    assert missing == [], "write a docstring for: " + ", ".join(missing)
+
+
 def test_every_public_name_has_a_docstring_and_a_reference_entry() -> None:
     sources = Sources(extra_roots=dict(CONTRIB))
     api = public_api(sources)
@@ -248,15 +305,37 @@ def test_every_reference_entry_names_a_public_object() -> None:
 FAKE_INIT = '''
 """A fake package."""
 from ._impl import Documented as Documented, Bare as Bare, LIMIT as LIMIT, UNDOCUMENTED as UNDOCUMENTED
-from ._impl import COMMENTED as COMMENTED
-__all__ = ["Documented", "Bare", "LIMIT", "COMMENTED", "UNDOCUMENTED", "helper"]
+from ._impl import COMMENTED as COMMENTED, Closable as Closable, Closer as Closer
+__all__ = ["Documented", "Bare", "LIMIT", "COMMENTED", "UNDOCUMENTED", "helper", "Closable", "Closer"]
 
 def helper():
     """Helps."""
 '''
 FAKE_IMPL = '''
+from typing import Protocol
+
 class Documented:
     """Has a docstring."""
+
+    def said(self):
+        """Documented."""
+
+    def unsaid(self):
+        pass
+
+    def test_something(self):
+        pass
+
+class Closable(Protocol):
+    """The contract: ``close()`` closes."""
+
+    def close(self): ...
+
+class Closer:
+    """Implements Closable."""
+
+    def close(self):
+        pass
 
 class Bare:
     x: int = 1
@@ -280,7 +359,7 @@ def test_the_checker_reports_missing_docstrings_and_reference_entries(tmp_path: 
     pages = tmp_path / "reference"
     pages.mkdir()
     (pages / "a.md").write_text(
-        "# A\n\n::: fakepkg.Documented\n\n::: fakepkg.Bare\n\n::: fakepkg.LIMIT\n\n::: fakepkg.COMMENTED\n"
+        "# A\n\n::: fakepkg.Documented\n\n::: fakepkg.Bare\n\n::: fakepkg.LIMIT\n\n::: fakepkg.COMMENTED\n\n::: fakepkg.Closable\n\n::: fakepkg.Closer\n"
     )
     sources = Sources(extra_roots={"fakepkg": package})
     api = {"fakepkg": sources.all_names("fakepkg")}
@@ -289,6 +368,7 @@ def test_the_checker_reports_missing_docstrings_and_reference_entries(tmp_path: 
         "no docstring": ["fakepkg.Bare", "fakepkg.UNDOCUMENTED"],
         "not in docs/reference": ["fakepkg.UNDOCUMENTED", "fakepkg.helper"],
     }
+    assert member_problems(sources, api) == ["fakepkg._impl.Documented.unsaid"]
     # The definition is found through the re-export, so one entry covers both spellings.
     assert resolve(sources, "fakepkg._impl.LIMIT") == resolve(sources, "fakepkg.LIMIT")
 

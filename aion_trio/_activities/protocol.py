@@ -37,6 +37,7 @@ class ActivityRequest:
     heartbeat_details: Payload | None = None
 
     def resolved_options(self) -> ActivityOptions:
+        """The attempt's ``ActivityOptions`` as the workflow resolved and recorded them."""
         return _decoded_options(self.options.json, self.task_queue)
 
 
@@ -66,6 +67,7 @@ class ActivityOutcome:
 
     @property
     def ok(self) -> bool:
+        """Whether the attempt completed (``kind`` is ``COMPLETED``)."""
         return self.kind is OutcomeKind.COMPLETED
 
 

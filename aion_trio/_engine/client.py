@@ -125,6 +125,7 @@ class RunHandle(Generic[R]):
         )
 
     async def describe(self) -> WorkflowDescription:
+        """The workflow's current state (``Engine.describe`` of this handle's workflow)."""
         return await self._engine.describe(self.workflow_id)
 
     def __repr__(self) -> str:
@@ -168,6 +169,7 @@ class Engine:
 
     @property
     def epoch(self) -> EngineEpoch:
+        """The engine's epoch: its nursery and the latch background writes check."""
         return self._core.epoch
 
     @property
@@ -192,9 +194,11 @@ class Engine:
 
     @property
     def store(self) -> Store:
+        """The store this engine runs on (opened by ``open_engine`` when given a URL)."""
         return self._core.store
 
     def statistics(self) -> EngineStatistics:
+        """A snapshot of the engine's bookkeeping now (``EngineStatistics``); sync, reads memory only."""
         leases = self._core.registry.leases()
         services = self._core.cluster_services
         return EngineStatistics(
@@ -795,6 +799,7 @@ class Engine:
         return events
 
     async def describe(self, workflow_id: str) -> WorkflowDescription:
+        """The workflow's current state projected from its history; ``WorkflowNotFound`` if it has none."""
         core = self._core
         if self._cluster is not None and not core.drives(workflow_id):
             # Another node drives it (cluster mode): what the store holds now.

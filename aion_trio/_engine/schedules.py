@@ -125,14 +125,17 @@ class ScheduleDescription:
 
     @property
     def schedule_id(self) -> str:
+        """The schedule's id."""
         return self.schedule.schedule_id
 
     @property
     def paused(self) -> bool:
+        """Whether the schedule is paused (it starts nothing until resumed)."""
         return self.schedule.state.paused
 
     @property
     def note(self) -> str:
+        """The note given with the last pause or resume."""
         return self.schedule.state.note
 
 

@@ -68,12 +68,14 @@ class StoreRegistry:
         )
 
     def get(self, scheme: str) -> StoreScheme:
+        """The scheme registered as ``scheme`` (any case); else ``UnknownStoreScheme`` listing them."""
         found = self._schemes.get(scheme.lower())
         if found is None:
             raise UnknownStoreScheme(scheme, sorted(self._schemes), self._group)
         return found
 
     def schemes(self) -> list[StoreScheme]:
+        """Every registered scheme, by name."""
         return [self._schemes[k] for k in sorted(self._schemes)]
 
     def __contains__(self, scheme: object) -> bool:

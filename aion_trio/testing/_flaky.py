@@ -335,6 +335,7 @@ class FlakyStoreBundle:
 
     @property
     def inner(self) -> Store:
+        """The wrapped store bundle, untouched by fault injection (use it as the oracle)."""
         return self._inner
 
     @property

@@ -92,10 +92,12 @@ class ReplayResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the run replayed without error (``error`` is ``None``)."""
         return self.error is None
 
     @property
     def diverged(self) -> bool:
+        """Whether the code diverged from the history (``error`` is a ``NonDeterminismError``)."""
         return isinstance(self.error, NonDeterminismError)
 
     @property
@@ -142,6 +144,7 @@ class ReplayReport:
 
     @property
     def failures(self) -> tuple[ReplayResult, ...]:
+        """The results that are not ``ok`` (diverged or failed otherwise), in order."""
         return tuple(r for r in self.results if not r.ok)
 
     def check(self) -> None:

@@ -56,8 +56,13 @@ class SphinxRolesToMarkdown(griffe.Extension):
             text = comment_docstring(lines, obj.lineno)
             if text is not None:
                 obj.docstring = griffe.Docstring(text, lineno=obj.lineno, parent=obj)
-        if obj.is_attribute and obj.parent is not None and obj.parent.is_class:
-            if isinstance(getattr(obj, "value", None), griffe.ExprCall):
-                obj.value = None  # type: ignore[union-attr]
+        parent = obj.parent
+        if (
+            obj.is_attribute
+            and parent is not None
+            and parent.is_class
+            and isinstance(obj.value, griffe.ExprCall)
+        ):
+            obj.value = None
         if obj.docstring is not None:
             obj.docstring.value = markdown_docstring(obj.docstring.value)

@@ -213,6 +213,7 @@ class MemoryStore:
 
     @classmethod
     def fresh(cls) -> MemoryStore:
+        """A new private store (as ``memory://`` opens), without the context manager."""
         data = _Data()
         return cls(events=MemoryEventStore(data=data), visibility=MemoryVisibilityStore(data=data))
 
@@ -382,6 +383,7 @@ class MemoryStore:
             return self._data.schedules.pop(schedule_id, None) is not None
 
     async def aclose(self) -> None:
+        """Close both stores (idempotent); the data of a named store stays for its next open."""
         await self.events.aclose()
         await self.visibility.aclose()
 

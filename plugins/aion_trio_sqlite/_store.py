@@ -163,6 +163,7 @@ class SqliteEventStore(_Facade):
 
     @property
     def location(self) -> str:
+        """The database file this store reads and writes, as errors name it."""
         return self._backend.location
 
     def statistics(self) -> WriterStatistics:
@@ -266,6 +267,7 @@ class SqliteStore:
 
     @property
     def path(self) -> str:
+        """The absolute path of the database file."""
         return self.url.path
 
     async def _enter(self) -> None:

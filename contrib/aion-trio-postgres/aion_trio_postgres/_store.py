@@ -215,6 +215,7 @@ class NodeLease:
         self.valid_until = max(self.valid_until, sent + self.lease_ttl - self.margin())
 
     def valid(self) -> bool:
+        """Whether this node may still act as owner: not superseded, and before ``valid_until``."""
         return not self.superseded and time.monotonic() < self.valid_until
 
 

@@ -289,6 +289,7 @@ class PostgresTaskDispatcher:
             event.set()
 
     async def dispatch(self, request: ActivityRequest) -> ActivityOutcome:
+        """Run one attempt: as a task row for a remote worker, or in process (see the class)."""
         if not self.remote(request.task_queue):
             if self._local is None:
                 raise RuntimeError(

@@ -197,6 +197,7 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
+        """The URL the metrics are served at (``http://host:port/metrics``)."""
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
         return f"http://{host}:{self.port}/metrics"
 
