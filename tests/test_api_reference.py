@@ -12,9 +12,9 @@ resolves to that same definition, so a class re-exported by several modules
 is documented once.
 
 Public names are those tests/test_exports.py pins (``public_names``) for
-aion_trio and its public submodules, and ``__all__`` for the stores shipped
-in the wheel and the contrib packages (read from their sources: contrib need
-not be installed).
+aion_trio and its public submodules, ``__all__`` for the stores shipped in
+the wheel and the contrib packages (read from their sources: contrib need
+not be installed), and the plugin hooks (``@hookspec`` functions).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ CONTRIB = {
 }
 RUNTIME_MODULES = [aion_trio, aion_trio.testing, aion_trio.plugin, aion_trio.events, aion_trio.projections]
 ALL_MODULES = ["aion_trio_sqlite", "aion_trio_memory", *CONTRIB]
+#: The plugin hooks: a plugin implements them by name (``@hookimpl``).
+HOOKSPECS = "aion_trio.plugin.hookspecs"
 DIRECTIVE = re.compile(r"^::: ([\w.]+)[ \t]*$", re.M)
 
 
@@ -93,6 +95,16 @@ class Sources:
                 assert isinstance(value, list)
                 return [str(name) for name in value]
         raise AssertionError(f"{module} has no __all__")
+
+    def hook_specifications(self, module: str) -> list[str]:
+        """The functions of ``module`` decorated ``@hookspec``."""
+        tree, _ = self.tree(module)
+        return [
+            statement.name
+            for statement in tree.body
+            if isinstance(statement, ast.FunctionDef)
+            and any(isinstance(d, ast.Name) and d.id == "hookspec" for d in statement.decorator_list)
+        ]
 
     def define(self, module: str, name: str) -> Definition:
         """The statement defining ``module.name``, following ``from ... import`` re-exports.
@@ -179,6 +191,7 @@ def public_api(sources: Sources) -> dict[str, list[str]]:
     """Every public name, by module."""
     api = {module.__name__: public_names(module) for module in RUNTIME_MODULES}
     api.update({module: sources.all_names(module) for module in ALL_MODULES})
+    api[HOOKSPECS] = sources.hook_specifications(HOOKSPECS)
     return api
 
 
@@ -276,6 +289,7 @@ def test_every_public_name_has_a_docstring_and_a_reference_entry() -> None:
     api = public_api(sources)
     assert sum(map(len, api.values())) > 400, "control: the public names were found"
     assert set(api["aion_trio_postgres"]) >= {"PostgresStore", "open_postgres_store"}, "control: contrib read"
+    assert "aion_trio_register_stores" in api[HOOKSPECS], "control: the hooks were found"
     problems = api_problems(sources, api, reference_targets(REFERENCE_DIR))
     assert problems["no docstring"] == [], "write a docstring for: " + ", ".join(problems["no docstring"])
     assert problems["not in docs/reference"] == [], (

@@ -12,18 +12,16 @@ or with any prometheus-client exposition you already run.
 Metrics (label values are workflow and activity *types*, never ids, so the
 series count stays bounded):
 
-=====================================================  =================================
-``aion_trio_workflow_runs_started_total``              workflow_type
-``aion_trio_workflow_runs_ended_total``                workflow_type, status
-``aion_trio_activity_attempts_total``                  activity_type
-``aion_trio_activity_attempt_outcomes_total``          activity_type, outcome
-``aion_trio_activity_attempt_duration_seconds``        activity_type (histogram)
-``aion_trio_store_operation_duration_seconds``         store, operation (histogram)
-``aion_trio_store_operation_errors_total``             store, operation, error_type
-``aion_trio_recoveries_total``                         (none)
-``aion_trio_recovery_resumed_workflows_total``         (none)
-``aion_trio_recovery_duration_seconds``                (none; histogram)
-=====================================================  =================================
+* ``aion_trio_workflow_runs_started_total``: workflow_type
+* ``aion_trio_workflow_runs_ended_total``: workflow_type, status
+* ``aion_trio_activity_attempts_total``: activity_type
+* ``aion_trio_activity_attempt_outcomes_total``: activity_type, outcome
+* ``aion_trio_activity_attempt_duration_seconds``: activity_type (histogram)
+* ``aion_trio_store_operation_duration_seconds``: store, operation (histogram)
+* ``aion_trio_store_operation_errors_total``: store, operation, error_type
+* ``aion_trio_recoveries_total``: (none)
+* ``aion_trio_recovery_resumed_workflows_total``: (none)
+* ``aion_trio_recovery_duration_seconds``: (none; histogram)
 """
 
 from __future__ import annotations
