@@ -36,10 +36,19 @@ import aion_trio.testing
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 REFERENCE_DIR = REPO_DIR / "docs" / "reference"
-CONTRIB = {
-    "aion_trio_postgres": REPO_DIR / "contrib" / "aion-trio-postgres" / "aion_trio_postgres",
-    "aion_trio_prometheus": REPO_DIR / "contrib" / "aion-trio-prometheus" / "aion_trio_prometheus",
-}
+
+
+def _contrib_packages() -> dict[str, Path]:
+    """Each contrib distribution's top-level package (``contrib/<dist>/<package>/__init__.py``)."""
+    return {
+        package.name: package
+        for dist in sorted((REPO_DIR / "contrib").iterdir())
+        for package in sorted(dist.iterdir())
+        if (package / "__init__.py").is_file() and package.name != "tests"
+    }
+
+
+CONTRIB = _contrib_packages()
 RUNTIME_MODULES = [aion_trio, aion_trio.testing, aion_trio.plugin, aion_trio.events, aion_trio.projections]
 ALL_MODULES = ["aion_trio_sqlite", "aion_trio_memory", *CONTRIB]
 #: The plugin hooks: a plugin implements them by name (``@hookimpl``).
@@ -296,6 +305,16 @@ def test_every_public_name_has_a_docstring_and_a_reference_entry() -> None:
         "add a '::: name' line to a page of docs/reference/ for: "
         + (", ".join(problems["not in docs/reference"]))
     )
+
+
+def test_the_site_reads_every_contrib_package() -> None:
+    assert {"aion_trio_postgres", "aion_trio_prometheus"} <= set(CONTRIB), "control: contrib found"
+    config = (REPO_DIR / "mkdocs.yml").read_text(encoding="utf-8")
+    paths = re.search(r"^ +paths: \[(.*)\]$", config, re.M)
+    assert paths is not None, "mkdocs.yml: the python handler's paths"
+    listed = {p.strip() for p in paths.group(1).split(",")}
+    missing = sorted(f"contrib/{p.parent.name}" for p in CONTRIB.values())
+    assert [m for m in missing if m not in listed] == [], "add the contrib folder to mkdocs.yml's paths"
 
 
 def test_every_reference_entry_names_a_public_object() -> None:
