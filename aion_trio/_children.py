@@ -378,6 +378,8 @@ async def repair_children(core: ChildrenHub, recorder: Recorder, run_id: str) ->
     """Recovery (and reopen) of a running parent run: start recorded children that never
     started, deliver outcomes of children that ended meanwhile.  Never raises."""
     workflow_id = recorder.workflow_id
+    if not recorder.run_state(run_id).open_children:
+        return  # the run's index: no child left open (most runs start none)
     for child in open_children(recorder.history, workflow_id, run_id):
         fields = {"workflow_id": workflow_id, "run_id": run_id, "child_workflow_id": child.workflow_id}
         await guarded(
@@ -398,10 +400,10 @@ async def close_if_orphaned(core: ChildrenHub, recorder: Recorder, run_id: str) 
     """Recovery of a running child: if the parent run that started it has ended (the engine
     stopped before applying the policy), apply the parent-close policy now.  Never raises."""
     history = recorder.history
-    segment = run_segment(history, run_id)
-    if not segment:
+    started = recorder.run_state(run_id).start  # the run's index: no walk of its history
+    if started is None:
         return
-    start = segment[0].body
+    start = started.body
     assert isinstance(start, WorkflowStarted)
     parent_workflow_id = start.parent_workflow_id
     if parent_workflow_id is None:

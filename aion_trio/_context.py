@@ -73,7 +73,6 @@ from ._ports import (
     WorkflowPort,
 )
 from ._projections import (
-    COMMAND_ACTIVITY,
     COMMAND_CANCEL_EXTERNAL,
     COMMAND_CHILD,
     COMMAND_GET_EVENT,
@@ -307,23 +306,32 @@ class WorkflowContext:
         # Decided alike live and on replay (code and arguments only): a call that
         # does not fit raises here, and the run fails like on any exception.
         definition.check_arguments(args)
-        call_layer = explicit(
-            retry=retry,
-            timeout=timeout,
-            schedule_to_close=schedule_to_close,
-            heartbeat_timeout=heartbeat_timeout,
-            task_queue=task_queue,
-            fallback_queues=fallback_queues,
-            advisory=advisory,
-        )
-        if call_layer:
-            call_layer = check_layer(call_layer, f"ctx.start({definition.name})")
+        call_layer: dict[str, Any] = {}
+        if not (
+            retry is UNSET
+            and timeout is UNSET
+            and schedule_to_close is UNSET
+            and heartbeat_timeout is UNSET
+            and task_queue is UNSET
+            and fallback_queues is UNSET
+            and advisory is UNSET
+        ):
+            call_layer = explicit(
+                retry=retry,
+                timeout=timeout,
+                schedule_to_close=schedule_to_close,
+                heartbeat_timeout=heartbeat_timeout,
+                task_queue=task_queue,
+                fallback_queues=fallback_queues,
+                advisory=advisory,
+            )
+            if call_layer:
+                call_layer = check_layer(call_layer, f"ctx.start({definition.name})")
         ordinal = replay.next_activity
-        # Encoded live and on replay alike: its digest is compared with the recorded one.
+        # Encoded live and on replay alike: compared with the recorded input (its text, or its digest).
         payload = self._port.codec.encode(list(args), what=f"input of activity {definition.name!r}")
         replay.state.sync()
-        key = CommandKey(COMMAND_ACTIVITY, definition.name, digest=input_digest(payload))
-        recorded = replay.resolve_command(key, payload)
+        recorded = replay.resolve_activity(definition.name, payload)
         if recorded is not None:
             replay.next_activity += 1
             return ActivityHandle(replay, ordinal, definition.name, hints=definition.hints)

@@ -187,8 +187,14 @@ def _passthrough(kind: Any) -> bool:
         return False
 
 
+#: Annotations whose hook returns a value of exactly that type as it is (``_int``, ``_str``, ``_bool``).
+_SAME_WHEN_EXACT: frozenset[Any] = frozenset({int, str, bool})
+
+
 def decode(value: Any, kind: Any, *, what: str, path: str) -> Any:
     """``value`` (plain JSON data) as ``kind``; raise :class:`PayloadDecodeError` naming the path."""
+    if type(value) is kind and kind in _SAME_WHEN_EXACT:
+        return value  # what the converter's hook returns, without the converter
     if _passthrough(kind):
         return value
     try:

@@ -791,6 +791,8 @@ class RunState:
         self.start: Event | None = None
         self.scheduled: dict[int, Event] = {}
         self.settled: dict[int, Event] = {}
+        #: When a reopen last un-settled each activity it named.
+        self.reopened_at: dict[int, datetime] = {}
         self.markers: dict[str, Event] = {}
         #: The run's commands in the order recorded (:func:`command_key`), with their events.
         self.commands: list[tuple[CommandKey, Event]] = []
@@ -821,6 +823,20 @@ class RunState:
             event = history[self._cursor]
             self._cursor += 1
             body = event.body
+            kind = type(body)
+            # An activity step's three events first, by exact type (the bulk of a long
+            # history); each does here exactly what its branch below does.
+            if self._inside:
+                if kind is ActivityStarted:
+                    self.started_attempt[body.activity_id] = body.attempt  # type: ignore[attr-defined]
+                    continue
+                if kind is ActivityCompleted:
+                    self.settled[body.activity_id] = event  # type: ignore[attr-defined]
+                    continue
+                if kind is ActivityScheduled:
+                    self.commands.append((_activity_command(body), event))  # type: ignore[arg-type]
+                    self.scheduled[body.activity_id] = event  # type: ignore[attr-defined]
+                    continue
             if isinstance(body, WorkflowStarted):
                 if self._inside:
                     self._ended = True
@@ -851,6 +867,7 @@ class RunState:
             elif isinstance(body, WorkflowReopened):
                 for activity_id in body.reopened_activity_ids:
                     self.settled.pop(activity_id, None)
+                    self.reopened_at[activity_id] = event.recorded_at
                 self.cancel_request = None
                 self.ended = None
                 self.status = WorkflowStatus.RUNNING

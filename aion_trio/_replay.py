@@ -34,6 +34,7 @@ from ._errors import (
     WorkflowCommandError,
 )
 from ._events import (
+    ActivityScheduled,
     ErrorInfo,
     Event,
     EventBody,
@@ -43,10 +44,18 @@ from ._events import (
     TimerFired,
     UpdateAccepted,
     WorkflowCancelRequested,
+    input_digest,
 )
 from ._payload import Payload
 from ._ports import CancelTimer, CompleteUpdate, RunAborted, StartTimer, WorkflowCommand, WorkflowPort
-from ._projections import COMMAND_TIMER, COMMAND_TIMER_CANCEL, COMMAND_UPDATE, CommandKey, command_key
+from ._projections import (
+    COMMAND_ACTIVITY,
+    COMMAND_TIMER,
+    COMMAND_TIMER_CANCEL,
+    COMMAND_UPDATE,
+    CommandKey,
+    command_key,
+)
 
 T = TypeVar("T")
 
@@ -225,6 +234,34 @@ class Replay:
             raise self.past_the_end(requested.describe())
         self.caught_up = True
         return None
+
+    def resolve_activity(self, name: str, arguments: Payload) -> Event | None:
+        """:meth:`resolve_command` for an activity of type ``name`` called with ``arguments``.
+
+        Replay's common case costs no digest and no key: the command recorded here is
+        this activity's schedule with the same argument text, so the digests agree
+        (the recorded digest is of that text).  Anything else is decided on the
+        digest by :meth:`resolve_command`, as for every command.
+        """
+        commands = self.state.commands
+        position = self.next_command
+        if position < len(commands):
+            recorded, event = commands[position]
+            body = event.body
+            if (
+                type(body) is ActivityScheduled
+                and recorded.kind == COMMAND_ACTIVITY
+                and recorded.name == name
+                and body.input.json == arguments.json
+            ):
+                self.next_command = position + 1
+                return event
+        else:
+            # Nothing recorded to compare with (live, or a finished history's end): no digest.
+            return self.resolve_command(CommandKey(COMMAND_ACTIVITY, name), arguments)
+        return self.resolve_command(
+            CommandKey(COMMAND_ACTIVITY, name, digest=input_digest(arguments)), arguments
+        )
 
     def resolve_cancel(self, requested: CommandKey, resolution: Event | None) -> str:
         """The code cancels a timer, activity or child whose resolution so far is ``resolution``.

@@ -9,7 +9,6 @@ path can stop the attempts of what they settled.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
 from typing import Any, final
 
 import trio
@@ -20,9 +19,9 @@ from .._clock import EngineClock
 from .._definitions import ActivityDefinition
 from .._epoch import EngineEpoch
 from .._errors import EngineEpochClosed, SequenceConflict, StoreError, WorkflowFenced
-from .._events import ActivityScheduled, WorkflowReopened
+from .._events import ActivityScheduled
 from .._payload import Payload
-from .._projections import retry_trail, run_segment, scheduled_activities, unsettled_activities
+from .._projections import retry_trail, run_segment
 from .._recorder import Recorder
 from .._registry import Lease, Registry
 from .._retry import resolve_options
@@ -169,20 +168,19 @@ class ActivityDispatch:
 
     async def redispatch_unsettled(self, recorder: Recorder, run_id: str) -> int:
         """Recovery: drive every scheduled, unsettled activity of the run from its recorded trail."""
+        # The run's index (built once, shared with its replay) says which are unsettled;
+        # only a run with some is walked for their trails.
+        state = recorder.run_state(run_id)
+        unsettled = sorted(state.scheduled.keys() - state.settled.keys())
+        if not unsettled:
+            return 0
         segment = run_segment(recorder.history, run_id)
-        scheduled = scheduled_activities(segment)
-        scheduled_at: dict[int, datetime] = {}
-        for e in segment:
-            if isinstance(e.body, ActivityScheduled):
-                scheduled_at[e.body.activity_id] = e.recorded_at
-            elif isinstance(e.body, WorkflowReopened):
-                # A reopened activity's schedule_to_close counts from the reopen (a fresh budget).
-                for activity_id in e.body.reopened_activity_ids:
-                    scheduled_at[activity_id] = e.recorded_at
         count = 0
-        for activity_id in unsettled_activities(segment):
+        for activity_id in unsettled:
             trail = retry_trail(segment, activity_id)
-            sched = scheduled[activity_id]
+            scheduled = state.scheduled[activity_id]
+            sched = scheduled.body
+            assert isinstance(sched, ActivityScheduled)
             self.dispatch(
                 recorder,
                 ActivityRequest(
@@ -194,7 +192,8 @@ class ActivityDispatch:
                     attempt=trail[-1].attempt if trail else 1,
                     task_queue=sched.task_queue,
                     options=sched.options,
-                    scheduled_at=scheduled_at[activity_id],
+                    # A reopened activity's schedule_to_close counts from the reopen (a fresh budget).
+                    scheduled_at=state.reopened_at.get(activity_id, scheduled.recorded_at),
                 ),
                 resume=True,
             )

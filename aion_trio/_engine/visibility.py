@@ -16,7 +16,7 @@ import trio
 
 from .._epoch import EngineEpoch
 from .._errors import EngineEpochClosed, StoreError
-from .._events import Event, WorkflowStarted, WorkflowStatus
+from .._events import Event, WorkflowFailed, WorkflowStarted, WorkflowStatus
 from .._projections import (
     current_lease_terminal,
     failure,
@@ -98,7 +98,10 @@ class VisibilityRows:
         assert isinstance(start.body, WorkflowStarted)
         status = workflow_status(history) or WorkflowStatus.RUNNING
         terminal = current_lease_terminal(segment)
-        failed = failure(segment)
+        # Only a failed run has a failure to summarise (it looks for the terminal again).
+        failed = (
+            failure(segment) if terminal is not None and isinstance(terminal.body, WorkflowFailed) else None
+        )
         return VisibilityRow(
             workflow_id=workflow_id,
             run_id=run_id,
