@@ -28,19 +28,26 @@ def default_registry(*, reload: bool = False) -> StoreRegistry:
     global _default_registry
     with _default_lock:
         if _default_registry is None or reload:
-            _default_registry = build_registry(make_plugin_manager())
+            # The manager observers use too: the entry points are loaded once per process
+            # (loading them imports every plugin and reads every distribution's metadata).
+            pm = make_plugin_manager() if reload else _manager_locked()
+            _default_registry = build_registry(pm)
         return _default_registry
 
 
 def default_plugin_manager() -> pluggy.PluginManager:
-    """The process-wide manager of entry-point plugins (observers use it), built once per
-    value of ``AION_TRIO_DISABLE_PLUGINS``."""
-    key = os.environ.get(DISABLE_ENV, "")
+    """The process-wide manager of entry-point plugins (observers and the default store
+    registry use it), built once per value of ``AION_TRIO_DISABLE_PLUGINS``."""
     with _default_lock:
-        pm = _default_managers.get(key)
-        if pm is None:
-            pm = _default_managers[key] = make_plugin_manager()
-        return pm
+        return _manager_locked()
+
+
+def _manager_locked() -> pluggy.PluginManager:
+    key = os.environ.get(DISABLE_ENV, "")
+    pm = _default_managers.get(key)
+    if pm is None:
+        pm = _default_managers[key] = make_plugin_manager()
+    return pm
 
 
 @contextlib.asynccontextmanager

@@ -400,6 +400,27 @@ def test_importing_aion_trio_loads_no_entry_points(tmp_path: Path) -> None:
     assert result.stdout.split() == ["True"]
 
 
+def test_the_default_registry_and_the_observers_manager_load_the_entry_points_once(tmp_path: Path) -> None:
+    # Loading them imports every plugin and reads every distribution's metadata: an
+    # engine opened on a URL (the registry) with observer hooks (the manager) pays it once.
+    result = _run_python(
+        "import importlib.metadata as md, aion_trio._plugins as p\n"
+        "real = md.entry_points\n"
+        "calls = []\n"
+        "def counted(**kw):\n"
+        "    calls.append(kw.get('group'))\n"
+        "    return real(**kw)\n"
+        "md.entry_points = counted\n"
+        "p.default_registry()\n"
+        "p.default_plugin_manager()\n"
+        "p.default_registry()\n"
+        "print(calls.count('aion_trio'))",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1"]
+
+
 def test_a_real_broken_distribution_is_reported_with_its_name_and_version(tmp_path: Path) -> None:
     (tmp_path / "broken_store_plugin.py").write_text("import no_such_driver_module\n")
     dist_info = tmp_path / "broken_store-1.2.3.dist-info"
