@@ -308,6 +308,39 @@ async def test_a_changed_activity_argument_is_non_determinism_naming_the_argumen
     assert not any(e.is_terminal for e in history), "the result of step(1) was not handed to step(2)"
 
 
+@aion.activity
+async def other_step(n: int) -> int:
+    STEPS.append(-n)
+    return 10 * n
+
+
+@aion.workflow(name="stepper")
+async def stepper_calls_another_activity(ctx: aion.WorkflowContext) -> int:
+    result = int(await ctx.run(other_step, 1))  # same argument text, another activity
+    await ctx.wait_signal("go")
+    return result
+
+
+async def test_another_activity_with_the_same_arguments_is_non_determinism(
+    store_url: Callable[[], str],
+) -> None:
+    """Replay matches a recorded schedule by its argument text without a digest: the
+    activity's name must still be the recorded one."""
+    url = store_url()
+    recorded = await _park_stepper(url)
+    async with aion.open_engine(
+        url, workflows=[stepper_calls_another_activity], activities=[step, other_step]
+    ) as engine:
+        await engine.signal("st", "go")
+        reason = await _stuck_reason(engine, "st")
+        history = await engine.history("st")
+    assert "activity command #0 was recorded as activity 'step'" in reason, reason
+    assert "now requests activity 'other_step'" in reason, reason
+    assert STEPS == [1], "other_step(1) never ran"
+    assert not any(e.is_terminal for e in history), "the result of step(1) was not handed to other_step(1)"
+    assert len(history) == len(recorded) + 1, "only the signal was recorded"
+
+
 async def test_a_history_recorded_without_digests_still_replays(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
