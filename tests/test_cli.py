@@ -540,6 +540,7 @@ def test_show_a_completed_workflow_has_its_result(seeded: Path, monkeypatch: pyt
     assert _field(out, "Result") == '"hello ann"'
     assert _field(out, "Search attributes") == '{"region":"eu","amount":100}'
     assert "Failure" not in out
+    assert "Residency" not in out, "a closed run has none"
 
 
 def test_show_pending_activity(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -552,6 +553,8 @@ def test_show_pending_activity(seeded: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert cells[3].startswith("2031-03-04 12:00:")
     assert cells[4] == "default"
     assert "Stuck" not in out
+    # The store does not record residency: show says so instead of guessing.
+    assert _field(out, "Residency").startswith("not known from the store")
 
 
 def test_show_pending_timer_and_stuck_reason(seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -138,6 +138,8 @@ def test_show_json_holds_the_summary_the_pending_work_and_the_history(store: Pat
     assert (data["workflow_id"], data["workflow_type"], data["status"]) == ("nap", "napper", "running")
     assert data["result"] is None
     assert data["error"] is None
+    assert "residency" in data
+    assert data["residency"] is None, "not known from the store"
     [timer] = data["pending_timers"]
     assert set(timer) == {"timer_id", "fire_at"}
     # The history is the same wire form as 'history --json', event for event.

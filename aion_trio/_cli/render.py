@@ -193,6 +193,12 @@ def print_show(console: Console, events: list[Event], description: WorkflowDescr
         console.print(part)
 
 
+RESIDENCY_NOT_KNOWN = (
+    "not known from the store (the engine serving the run has it: engine.describe(), engine.statistics())"
+)
+"""What ``show`` says of a running run's residency when it only read the store."""
+
+
 def show_parts(events: list[Event], description: WorkflowDescription) -> list[RenderableType]:
     """What ``show`` prints, part by part (``show --follow`` redraws them as one group)."""
     parts: list[RenderableType] = []
@@ -212,6 +218,10 @@ def show_parts(events: list[Event], description: WorkflowDescription) -> list[Re
         summary.add_row("Search attributes", Text(json_text(dict(description.search_attributes), 200)))
     if description.stuck_reason:
         summary.add_row("Stuck", Text(description.stuck_reason, style="red"))
+    if description.status is WorkflowStatus.RUNNING:
+        # Residency lives in the serving engine's memory, never in the store: a reader
+        # of the store says so rather than guess.
+        summary.add_row("Residency", Text(description.residency or RESIDENCY_NOT_KNOWN))
     if description.status is WorkflowStatus.COMPLETED:
         summary.add_row("Result", Text(json_text(description.result, 200)))
     summary.add_row("Events", str(description.history_length))
@@ -265,6 +275,8 @@ def show_json(events: list[Event], description: WorkflowDescription) -> dict[str
         "task_queue": description.task_queue,
         "search_attributes": _attributes_json(description.search_attributes),
         "stuck_reason": description.stuck_reason,
+        # null: not known (a running run's residency is in its engine's memory, not the store).
+        "residency": description.residency,
         "result": description.result if description.status is WorkflowStatus.COMPLETED else None,
         "error": None
         if error is None
