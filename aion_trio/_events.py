@@ -99,6 +99,10 @@ OMIT_NONE = "aion_trio_wire_omit_none"
 """attrs field metadata key: an optional field whose ``None`` is left off the wire
 (so records written before the field existed keep their exact form)."""
 
+OMIT_EMPTY = "aion_trio_wire_omit_empty"
+"""attrs field metadata key: a mapping field left off the wire when it is empty (the
+same reason as :data:`OMIT_NONE`, for a field that is never ``None``)."""
+
 
 def _optional_command_id(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -309,8 +313,64 @@ class FrozenSearchAttributes(Mapping[str, SearchValue]):
         return repr(self._items)
 
 
+@final
+class FrozenHeaders(Mapping[str, str]):
+    """A run's headers, immutable and hashable; equal to any mapping with the same items."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, str]) -> None:
+        self._items = dict(items)
+
+    def __getitem__(self, key: str) -> str:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self._items == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
 def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
     return tuple(value)
+
+
+MAX_HEADERS = 64
+"""At most this many headers on a run."""
+MAX_HEADER_BYTES = 8192
+"""At most this many bytes (UTF-8) in a run's header names and values together."""
+
+
+def freeze_headers(value: Mapping[str, str]) -> Mapping[str, str]:
+    """Validate a run's headers (string names and values, within the limits) and freeze them."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"headers must be a mapping of str to str, got {type(value).__name__}")
+    if isinstance(value, FrozenHeaders):
+        return value
+    if len(value) > MAX_HEADERS:
+        raise ValueError(f"at most {MAX_HEADERS} headers are allowed, got {len(value)}")
+    size = 0
+    for name, text in value.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a header name must be a non-empty str, got {name!r}")
+        if not isinstance(text, str):
+            raise TypeError(f"header {name!r} must have a str value, got {type(text).__name__}")
+        size += len(name.encode()) + len(text.encode())
+    if size > MAX_HEADER_BYTES:
+        raise ValueError(f"headers hold {size} bytes; at most {MAX_HEADER_BYTES} are allowed")
+    return FrozenHeaders(value)
 
 
 def _search_attrs_converter(value: Mapping[str, object]) -> Mapping[str, SearchValue]:
@@ -382,6 +442,12 @@ class WorkflowStarted(EventBody):
         default=None,
         validator=attrs.validators.optional(_positive),
         metadata={OMIT_NONE: True},
+    )
+    #: Context carried with the run (string keys and values, e.g. a W3C ``traceparent``):
+    #: what the starter passed and what the engine's header hooks added.  Off the wire when
+    #: empty.
+    headers: Mapping[str, str] = attrs.field(
+        factory=dict, converter=freeze_headers, metadata={OMIT_EMPTY: True}
     )
 
 

@@ -40,6 +40,7 @@ from ._errors import EventDecodeError, StoreDecodeError
 from ._events import (
     EVENT_TYPES,
     EXACT_TYPE_REFUSALS,
+    OMIT_EMPTY,
     OMIT_NONE,
     ActivityError,
     ErrorInfo,
@@ -114,6 +115,8 @@ class _FieldCodec:
     decode: Callable[[Any], Any]
     #: Encode ``None`` by omitting the key (only for optional payloads).
     omit_none: bool = False
+    #: Encode an empty mapping by omitting the key.
+    omit_empty: bool = False
     #: The value straight to compact JSON text: the same text as dumping ``encode(value)``,
     #: except that payload text is spliced in as it is (the append hot path).
     text: Callable[[Any], str] | None = None
@@ -250,6 +253,8 @@ def _field_codec(field: attrs.Attribute[Any], hint: Any) -> _FieldCodec:
     codec = _codec_for(hint)
     if field.metadata.get(OMIT_NONE) and not codec.omit_none:
         codec = attrs.evolve(codec, omit_none=True)
+    if field.metadata.get(OMIT_EMPTY):
+        codec = attrs.evolve(codec, omit_empty=True)
     return codec
 
 
@@ -292,6 +297,8 @@ def _encode_attrs(value: Any) -> dict[str, Any]:
         field_value = getattr(value, name)
         if field_value is None and codec.omit_none:
             continue
+        if codec.omit_empty and not field_value:
+            continue
         out[name] = codec.encode(field_value)
     return out
 
@@ -312,11 +319,16 @@ def _compile_text_encoder(cls: type) -> Callable[[Any], str]:
     for i, codec in enumerate(codecs.values()):
         namespace[f"f{i}"] = codec.text or codec.to_text
     keys = [_encode_str(name) + ":" for name in codecs]
-    if any(codec.omit_none for codec in codecs.values()):
+    if any(codec.omit_none or codec.omit_empty for codec in codecs.values()):
         lines = ["def encode(v):", "    parts = []"]
         for i, (name, codec) in enumerate(codecs.items()):
             append = f"parts.append({keys[i]!r} + f{i}(v.{name}))"
-            lines.append(f"    if v.{name} is not None: {append}" if codec.omit_none else f"    {append}")
+            if codec.omit_none:
+                lines.append(f"    if v.{name} is not None: {append}")
+            elif codec.omit_empty:
+                lines.append(f"    if v.{name}: {append}")
+            else:
+                lines.append(f"    {append}")
         lines.append('    return "{" + ",".join(parts) + "}"')
     else:
         # Every key always present: one concatenation.

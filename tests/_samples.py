@@ -178,10 +178,25 @@ LATER_BODIES: tuple[EventBody, ...] = (
 #: (appended, so earlier lines of the golden file stay byte-exact).  A new type goes last.
 ADDED_TYPES: tuple[str, ...] = ("WorkflowReset", "UpdateAccepted", "UpdateCompleted")
 
+#: Variants of existing types for fields added to them later (a field that is off the wire
+#: when empty keeps the earlier samples byte-exact), after every added type's samples.
+ADDED_VARIANTS: tuple[EventBody, ...] = (
+    WorkflowStarted(
+        workflow_type="checkout",
+        input=Payload.of(None),
+        run_id=RUN_ID,
+        headers={
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "tenant": "ünï 'a'",
+        },
+    ),
+)
+
 
 def sample_bodies() -> list[EventBody]:
     """Every full sample, then every minimal one, then the later variants, then for each
-    type added since (in order) its full sample and its minimal one."""
+    type added since (in order) its full sample and its minimal one, then the variants of
+    fields added since."""
     return [
         *(b for name, b in FULL_BODIES.items() if name not in ADDED_TYPES),
         *(b for name, b in MINIMAL_BODIES.items() if name not in ADDED_TYPES),
@@ -191,6 +206,7 @@ def sample_bodies() -> list[EventBody]:
             for name in ADDED_TYPES
             for body in (FULL_BODIES[name], *((MINIMAL_BODIES[name],) if name in MINIMAL_BODIES else ()))
         ),
+        *ADDED_VARIANTS,
     ]
 
 
