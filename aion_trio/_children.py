@@ -65,6 +65,7 @@ from ._events import (
     WorkflowTimedOut,
 )
 from ._logs import ContextLogger
+from ._observe import RunStart, run_headers
 from ._payload import Payload
 from ._projections import (
     current_lease_terminal,
@@ -207,6 +208,16 @@ async def deliver_to_parent(core: ChildrenHub, parent_workflow_id: str, child_wo
     )
 
 
+def _parent_headers(core: ChildrenHub, parent_workflow_id: str, parent_run_id: str) -> Mapping[str, str]:
+    """The parent run's headers, which its children inherit (none if its history is not loaded here)."""
+    parent = core.loaded_recorder(parent_workflow_id)
+    if parent is None:
+        return {}
+    segment = run_segment(parent.history, parent_run_id)
+    start = segment[0].body if segment else None
+    return start.headers if isinstance(start, WorkflowStarted) else {}
+
+
 async def start_child_run(
     core: ChildrenHub, parent_workflow_id: str, parent_run_id: str, child: OpenChild
 ) -> None:
@@ -252,6 +263,17 @@ async def start_child_run(
                     parent_workflow_id=parent_workflow_id,
                     task_queue=child.options.task_queue,
                     timeout=timeout,
+                    headers=run_headers(
+                        core.observers,
+                        RunStart(
+                            kind="child",
+                            workflow_id=child_id,
+                            workflow_type=child.started.workflow_type,
+                            headers=_parent_headers(core, parent_workflow_id, parent_run_id),
+                            parent_workflow_id=parent_workflow_id,
+                            parent_run_id=parent_run_id,
+                        ),
+                    ),
                 ),
                 now=core.clock.now(),
                 action="start a child workflow",

@@ -17,12 +17,18 @@ The rules the engine keeps:
   first failure with its traceback, later ones at DEBUG) and skipped.
 * **Zero cost when nobody listens.**  With no observer the engine holds no
   hub, builds no event object and wraps nothing.
+
+Header hooks (``aion_trio_start_headers``) ride on the same hub: before a run's
+``WorkflowStarted`` is built the engine tells them about the start
+(:class:`RunStart`) and records the headers they return on top of those the run
+already carries, so context (a trace's ``traceparent``) travels in history.  One
+that raises or returns something that is not headers is logged and skipped.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, final
 
@@ -30,7 +36,7 @@ import attrs
 import trio
 
 from ._errors import PluginError
-from ._events import Event, WorkflowStarted, WorkflowStatus
+from ._events import Event, WorkflowFailed, WorkflowStarted, WorkflowStatus, freeze_headers
 from ._guard import unguarded
 from ._projections import status_after
 from ._store import EventStore, TimerEntry, VisibilityFilter, VisibilityRow, VisibilityStore
@@ -49,12 +55,15 @@ __all__ = [
     "ObserverHub",
     "RecoveryFinished",
     "RunEvicted",
+    "RunRecovered",
     "RunReloaded",
+    "RunStart",
     "StoreOperation",
     "TransientRetry",
     "WorkflowRelinquished",
     "WorkflowRunEnded",
     "WorkflowRunStarted",
+    "run_headers",
 ]
 
 
@@ -77,17 +86,30 @@ class WorkflowRunStarted(ObserverEvent):
     workflow_type: str
     #: The run this one continues (continue-as-new), else ``None``.
     continued_from: str | None = None
+    #: The run's headers (``WorkflowStarted.headers``).
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    #: A child run: its parent workflow, else ``None``.
+    parent_workflow_id: str | None = None
+    #: A run started by a reset: the run it was reset from, else ``None``.
+    reset_from: str | None = None
 
 
 @final
 @attrs.frozen(kw_only=True)
 class WorkflowRunEnded(ObserverEvent):
-    """A run's terminal was recorded.  ``status`` is what it ended as."""
+    """A run's terminal was recorded.  ``status`` is what it ended as.
+
+    ``error_type`` and ``error_message``: a failed run's error (a child's failure,
+    a timeout or a cancellation give none); ``headers``: the run's.
+    """
 
     workflow_id: str
     run_id: str
     workflow_type: str
     status: WorkflowStatus
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    error_type: str | None = None
+    error_message: str | None = None
 
 
 @final
@@ -174,6 +196,46 @@ class RunReloaded(ObserverEvent):
     workflow_id: str
     run_id: str
     workflow_type: str
+    #: The run's headers (``WorkflowStarted.headers``).
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunRecovered(ObserverEvent):
+    """A running run recorded by an earlier engine (or another node) is run here again:
+    replayed from its history, its unsettled activities re-dispatched (the startup sweep,
+    or a workflow taken over in cluster mode).  No second :class:`WorkflowRunStarted` is
+    reported for it."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    #: The run's headers (``WorkflowStarted.headers``).
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunStart:
+    """A run about to be started, as a header hook (``aion_trio_start_headers``) sees it.
+
+    ``kind``: ``start`` (a client, inbox or schedule start, a fork), ``child``,
+    ``continue_as_new`` or ``reset``.  ``headers``: what the run carries so far (the
+    starter's ``headers=``; a child's parent run's, a successor's or a reset run's
+    predecessor's).  ``parent_*``: a child's parent run; ``previous_run_id``: the run a
+    continue-as-new successor or a reset run follows.  Called in the starter's task (a
+    client start: the caller's, so its context variables are visible), before anything
+    is recorded.
+    """
+
+    kind: str
+    workflow_id: str
+    workflow_type: str
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    parent_workflow_id: str | None = None
+    parent_run_id: str | None = None
+    previous_run_id: str | None = None
 
 
 @final
@@ -215,6 +277,9 @@ class TransientRetry(ObserverEvent):
 Observer = Callable[[ObserverEvent], None]
 """``observer(event)``: called synchronously; must not block."""
 
+HeaderHook = Callable[[RunStart], "Mapping[str, str] | None"]
+"""``hook(start)``: the headers to add to a run about to start (``None``: none)."""
+
 
 # -- the hub -------------------------------------------------------------------
 
@@ -232,8 +297,11 @@ class _Held:
 class ObserverHub:
     """The engine's observers and the delivery rules (outside the recorder lock, isolated)."""
 
-    def __init__(self, observers: Sequence[tuple[str, Observer]]) -> None:
+    def __init__(
+        self, observers: Sequence[tuple[str, Observer]], header_hooks: Sequence[tuple[str, HeaderHook]] = ()
+    ) -> None:
         self._observers = list(observers)
+        self._header_hooks = list(header_hooks)
         self._held: dict[trio.lowlevel.Task, _Held] = {}
         #: Observer failures so far, by observer name.
         self.failures: dict[str, int] = {}
@@ -261,25 +329,49 @@ class ObserverHub:
             try:
                 observer(event)
             except Exception:
-                count = self.failures.get(name, 0) + 1
-                self.failures[name] = count
-                if count == 1:
-                    logger.exception(
-                        "observer %s raised on %s; the engine carries on (further failures of this "
-                        "observer are logged at DEBUG)",
-                        name,
-                        type(event).__name__,
-                        extra={"observer": name},
-                    )
-                else:
-                    logger.debug(
-                        "observer %s raised on %s (failure %d)",
-                        name,
-                        type(event).__name__,
-                        count,
-                        extra={"observer": name},
-                        exc_info=True,
-                    )
+                self._failed(name, type(event).__name__)
+
+    def _failed(self, name: str, what: str) -> None:
+        count = self.failures.get(name, 0) + 1
+        self.failures[name] = count
+        if count == 1:
+            logger.exception(
+                "observer %s raised on %s; the engine carries on (further failures of this "
+                "observer are logged at DEBUG)",
+                name,
+                what,
+                extra={"observer": name},
+            )
+        else:
+            logger.debug(
+                "observer %s raised on %s (failure %d)",
+                name,
+                what,
+                count,
+                extra={"observer": name},
+                exc_info=True,
+            )
+
+    # -- headers -----------------------------------------------------------------------
+
+    def start_headers(self, start: RunStart) -> Mapping[str, str]:
+        """The headers of a run about to start: ``start.headers`` with each hook's on top.
+
+        Synchronous, in the caller's task.  A hook that raises, or returns something
+        that is not valid headers, is logged and left out.
+        """
+        headers = dict(start.headers)
+        for name, hook in self._header_hooks:
+            try:
+                added = hook(start)
+                if added is None:
+                    continue
+                merged = freeze_headers({**headers, **added})
+            except Exception:
+                self._failed(name, "aion_trio_start_headers")
+                continue
+            headers = dict(merged)
+        return headers
 
     def lock_taken(self) -> None:
         """The current task now holds a recorder lock: queue what it observes."""
@@ -313,18 +405,25 @@ class ObserverHub:
                         run_id=body.run_id,
                         workflow_type=body.workflow_type,
                         continued_from=body.parent_run_id,
+                        headers=body.headers,
+                        parent_workflow_id=body.parent_workflow_id,
+                        reset_from=body.reset_from_run_id,
                     )
                 )
             elif body.TERMINAL:
                 start = _latest_start(history, event.seq)
                 status = status_after(None, [event])
                 assert status is not None
+                error = getattr(body, "error", None) if isinstance(body, WorkflowFailed) else None
                 self.emit(
                     WorkflowRunEnded(
                         workflow_id=event.workflow_id,
                         run_id=start.run_id if start is not None else "",
                         workflow_type=start.workflow_type if start is not None else "",
                         status=status,
+                        headers=start.headers if start is not None else {},
+                        error_type=error.type if error is not None else None,
+                        error_message=error.message if error is not None else None,
                     )
                 )
 
@@ -338,6 +437,11 @@ class ObserverHub:
 
     def lock(self, lock: trio.Lock, *, nowait: bool = False) -> ObservedLock:
         return ObservedLock(lock, self, nowait=nowait)
+
+
+def run_headers(hub: ObserverHub | None, start: RunStart) -> Mapping[str, str]:
+    """The headers a run starts with: ``start.headers``, and the hooks' on top if any."""
+    return start.headers if hub is None else hub.start_headers(start)
 
 
 def _latest_start(history: Sequence[Event], before_seq: int) -> WorkflowStarted | None:
@@ -491,6 +595,22 @@ def _describe(observer: object) -> str:
     return str(name) if name else type(observer).__name__
 
 
+def _header_hooks(pm: Any, names: dict[str, int]) -> list[tuple[str, HeaderHook]]:
+    found: list[tuple[str, HeaderHook]] = []
+    for impl in pm.hook.aion_trio_start_headers.get_hookimpls():
+        name = pm.get_name(impl.plugin) or _describe(impl.plugin)
+        found.append((_unique(name, names), _with_start(impl.function)))
+    return found
+
+
+def _with_start(function: Callable[..., Any]) -> HeaderHook:
+    def hook(start: RunStart) -> Mapping[str, str] | None:
+        added: Mapping[str, str] | None = function(start=start)
+        return added
+
+    return hook
+
+
 def _from_hookimpls(pm: Any, names: dict[str, int]) -> list[tuple[str, Observer]]:
     found: list[tuple[str, Observer]] = []
     for impl in pm.hook.aion_trio_observe.get_hookimpls():
@@ -528,22 +648,29 @@ def build_hub(direct: Iterable[object], plugin_manager: Any | None) -> ObserverH
     """The engine's hub: entry-point observers (``plugin_manager``) then ``direct`` ones.
 
     ``direct`` items are callables ``observer(event)`` or plugin objects
-    implementing ``aion_trio_observe``.  ``None`` when nothing observes.
+    implementing ``aion_trio_observe`` and/or ``aion_trio_start_headers``.  ``None``
+    when nothing observes and no hook adds headers.
     """
     names: dict[str, int] = {}
+    hook_names: dict[str, int] = {}
     observers: list[tuple[str, Observer]] = []
+    hooks: list[tuple[str, HeaderHook]] = []
     if plugin_manager is not None:
         observers.extend(_from_hookimpls(plugin_manager, names))
+        hooks.extend(_header_hooks(plugin_manager, hook_names))
     for item in direct:
-        if hasattr(item, "aion_trio_observe"):
+        if hasattr(item, "aion_trio_observe") or hasattr(item, "aion_trio_start_headers"):
             pm = make_plugin_manager(load_entry_points=False, plugins=[item])
             found = _from_hookimpls(pm, names)
-            if not found:
-                raise PluginError(
-                    f"observer {_describe(item)} has an aion_trio_observe attribute that is not marked "
-                    "with aion_trio.plugin.hookimpl; mark it, or pass a plain callable observer(event)"
-                )
+            found_hooks = _header_hooks(pm, hook_names)
+            for attribute, listed in (("aion_trio_observe", found), ("aion_trio_start_headers", found_hooks)):
+                if hasattr(item, attribute) and not listed:
+                    raise PluginError(
+                        f"observer {_describe(item)} has an {attribute} attribute that is not marked "
+                        "with aion_trio.plugin.hookimpl; mark it, or pass a plain callable observer(event)"
+                    )
             observers.extend(found)
+            hooks.extend(found_hooks)
         elif callable(item):
             observers.append((_unique(_describe(item), names), item))
         else:
@@ -551,4 +678,4 @@ def build_hub(direct: Iterable[object], plugin_manager: Any | None) -> ObserverH
                 f"an observer must be a callable observer(event) or a plugin implementing "
                 f"aion_trio_observe, got {item!r}"
             )
-    return ObserverHub(observers) if observers else None
+    return ObserverHub(observers, hooks) if observers or hooks else None

@@ -58,7 +58,7 @@ AION_TRIO_NAMES = [
     "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity", "PendingCommand", "PluginError",
     "PolicyRefused", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable",
     "RecoveryCounts", "RecoveryFinished", "ReopenCommand", "ResetCommand", "RetryPolicy", "RunEvicted", "RunHandle",
-    "RunReloaded", "Schedule", "ScheduleAction", "ScheduleActionKind", "ScheduleActionRecord",
+    "RunRecovered", "RunReloaded", "RunStart", "Schedule", "ScheduleAction", "ScheduleActionKind", "ScheduleActionRecord",
     "ScheduleAlreadyExists", "ScheduleConflict", "ScheduleDescription", "ScheduleError", "ScheduleNotFound",
     "SchedulePolicy", "ScheduleSpec", "ScheduleState", "ScheduleStore", "Schedules", "SchedulesUnsupported",
     "SearchAttributesUpserted", "SearchOp", "SearchPredicate", "SequenceConflict", "SerializationError",

@@ -265,7 +265,9 @@ _BY_NAME: dict[str, st.SearchStrategy[Any]] = {
     "command_id": st.integers(1, 2**53),
     "by_workflow": st.just(True),
     "input_digest": st.text(alphabet="0123456789abcdef", min_size=1, max_size=32),
-    "headers": st.dictionaries(names, st.text(st.characters(exclude_categories=("Cs",)), max_size=40), max_size=3),
+    "headers": st.dictionaries(
+        names, st.text(st.characters(exclude_categories=("Cs",)), max_size=40), max_size=3
+    ),
 }
 
 

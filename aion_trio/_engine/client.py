@@ -229,6 +229,7 @@ class Engine:
         task_queue: str | None = None,
         timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
         request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> RunHandle[R]: ...
 
     @overload
@@ -242,6 +243,7 @@ class Engine:
         task_queue: str | None = None,
         timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
         request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> RunHandle[Any]: ...
 
     async def start(
@@ -254,6 +256,7 @@ class Engine:
         task_queue: str | None = None,
         timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
         request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> RunHandle[Any]:
         """Start a workflow run; returns once ``WorkflowStarted`` is durable.
 
@@ -264,6 +267,10 @@ class Engine:
 
         ``timeout`` is the run's deadline (a durable timer from its start): when it
         passes, the run is stopped and ends ``TimedOut``, its activities cancelled.
+
+        ``headers``: context the run carries in its history (``str`` to ``str``, e.g.
+        a tenant, or a trace's ``traceparent``), with what the engine's header hooks
+        (``aion_trio_start_headers``, asked in this task) add on top.
 
         Bad input (unknown workflow, unserialisable or oversized arguments,
         bad search attributes) raises before anything is recorded.  Type checkers
@@ -281,6 +288,7 @@ class Engine:
             task_queue=task_queue,
             timeout=timeout,
             request_id=request_id,
+            headers=headers,
         )
         return RunHandle(
             self,

@@ -51,6 +51,7 @@ from .._events import (
     WorkflowReset,
     WorkflowStarted,
     WorkflowStatus,
+    freeze_headers,
     validate_search_attributes,
 )
 from .._ids import (
@@ -61,6 +62,7 @@ from .._ids import (
     validate_task_queue,
     validate_workflow_id,
 )
+from .._observe import RunStart, run_headers
 from .._payload import Payload
 from .._ports import RunAborted
 from .._projections import (
@@ -138,6 +140,7 @@ class LocalCommands:
         task_queue: str | None = None,
         timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
         request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Started:
         """Start a run here (see ``Engine.start``) under a key already vetted: the caller's,
         or the inbox's ``inbox:N``.  Decides by the request id and the id reuse policy, then
@@ -152,6 +155,7 @@ class LocalCommands:
             task_queue=task_queue,
             timeout=timeout,
             request_id=request_id,
+            headers=headers,
         )
         if not core.epoch.admitting:
             raise epoch_closed(wid, None, "start a workflow")
@@ -246,9 +250,11 @@ class LocalCommands:
         task_queue: str | None,
         timeout: timedelta | float | None,
         request_id: str | None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[str, Callable[[str], WorkflowStarted]]:
         """Vet a start's input (raising before anything is recorded); returns the workflow id
-        and how to build its ``WorkflowStarted`` for a new run id."""
+        and how to build its ``WorkflowStarted`` for a new run id.  The header hooks are
+        asked here, in the caller's task."""
         core = self._core
         definition = core.workflow_definition(workflow)
         definition.check_arguments(args)
@@ -265,6 +271,11 @@ class LocalCommands:
                 raise ValueError(
                     "a start with a request_id needs an explicit workflow_id: a retry must name the same workflow"
                 )
+        given = freeze_headers(headers) if headers is not None else {}
+        carried = run_headers(
+            core.observers,
+            RunStart(kind="start", workflow_id=wid, workflow_type=definition.name, headers=given),
+        )
 
         def started(run_id: str) -> WorkflowStarted:
             return WorkflowStarted(
@@ -275,6 +286,7 @@ class LocalCommands:
                 search_attributes=attributes,
                 timeout=deadline_after,
                 request_id=request_id,
+                headers=carried,
             )
 
         return wid, started
@@ -648,6 +660,17 @@ class LocalCommands:
                 timeout=start.timeout,
                 reset_from_run_id=run_id,
                 reset_to_seq=point,
+                headers=run_headers(
+                    core.observers,
+                    RunStart(
+                        kind="reset",
+                        workflow_id=workflow_id,
+                        workflow_type=start.workflow_type,
+                        headers=start.headers,
+                        parent_workflow_id=start.parent_workflow_id,
+                        previous_run_id=run_id,
+                    ),
+                ),
             ),
             now=core.clock.now(),
             action="reset the workflow",
@@ -711,6 +734,12 @@ class LocalCommands:
                     search_attributes=start.search_attributes,
                     timeout=start.timeout,
                     request_id=request_id,
+                    headers=run_headers(
+                        core.observers,
+                        RunStart(
+                            kind="start", workflow_id=new_workflow_id, workflow_type=start.workflow_type
+                        ),
+                    ),
                 ),
                 now=core.clock.now(),
                 action="fork a workflow",

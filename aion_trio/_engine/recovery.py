@@ -33,7 +33,7 @@ from .._events import (
 )
 from .._hub import ChildrenHub, RecoveryHub
 from .._ids import deadline_timer_id
-from .._observe import ObserverHub, RecoveryFinished
+from .._observe import ObserverHub, RecoveryFinished, RunRecovered
 from .._poison import RecoveryGuard, poison_reason
 from .._projections import (
     current_lease_terminal,
@@ -347,6 +347,15 @@ class Recovery:
                 )
                 return
             runner.spawn_run(lease)
+            if self._observers is not None:
+                self._observers.emit(
+                    RunRecovered(
+                        workflow_id=workflow_id,
+                        run_id=run_id,
+                        workflow_type=start.workflow_type,
+                        headers=start.headers,
+                    )
+                )
             await self._dispatch.redispatch_unsettled(recorder, run_id)
             for timer in outstanding_timers(segment):
                 await self._timers.arm(workflow_id, run_id, timer.timer_id, timer.fire_at)

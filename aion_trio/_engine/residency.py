@@ -32,8 +32,9 @@ from typing import final
 import trio
 
 from .._epoch import EngineEpoch
+from .._events import WorkflowStarted
 from .._observe import ObserverHub, RunEvicted, RunReloaded
-from .._projections import is_active
+from .._projections import is_active, run_segment
 from .._recorder import Recorder
 from .._registry import EvictedRun, Lease, Registry, Residency
 from .config import EngineConfig
@@ -300,8 +301,15 @@ class ResidencyService:
             await self._revive(recorder, run)
             self.reloads += 1
             if self._observers is not None:
+                segment = run_segment(recorder.history, run.run_id)
+                start = segment[0].body if segment else None
                 self._observers.emit(
-                    RunReloaded(workflow_id=workflow_id, run_id=run.run_id, workflow_type=run.workflow_type)
+                    RunReloaded(
+                        workflow_id=workflow_id,
+                        run_id=run.run_id,
+                        workflow_type=run.workflow_type,
+                        headers=start.headers if isinstance(start, WorkflowStarted) else {},
+                    )
                 )
         finally:
             del self._reviving[workflow_id]

@@ -38,6 +38,7 @@ from .._events import (
 from .._guard import install as install_guard, run_workflow_code
 from .._hub import StartRetry
 from .._ids import deadline_timer_id, new_run_id
+from .._observe import RunStart, run_headers
 from .._payload import PayloadCodec
 from .._ports import RunAborted, WorkflowPort
 from .._projections import is_active, latest_run_id, run_segment, search_attributes
@@ -433,6 +434,17 @@ class Runner:
                         # The values the run ended with: its start's, and its code's upserts.
                         search_attributes=search_attributes(history, lease.run_id),
                         timeout=start.timeout,
+                        headers=run_headers(
+                            recorder.observers,
+                            RunStart(
+                                kind="continue_as_new",
+                                workflow_id=lease.workflow_id,
+                                workflow_type=terminal.workflow_type or lease.workflow_type,
+                                headers=start.headers,
+                                parent_workflow_id=start.parent_workflow_id,
+                                previous_run_id=lease.run_id,
+                            ),
+                        ),
                     ),
                     now=self._clock.now(),
                     action="start the continue-as-new successor",

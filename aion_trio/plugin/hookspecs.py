@@ -18,6 +18,7 @@ walk-through.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pluggy
@@ -53,4 +54,18 @@ def aion_trio_observe(event: Any) -> None:
     held and never for what replay re-reads; keep it quick and do not
     block (hand slow work to a thread or a queue).  An exception is logged
     and the engine carries on.
+    """
+
+
+@hookspec
+def aion_trio_start_headers(start: Any) -> Mapping[str, str] | None:
+    """Add headers to a run about to start (``start`` is an :class:`aion_trio.RunStart`).
+
+    Called synchronously, before the run's ``WorkflowStarted`` is built, in the
+    starter's task: for a client's ``engine.start`` that is the caller's task, so
+    context variables (a trace's current span) are visible.  Return a mapping of
+    ``str`` to ``str`` to record on top of ``start.headers``, or ``None``.  The run
+    carries them in its history (``WorkflowStarted.headers``, shown to observers) for
+    as long as it lives, across restarts.  Keep it quick; an exception, or a return
+    value that is not valid headers, is logged and the start goes on without it.
     """

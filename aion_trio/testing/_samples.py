@@ -113,7 +113,10 @@ def full_bodies() -> list[EventBody]:
             request_id="start-'a'",
             reset_from_run_id=RUN_C,
             reset_to_seq=7,
-            headers={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "x'y": TRICKY_TEXT},
+            headers={
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                "x'y": TRICKY_TEXT,
+            },
         ),
         WorkflowCompleted(result=Payload.of({"ok": True, "n": BIG_INT})),
         WorkflowFailed(error=error),
