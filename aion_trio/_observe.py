@@ -148,6 +148,8 @@ class ActivityAttemptEnded(ObserverEvent):
     seconds: float
     error_type: str | None = None
     queued_seconds: float = 0.0
+    #: The error's message, with ``error_type``.
+    error_message: str | None = None
 
 
 @final

@@ -47,12 +47,12 @@ HEARTBEAT_RECORD_INTERVAL = 30.0
 (with one: 0.8 of it); details reported in between are kept for the next attempt."""
 
 
-def _observed_outcome(outcome: ActivityOutcome) -> tuple[str, str | None]:
-    """An attempt's outcome as observers see it: (outcome, error type)."""
+def _observed_outcome(outcome: ActivityOutcome) -> tuple[str, str | None, str | None]:
+    """An attempt's outcome as observers see it: (outcome, error type, error message)."""
     if outcome.kind is OutcomeKind.FAILED and outcome.error is not None:
         kind = "timed_out" if outcome.error.cause is FailureCause.TIMEOUT else "failed"
-        return kind, outcome.error.type
-    return outcome.kind.value, None
+        return kind, outcome.error.type, outcome.error.message
+    return outcome.kind.value, None, None
 
 
 @attrs.define
@@ -216,15 +216,15 @@ class ActivityDriver:
         }
         hub.emit(ActivityAttemptStarted(task_queue=state.current_queue, **common))
         began = trio.current_time()
-        kind, error_type = "cancelled", None
+        kind, error_type, message = "cancelled", None, None
         try:
             outcome = await self._dispatch_attempt(state, clock)
-            kind, error_type = _observed_outcome(outcome)
+            kind, error_type, message = _observed_outcome(outcome)
             return outcome
         except trio.Cancelled:
             raise
         except BaseException as exc:
-            kind, error_type = "failed", type(exc).__name__
+            kind, error_type, message = "failed", type(exc).__name__, str(exc)
             raise
         finally:
             hub.emit(
@@ -232,6 +232,7 @@ class ActivityDriver:
                     outcome=kind,
                     seconds=trio.current_time() - began,
                     error_type=error_type,
+                    error_message=message,
                     queued_seconds=clock.queued_seconds,
                     **common,
                 )
