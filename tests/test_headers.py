@@ -100,7 +100,9 @@ async def test_children_successors_and_reset_runs_inherit_headers_and_hooks_see_
     store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
 ) -> None:
     hook = Hook()
-    async with aion.open_engine(store_url(), workflows=WORKFLOWS, activities=[echo], observers=[hook]) as engine:
+    async with aion.open_engine(
+        store_url(), workflows=WORKFLOWS, activities=[echo], observers=[hook]
+    ) as engine:
         up = await engine.start(parent, 5, workflow_id="h-parent", headers={"tenant": "acme"})
         assert await up.result() == 5
         ch = await engine.start(chain, 2, workflow_id="h-chain", headers={"tenant": "beta"})
@@ -152,7 +154,11 @@ async def test_without_hooks_headers_are_what_the_starter_passed_and_are_inherit
     ],
 )
 async def test_bad_headers_are_refused_before_anything_is_recorded(
-    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock, headers: object, error: type, match: str
+    store_url: Callable[[], str],
+    autojump_clock: trio.testing.MockClock,
+    headers: object,
+    error: type,
+    match: str,
 ) -> None:
     async with aion.open_engine(store_url(), workflows=WORKFLOWS, activities=[echo]) as engine:
         with pytest.raises(error, match=match):
@@ -193,7 +199,9 @@ async def test_a_run_resumed_by_another_engine_is_reported_recovered_with_its_he
         run = await engine.start(waits, workflow_id="resumed", headers={"traceparent": "t-1"})
         await trio.testing.wait_all_tasks_blocked()
     seen: list[aion.ObserverEvent] = []
-    async with aion.open_engine(url, workflows=WORKFLOWS, activities=[echo], observers=[seen.append]) as engine:
+    async with aion.open_engine(
+        url, workflows=WORKFLOWS, activities=[echo], observers=[seen.append]
+    ) as engine:
         await engine.signal("resumed", "go", "yes")
         assert await engine.result("resumed") == "yes"
     recovered = [e for e in seen if isinstance(e, aion.RunRecovered)]

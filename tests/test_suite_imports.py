@@ -109,6 +109,7 @@ OWN_TESTS = {
     "aion_trio_sqlite": ("tests/test_sqlite_*.py", "tests/procs/*wal_writer.py"),
     "aion_trio_postgres": ("contrib/aion-trio-postgres/tests/*",),
     "aion_trio_prometheus": ("contrib/aion-trio-prometheus/tests/*",),
+    "aion_trio_opentelemetry": ("contrib/aion-trio-opentelemetry/tests/*",),
 }
 
 #: Reaches not yet moved onto a seam, each one listed (the check fails on any other, and on

@@ -142,7 +142,9 @@ class TracingObserver:
             if (event.workflow_id, event.run_id) not in self._runs:
                 attributes = _run_attributes(event.workflow_id, event.run_id, event.workflow_type)
                 attributes["aion.workflow.resumed"] = True
-                self._start_run(event.workflow_id, event.run_id, event.workflow_type, event.headers, attributes)
+                self._start_run(
+                    event.workflow_id, event.run_id, event.workflow_type, event.headers, attributes
+                )
         elif isinstance(event, aion_trio.WorkflowRunEnded):
             self._run_ended(event)
 
@@ -169,7 +171,9 @@ class TracingObserver:
         if span is None:  # ended before this process saw it start or resume
             attributes = _run_attributes(event.workflow_id, event.run_id, event.workflow_type)
             attributes["aion.workflow.resumed"] = True
-            span = self._start_run(event.workflow_id, event.run_id, event.workflow_type, event.headers, attributes)
+            span = self._start_run(
+                event.workflow_id, event.run_id, event.workflow_type, event.headers, attributes
+            )
             del self._runs[key]
         status = event.status
         span.set_attribute("aion.workflow.status", status.value)

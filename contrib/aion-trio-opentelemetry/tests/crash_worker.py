@@ -2,7 +2,7 @@
 
 ``python crash_worker.py DB SPANS``: opens an engine on the SQLite file ``DB``,
 starts ``two_steps`` inside a caller's span, and once its first activity's
-result is durable (the run then waits for the signal ``go``) prints ``READY``
+result is durable (the run publishes it next, then waits for the signal ``go``) prints ``READY``
 and waits to be killed.  Finished spans are written to ``SPANS``, one JSON
 object per line, as they end.
 """
@@ -31,6 +31,7 @@ async def step(n: int) -> int:
 @aion.workflow
 async def two_steps(ctx: aion.WorkflowContext) -> int:
     first = await ctx.run(step, 1)
+    await ctx.set_event("first", first)  # recorded after the step's result
     await ctx.wait_signal("go")
     return await ctx.run(step, first)
 
@@ -70,9 +71,7 @@ async def main(db: str, spans: str) -> None:
     ) as engine:
         with tracer.start_as_current_span("request"):
             await engine.start(two_steps, workflow_id="crashy")
-        with trio.fail_after(60):
-            while not any(isinstance(e.body, aion.ActivityCompleted) for e in await engine.history("crashy")):
-                await trio.sleep(0.01)
+        assert await engine.get_event("crashy", "first", timeout=60) == 2
         print("READY", flush=True)
         await trio.sleep_forever()
 

@@ -104,7 +104,10 @@ def _parent(span: ReadableSpan) -> int | None:
 
 
 async def test_the_run_span_is_a_child_of_the_callers_span_and_each_retry_is_its_own_span(
-    memory_url: str, provider: TracerProvider, exporter: InMemorySpanExporter, autojump_clock: trio.testing.MockClock
+    memory_url: str,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     ATTEMPTS.clear()
     tracer = provider.get_tracer("test")
@@ -161,7 +164,10 @@ async def test_the_run_span_is_a_child_of_the_callers_span_and_each_retry_is_its
 
 
 async def test_a_child_runs_span_is_a_child_of_its_parent_runs_span(
-    memory_url: str, provider: TracerProvider, exporter: InMemorySpanExporter, autojump_clock: trio.testing.MockClock
+    memory_url: str,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     tracer = provider.get_tracer("test")
     async with aion.open_engine(
@@ -186,7 +192,10 @@ async def test_a_child_runs_span_is_a_child_of_its_parent_runs_span(
 
 
 async def test_continue_as_new_and_reset_runs_are_children_of_the_run_they_follow(
-    memory_url: str, provider: TracerProvider, exporter: InMemorySpanExporter, autojump_clock: trio.testing.MockClock
+    memory_url: str,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with aion.open_engine(
         memory_url, workflows=WORKFLOWS, activities=ACTIVITIES, observers=[TracingObserver(provider)]
@@ -196,7 +205,9 @@ async def test_continue_as_new_and_reset_runs_are_children_of_the_run_they_follo
         await engine.reset("cd", reason="once more")
         assert await engine.result("cd") == 11
 
-    runs = sorted(_named(exporter.get_finished_spans(), "workflow countdown"), key=lambda s: s.start_time or 0)
+    runs = sorted(
+        _named(exporter.get_finished_spans(), "workflow countdown"), key=lambda s: s.start_time or 0
+    )
     assert len(runs) == 4  # three runs of the chain, then the reset run
     first, second, third, reset = runs
     assert first.parent is None
@@ -216,7 +227,10 @@ async def test_continue_as_new_and_reset_runs_are_children_of_the_run_they_follo
 
 
 async def test_a_failed_run_records_its_error_on_its_span(
-    memory_url: str, provider: TracerProvider, exporter: InMemorySpanExporter, autojump_clock: trio.testing.MockClock
+    memory_url: str,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with aion.open_engine(
         memory_url, workflows=WORKFLOWS, activities=ACTIVITIES, observers=[TracingObserver(provider)]
@@ -229,7 +243,10 @@ async def test_a_failed_run_records_its_error_on_its_span(
     assert span.attributes["error.type"] == "ValueError"  # type: ignore[index]
     assert span.attributes["aion.workflow.status"] == "failed"  # type: ignore[index]
     (exception,) = span.events
-    assert exception.attributes == {"exception.type": "ValueError", "exception.message": "the order is invalid"}
+    assert exception.attributes == {
+        "exception.type": "ValueError",
+        "exception.message": "the order is invalid",
+    }
 
 
 HERE = Path(__file__).parent
@@ -269,7 +286,10 @@ def test_a_run_resumed_in_another_process_after_sigkill_continues_the_same_trace
     async def resume() -> int:
         with trio.fail_after(60):
             async with aion.open_engine(
-                f"sqlite:///{db}", workflows=WORKFLOWS, activities=ACTIVITIES, observers=[TracingObserver(provider)]
+                f"sqlite:///{db}",
+                workflows=WORKFLOWS,
+                activities=ACTIVITIES,
+                observers=[TracingObserver(provider)],
             ) as engine:
                 await engine.signal("crashy", "go")
                 result: int = await engine.result("crashy")
@@ -291,7 +311,10 @@ def test_a_run_resumed_in_another_process_after_sigkill_continues_the_same_trace
 
 
 async def test_the_installed_entry_point_traces_into_the_global_provider(
-    memory_url: str, exporter: InMemorySpanExporter, provider: TracerProvider, autojump_clock: trio.testing.MockClock
+    memory_url: str,
+    exporter: InMemorySpanExporter,
+    provider: TracerProvider,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="aion_trio")}
     assert names.get("opentelemetry") == "aion_trio_opentelemetry"
