@@ -198,7 +198,7 @@ def test_the_hook_specifications_are_one_public_module() -> None:
     from aion_trio.plugin import hookspecs
 
     specs = sorted(name for name in vars(hookspecs) if name.startswith("aion_trio_"))
-    assert specs == ["aion_trio_observe", "aion_trio_register_stores"]
+    assert specs == ["aion_trio_observe", "aion_trio_register_stores", "aion_trio_start_headers"]
     assert all(getattr(hookspecs, name).__doc__ for name in specs)
     # The manager's hooks are exactly the module's, with its markers.
     pm = make_plugin_manager(load_entry_points=False)
