@@ -87,7 +87,7 @@ class WorkflowRunStarted(ObserverEvent):
     #: The run this one continues (continue-as-new), else ``None``.
     continued_from: str | None = None
     #: The run's headers (``WorkflowStarted.headers``).
-    headers: Mapping[str, str] = attrs.field(factory=dict)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=freeze_headers)
     #: A child run: its parent workflow, else ``None``.
     parent_workflow_id: str | None = None
     #: A run started by a reset: the run it was reset from, else ``None``.
@@ -107,7 +107,7 @@ class WorkflowRunEnded(ObserverEvent):
     run_id: str
     workflow_type: str
     status: WorkflowStatus
-    headers: Mapping[str, str] = attrs.field(factory=dict)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=freeze_headers)
     error_type: str | None = None
     error_message: str | None = None
 
@@ -199,7 +199,7 @@ class RunReloaded(ObserverEvent):
     run_id: str
     workflow_type: str
     #: The run's headers (``WorkflowStarted.headers``).
-    headers: Mapping[str, str] = attrs.field(factory=dict)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=freeze_headers)
 
 
 @final
@@ -214,7 +214,7 @@ class RunRecovered(ObserverEvent):
     run_id: str
     workflow_type: str
     #: The run's headers (``WorkflowStarted.headers``).
-    headers: Mapping[str, str] = attrs.field(factory=dict)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=freeze_headers)
 
 
 @final
@@ -234,7 +234,7 @@ class RunStart:
     kind: str
     workflow_id: str
     workflow_type: str
-    headers: Mapping[str, str] = attrs.field(factory=dict)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=freeze_headers)
     parent_workflow_id: str | None = None
     parent_run_id: str | None = None
     previous_run_id: str | None = None
