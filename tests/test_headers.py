@@ -95,6 +95,10 @@ async def test_a_start_records_the_callers_headers_and_the_hooks_in_the_callers_
     (ended,) = [e for e in seen if isinstance(e, aion.WorkflowRunEnded)]
     assert ended.headers == started.headers
     assert len({event, ended, *hook.starts}) == 3, "frozen records, hashable with their headers"
+    built = [
+        aion.RunRecovered(workflow_id="w", run_id="r", workflow_type="t", headers={"a": "b"}) for _ in "xy"
+    ]
+    assert len({*built, aion.RunStart(kind="start", workflow_id="w", workflow_type="t")}) == 2
 
 
 async def test_children_successors_and_reset_runs_inherit_headers_and_hooks_see_where_they_come_from(
