@@ -21,6 +21,10 @@ from .._retry import check_layer
 from .._transient import CompletionRetryConfig
 
 
+#: Where the engine's start-up may freeze the heap (``EngineConfig.gc_freeze``).
+GC_FREEZE_POINTS: tuple[str | None, ...] = ("startup", "recovered", None)
+
+
 def _defaults_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
     return check_layer(layer, "EngineConfig.activity_defaults")
 
@@ -175,6 +179,19 @@ class EngineConfig:
     #: Cluster stores: seconds (engine clock) a node's claim on a schedule it works lasts;
     #: renewed at half-time, taken over by another node once expired.
     schedule_claim_ttl: float = 30.0
+    # -- the cycle collector (docs/operating.md, "Garbage collection") ------------
+    #: ``gc.set_threshold`` while the engine is open (Python's collector is process-wide:
+    #: the thresholds the process had are restored when the last engine closes).  A step
+    #: allocates a few hundred short-lived objects; with Python's default ``(700, 10, 10)``
+    #: the collector takes a fifth to a half of the CPU under load.  ``None``: leave them.
+    gc_thresholds: tuple[int, int, int] | None = (50_000, 20, 100)
+    #: ``gc.freeze()`` the heap at a point of the engine's start-up, so that full
+    #: collections no longer walk it: ``"startup"`` (after the store is open and the
+    #: services built, before recovery: what is frozen lives as long as the engine),
+    #: ``"recovered"`` (after recovery too: the recovered runs' objects are no longer
+    #: walked either, but garbage cycles among them are kept until the last engine
+    #: closes), ``None``: no freezing.  The last engine to close thaws the heap.
+    gc_freeze: str | None = "startup"
 
     def __attrs_post_init__(self) -> None:
         _check_setting_types(self)
@@ -191,6 +208,21 @@ class EngineConfig:
                 f"max_recovery_attempts must be an int >= 1 or None (no counting), got {self.max_recovery_attempts!r}"
             )
         validate_task_queue(self.default_task_queue, "EngineConfig.default_task_queue")
+        thresholds = self.gc_thresholds
+        if thresholds is not None and not (
+            isinstance(thresholds, tuple)
+            and len(thresholds) == 3
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in thresholds)
+            and thresholds[0] >= 1
+        ):
+            raise ValueError(
+                "gc_thresholds must be None or a tuple of three ints >= 0 (the first >= 1; "
+                f"see gc.set_threshold), got {thresholds!r}"
+            )
+        if self.gc_freeze not in GC_FREEZE_POINTS:
+            raise ValueError(
+                f"gc_freeze must be one of {GC_FREEZE_POINTS!r}, got {self.gc_freeze!r}"
+            )
         if self.loop_stall_warning is not None and not self.loop_stall_warning > 0:
             raise ValueError(
                 f"loop_stall_warning must be > 0 seconds or None (no watchdog), got {self.loop_stall_warning!r}"

@@ -40,6 +40,7 @@ from .._store import (
 )
 from .._transient import Transient
 from .._watchdog import LoopWatchdog
+from . import collector
 from .client import Engine, serve_inbox
 from .config import EngineConfig
 from .core import EngineCore
@@ -112,6 +113,8 @@ async def open_engine(
     hub = build_hub(observers, default_plugin_manager())
     clock = config.clock
     async with contextlib.AsyncExitStack() as stack:
+        if collector.enter(config.gc_thresholds, freezes=config.gc_freeze is not None):
+            stack.callback(collector.leave)
         if config.loop_stall_warning is not None:
             watchdog = LoopWatchdog(config.loop_stall_warning)
             watchdog.start()
@@ -193,7 +196,11 @@ async def open_engine(
                         epoch.spawn(services.waker, name="cluster-waker")
                         # Not epoch.spawn: a node fenced out of everything must end the engine.
                         nursery.start_soon(services.until_fenced_out, name="cluster-fence-watch")
+                    if config.gc_freeze == "startup":
+                        collector.freeze()
                     await core.recovery.recover()
+                    if config.gc_freeze == "recovered":
+                        collector.freeze()
                     if isinstance(opened, CommandInbox):
                         drainer = InboxDrainer(
                             commands=local, inbox=opened, config=config, limiter=service_threads
