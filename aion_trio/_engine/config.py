@@ -20,7 +20,6 @@ from .._payload import PayloadCodec
 from .._retry import check_layer
 from .._transient import CompletionRetryConfig
 
-
 #: Where the engine's start-up may freeze the heap (``EngineConfig.gc_freeze``).
 GC_FREEZE_POINTS: tuple[str | None, ...] = ("startup", "recovered", None)
 
@@ -220,9 +219,7 @@ class EngineConfig:
                 f"see gc.set_threshold), got {thresholds!r}"
             )
         if self.gc_freeze not in GC_FREEZE_POINTS:
-            raise ValueError(
-                f"gc_freeze must be one of {GC_FREEZE_POINTS!r}, got {self.gc_freeze!r}"
-            )
+            raise ValueError(f"gc_freeze must be one of {GC_FREEZE_POINTS!r}, got {self.gc_freeze!r}")
         if self.loop_stall_warning is not None and not self.loop_stall_warning > 0:
             raise ValueError(
                 f"loop_stall_warning must be > 0 seconds or None (no watchdog), got {self.loop_stall_warning!r}"
