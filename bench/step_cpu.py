@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             for side, _ in sides:
                 rows = results[(side, inflight)]
                 for key in ("cpu_us_per_step", "steps_per_s", "gc_share", "tasks_per_step"):
-                    summary[f"{side}_{key}"] = statistics.median(row[key] for row in rows)
+                    summary[f"{side}_{key}"] = round(statistics.median(row[key] for row in rows), 3)
             if args.old:
                 summary["cpu_new_over_old"] = round(
                     summary["new_cpu_us_per_step"] / summary["old_cpu_us_per_step"], 3
