@@ -669,14 +669,20 @@ class WorkflowContext:
     def set_signal_handler(self, name: str, handler: Callable[[Any], object]) -> None:
         """Give every signal called ``name`` to ``handler(payload)``, in the order recorded.
 
-        A handler is a plain (sync) function that updates the workflow's state
-        (it must not issue commands); the workflow waits for that state with
-        :meth:`wait_condition`.  Signals are delivered at the run's awaits:
-        each one recorded before what resolves an await is handed over before
-        that await returns, so replay delivers it at the same point.  Signals
-        recorded before the handler was registered are delivered at the next
-        await; an exception from a handler is raised at that await.
-        Registering a name again replaces its handler.
+        A plain (``def``) handler updates the workflow's state and must not
+        issue commands; the workflow waits for that state with
+        :meth:`wait_condition`.  An ``async def`` handler runs as a branch of
+        the run beside the workflow function and may issue commands
+        (activities, timers, children, ``wait_condition``); the branches take
+        turns in an order history decides, so replay resumes each as the live
+        run did (see :meth:`set_update_handler`).  Signals are delivered at the
+        run's awaits: each one recorded before what resolves an await is handed
+        over before that await returns, so replay delivers it at the same
+        point.  Signals recorded before the handler was registered are
+        delivered at the next await; an exception from a handler is raised in
+        the workflow function (at that await, or, from an async handler, at the
+        await the workflow function is suspended in).  Registering a name again
+        replaces its handler.
         """
         self._replay.require_own_task("ctx.set_signal_handler()")
         self._signal_handlers().register(name, handler)
@@ -712,9 +718,21 @@ class WorkflowContext:
         recorded (``UpdateAccepted``) and delivered at the run's next await in
         the order recorded, like a signal; the handler's return value (or its
         exception, as :class:`UpdateFailed`) is recorded (``UpdateCompleted``)
-        and given to the caller.  Handler and validator are plain (sync)
-        functions that read and update the workflow's state; they must not
-        issue commands.  Registering a name again replaces both.
+        and given to the caller.  Arguments are decoded to the types the
+        handler (and the validator) annotate, as a signal handler's are; the
+        result is encoded like any payload (dataclasses and attrs classes too).
+
+        The validator is a plain (sync) function.  A plain handler reads and
+        updates the workflow's state and must not issue commands.  An
+        ``async def`` handler runs as a branch of the run beside the workflow
+        function and may issue commands (``ctx.run``, timers, children,
+        ``ctx.wait_condition``): one branch runs at a time, and the turn goes to
+        the branch whose await history resolves first, so a replay (after a
+        crash mid-handler too) resumes each branch exactly as the live run did.
+        Before returning, the workflow can wait for such handlers with
+        ``await ctx.wait_condition(ctx.all_handlers_finished)``; handlers still
+        running when the workflow function exits are cancelled (their callers
+        get :class:`UpdateUnavailable`).  Registering a name again replaces both.
         """
         self._replay.require_own_task("ctx.set_update_handler()")
         self._signal_handlers().register_update(name, handler, validator)
@@ -729,6 +747,17 @@ class WorkflowContext:
             return handler
 
         return register
+
+    def all_handlers_finished(self) -> bool:
+        """True when no async signal or update handler is running: wait for it before the
+        workflow returns, ``await ctx.wait_condition(ctx.all_handlers_finished)``.
+
+        A workflow function that exits while handlers run ends the run anyway:
+        those handlers are cancelled and record nothing more, their updates get
+        no outcome (a waiting caller gets :class:`UpdateUnavailable`), and a
+        warning names them.
+        """
+        return not self._replay.running_handlers()
 
     def _signal_handlers(self) -> SignalHandlers:
         replay = self._replay
@@ -1125,6 +1154,25 @@ class RunActivation:
     def poisoned(self) -> BaseException | None:
         """The divergence from history that stopped the code, if any (the run is then stuck)."""
         return self._replay.poisoned
+
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any, guarded: bool = False) -> T:
+        """Run the workflow function ``fn(self.context, *args)`` and return what it returns.
+
+        Async signal and update handlers run as branches beside it in a nursery
+        this call owns; those still running when ``fn`` exits are cancelled and
+        logged (``guarded``: with the determinism guard on, for them as for ``fn``).
+        """
+        replay = self._replay
+        try:
+            return await replay.run_code(fn, self.context, *args, guarded=guarded)
+        finally:
+            if replay.abandoned:
+                self.context.logger.warning(
+                    "workflow %r exited while handlers still ran; they were cancelled (wait for them "
+                    "with ctx.wait_condition(ctx.all_handlers_finished)): %s",
+                    replay.workflow_id,
+                    ", ".join(replay.abandoned),
+                )
 
     async def flush(self) -> None:
         """Record the commands the code issued after its last await (it returned)."""

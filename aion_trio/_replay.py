@@ -15,6 +15,7 @@ handles and the query handlers are built on it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +27,7 @@ import trio
 
 from ._convert import handler_hints
 from ._errors import (
+    AionInternalError,
     NonDeterminismError,
     QueryReadOnly,
     Timeout,
@@ -46,6 +48,7 @@ from ._events import (
     WorkflowCancelRequested,
     input_digest,
 )
+from ._guard import run_workflow_code
 from ._payload import Payload
 from ._ports import CancelTimer, CompleteUpdate, RunAborted, StartTimer, WorkflowCommand, WorkflowPort
 from ._projections import (
@@ -61,6 +64,36 @@ T = TypeVar("T")
 
 #: While replaying, a wait that history resolves yields to the scheduler once in this many.
 REPLAY_YIELD_EVERY = 64
+
+
+@final
+class Branch:
+    """One line of execution of a run's code: the workflow function, or an async handler.
+
+    A run's branches take turns: exactly one runs at a time (the one holding
+    the turn); the others are suspended at an await.  Which branch goes next
+    is decided from history alone (see :meth:`Replay.wait_until`), so a replay
+    gives the turns in the order the live run did.
+    """
+
+    def __init__(self, name: str, task: trio.lowlevel.Task | None, index: int) -> None:
+        #: For people: "the workflow function", "update handler 'x' (update-1)", ...
+        self.name = name
+        self.task = task
+        #: Creation order: the tie-break between branches whose waits resolve at one seq.
+        self.index = index
+        #: Set when the turn is handed to this branch.
+        self.wake = trio.Event()
+        #: What the branch waits for while suspended at an await (``None`` while it runs).
+        self.check: Callable[[], object] | None = None
+        #: The timers of the timeout scopes this branch entered and did not leave, outermost first.
+        self.scopes: list[str] = []
+        self.cleanup_depth = 0
+        #: What an async handler raised that the workflow function must raise (main branch only).
+        self.failure: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"<Branch {self.index}: {self.name}>"
 
 
 @final
@@ -92,15 +125,22 @@ class Replay:
         self.timers_retired: set[str] = set()
         #: Ids of children this execution started and whose outcome it has not consumed.
         self.unobserved_children: set[str] = set()
-        #: The timers of the timeout scopes entered and not left, outermost first.
-        self.scopes: list[str] = []
         #: Commands issued and not yet recorded (the next await records them as one batch).
         self.pending: list[WorkflowCommand] = []
         #: The divergence that stopped this execution: every later command raises it again.
         self.poisoned: BaseException | None = None
-        self.cleanup_depth = 0
-        #: The run's own task: the only one that may issue commands.
-        self.task: trio.lowlevel.Task = trio.lowlevel.current_task()
+        #: The workflow function's branch, then the async handlers' still running, oldest first.
+        self.main = Branch("the workflow function", trio.lowlevel.current_task(), 0)
+        self.branches: list[Branch] = [self.main]
+        #: The branch holding the turn: the only one whose task may issue commands.
+        self.current = self.main
+        self.branches_started = 1
+        #: Where async handlers run (set by :meth:`run_code` while the code runs), and
+        #: whether they run with the determinism guard on, as the workflow function does.
+        self.nursery: trio.Nursery | None = None
+        self.guarded = False
+        #: The async handlers still running when the workflow function exited (cancelled).
+        self.abandoned: list[str] = []
         # True only while the run's task is parked between steps, caught up with history;
         # parked_at is the history length it parked at (longer: it has something to consume).
         self.parked = False
@@ -114,6 +154,26 @@ class Replay:
         #: Waits resolved from history while replaying (every REPLAY_YIELD_EVERY-th yields).
         self.replayed_waits = 0
 
+    # -- the current branch's state ---------------------------------------------
+
+    @property
+    def task(self) -> trio.lowlevel.Task | None:
+        """The task holding the turn: the only one that may issue commands."""
+        return self.current.task
+
+    @property
+    def scopes(self) -> list[str]:
+        """The current branch's open timeout scopes (each branch has its own)."""
+        return self.current.scopes
+
+    @property
+    def cleanup_depth(self) -> int:
+        return self.current.cleanup_depth
+
+    @cleanup_depth.setter
+    def cleanup_depth(self, value: int) -> None:
+        self.current.cleanup_depth = value
+
     # -- guards ----------------------------------------------------------------
 
     def refuse_in_query(self, what: str) -> None:
@@ -124,10 +184,11 @@ class Replay:
         handlers = self.signal_handlers
         if handlers is not None and handlers.running is not None:
             raise WorkflowCommandError(
-                f"{what} was called from {handlers.running} of workflow {self.workflow_id!r}: signal "
-                "and update handlers, update validators and wait_condition predicates are plain "
-                "functions that read and update the workflow's state; issue commands from the "
-                "workflow code (wait for the state with ctx.wait_condition)"
+                f"{what} was called from {handlers.running} of workflow {self.workflow_id!r}: plain "
+                "(def) signal and update handlers, update validators and wait_condition predicates "
+                "read and update the workflow's state and issue no commands; issue commands from "
+                "the workflow code or from an async def handler (wait for the state with "
+                "ctx.wait_condition)"
             )
 
     def require_own_task(self, what: str) -> None:
@@ -423,6 +484,11 @@ class Replay:
         Inside a timeout scope whose timer fired in this snapshot (and no
         resolution is present), ``on_expiry`` records the timeout durably and
         returns what was recorded (or what won the race under the lock).
+
+        While the run has several branches (async handlers beside the workflow
+        function), the one whose wait history resolves first takes the turn
+        (:meth:`_yield_turn`): this await returns only once this branch's
+        resolution is the earliest in history.
         """
         self.require_own_task("awaiting a workflow handle")
         if not await self.flush():
@@ -437,50 +503,177 @@ class Replay:
                     await trio.lowlevel.checkpoint_if_cancelled()
                 else:
                     await trio.lowlevel.checkpoint()
-        while True:
-            self.state.sync()
-            ended = self.state.ended
-            if ended is not None and ended.seq > self.start_head:
-                # Ended from outside while this code ran (a finished history being
-                # replayed holds its own terminal at or below the execution's start head).
-                raise RunAborted()
-            found = check()
-            cancel = self.cancel_in_force()
-            expired = self.expired_scope()
-            if self.signal_handlers is not None and self.signal_handlers.deliver_next(
-                self, self._cut(found, cancel, expired)
-            ):
+        branch = self.current
+        branch.check = check
+        try:
+            while True:
+                self.state.sync()
+                ended = self.state.ended
+                if ended is not None and ended.seq > self.start_head:
+                    # Ended from outside while this code ran (a finished history being
+                    # replayed holds its own terminal at or below the execution's start head).
+                    raise RunAborted()
+                self._raise_failure(branch)
+                found = check()
+                cancel = self.cancel_in_force()
+                expired = self.expired_scope()
+                if await self._yield_turn(branch, self._cut(found, cancel, expired)):
+                    continue  # a handler or another branch ran first: decide again
+                if found is not None and (cancel is None or _resolution_seq(found) < cancel.seq):
+                    return found
+                if cancel is not None:
+                    fired = self.state.timer_resolutions.get(expired) if expired is not None else None
+                    if fired is None or cancel.seq < fired.seq:
+                        # Recorded before whatever would have resolved this await: replay decides alike.
+                        body = cancel.body
+                        assert isinstance(body, WorkflowCancelRequested)
+                        if awaited_activities:
+                            # The workflow stops waiting: the awaited attempts stop too.
+                            await self.port.record_activities_cancelled(awaited_activities)
+                        raise WorkflowCancelled(body.reason)
+                if expired is not None:
+                    if on_expiry is None:
+                        raise Timeout(expired)
+                    return await on_expiry(expired)
+                if self.recorded_end() is not None:
+                    # Nothing is appended to a finished run: this wait would never resolve.
+                    raise self.past_the_end("a wait that history does not resolve")
+                self.caught_up = True
+                self.parked = True
+                self.parked_at = self.port.history_length()
+                self.port.parked()  # queries wait for this moment
+                try:
+                    await self.port.wait_changed()
+                finally:
+                    self.parked = False
+                if self.poisoned is not None:
+                    raise self.poisoned
+        finally:
+            branch.check = None
+
+    # -- branches: async handlers beside the workflow function -----------------------
+
+    def _raise_failure(self, branch: Branch) -> None:
+        if self.poisoned is not None:
+            raise self.poisoned
+        failure = branch.failure
+        if failure is not None:
+            branch.failure = None
+            raise failure
+
+    def _branch_cut(self, branch: Branch) -> float:
+        """Where history resolves suspended ``branch``'s wait (infinity: not yet), judged
+        in that branch's own context (its timeout scopes, its cleanup depth)."""
+        if branch.failure is not None:
+            return -math.inf  # an async handler's failure is raised in it at once
+        check = branch.check
+        assert check is not None
+        saved, self.current = self.current, branch
+        try:
+            return self._cut(check(), self.cancel_in_force(), self.expired_scope())
+        finally:
+            self.current = saved
+
+    async def _yield_turn(self, me: Branch, my_cut: float) -> bool:
+        """Give the turn to what history resolves before ``me``'s wait: the earliest handled
+        signal or accepted update recorded before it (delivered here; an async handler gets
+        a branch of its own) or another branch whose wait resolves earlier (a tie goes to
+        the older branch).  ``False`` if nothing comes first; ``True`` once the turn came
+        back to ``me`` (the caller decides again).
+
+        The choice reads history only (seqs of recorded events), and each live decision
+        reads a prefix of what a replay reads, so a replay hands out the turns -- and
+        issues the branches' commands -- in the order the live run did.
+        """
+        best, best_cut = me, my_cut
+        for other in self.branches:
+            if other is not me and other.check is not None:
+                cut = self._branch_cut(other)
+                if (cut, other.index) < (best_cut, best.index):
+                    best, best_cut = other, cut
+        handlers = self.signal_handlers
+        if handlers is not None:
+            delivered = handlers.deliver_next(self, best_cut)
+            if delivered is not None:
                 await self.flush()  # an update handler's outcome is recorded before anything else
-                continue  # a handler changed the state: decide again
-            if found is not None and (cancel is None or _resolution_seq(found) < cancel.seq):
-                return found
-            if cancel is not None:
-                fired = self.state.timer_resolutions.get(expired) if expired is not None else None
-                if fired is None or cancel.seq < fired.seq:
-                    # Recorded before whatever would have resolved this await: replay decides alike.
-                    body = cancel.body
-                    assert isinstance(body, WorkflowCancelRequested)
-                    if awaited_activities:
-                        # The workflow stops waiting: the awaited attempts stop too.
-                        await self.port.record_activities_cancelled(awaited_activities)
-                    raise WorkflowCancelled(body.reason)
-            if expired is not None:
-                if on_expiry is None:
-                    raise Timeout(expired)
-                return await on_expiry(expired)
-            if self.recorded_end() is not None:
-                # Nothing is appended to a finished run: this wait would never resolve.
-                raise self.past_the_end("a wait that history does not resolve")
-            self.caught_up = True
-            self.parked = True
-            self.parked_at = self.port.history_length()
-            self.port.parked()  # queries wait for this moment
+                if isinstance(delivered, Branch):
+                    await self._switch(me, delivered)
+                return True
+        if best is me or best_cut == math.inf:
+            return False
+        await self._switch(me, best)
+        return True
+
+    async def _switch(self, me: Branch, to: Branch) -> None:
+        """Hand the turn from ``me`` to ``to`` and wait until it comes back."""
+        me.wake = trio.Event()
+        self.current = to
+        to.wake.set()
+        await me.wake.wait()
+        if self.current is not me:
+            raise AionInternalError(f"{me!r} resumed while {self.current!r} holds the turn")
+
+    def start_branch(self, name: str, body: Callable[[], Awaitable[object]]) -> Branch:
+        """A new branch running ``body`` (an async handler); it runs once given the turn."""
+        nursery = self.nursery
+        if nursery is None:
+            raise WorkflowCommandError(
+                f"{name} is async, and this execution of workflow {self.workflow_id!r} runs no "
+                "branches (its code was not started through RunActivation.run)"
+            )
+        branch = Branch(name, None, self.branches_started)
+        self.branches_started += 1
+        self.branches.append(branch)
+        nursery.start_soon(self._run_branch, branch, body, name=f"workflow:{self.workflow_id}:{name}")
+        return branch
+
+    async def _run_branch(self, branch: Branch, body: Callable[[], Awaitable[object]]) -> None:
+        branch.task = trio.lowlevel.current_task()
+        await branch.wake.wait()
+        try:
+            if self.guarded:
+                await run_workflow_code(body)
+            else:
+                await body()
+        except trio.Cancelled:
+            raise  # the run ends (or is torn down): nothing more of this branch is recorded
+        except BaseException as exc:
+            # What the handler did not turn into its own outcome (an async signal handler's
+            # exception, a divergence, the run aborted): the workflow function raises it.
+            if self.main.failure is None:
+                self.main.failure = exc
+        self.branches.remove(branch)
+        # The workflow function takes the turn back and decides who goes next.
+        self.current = self.main
+        self.main.wake.set()
+
+    def running_handlers(self) -> list[str]:
+        """The async handlers started and not finished, oldest first."""
+        return [b.name for b in self.branches if b is not self.main]
+
+    async def run_code(self, fn: Callable[..., Awaitable[T]], *args: Any, guarded: bool) -> T:
+        """``await fn(*args)`` (the workflow function) with a nursery for async handlers.
+
+        When the function exits (returns or raises), handlers still running are
+        cancelled: they record nothing more, and their updates stay without an
+        outcome (the waiting caller gets :class:`~aion_trio.UpdateUnavailable`).
+        """
+        self.guarded = guarded
+        failure: BaseException | None = None
+        value: Any = None
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
             try:
-                await self.port.wait_changed()
+                value = await (run_workflow_code(fn, *args) if guarded else fn(*args))
+            except BaseException as exc:
+                failure = exc  # raised below, outside the nursery (never inside a group)
             finally:
-                self.parked = False
-            if self.poisoned is not None:
-                raise self.poisoned
+                self.nursery = None
+                self.abandoned = self.running_handlers()
+                nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return value  # type: ignore[no-any-return]
 
     def _cut(self, found: object, cancel: Event | None, expired: str | None) -> float:
         """The seq of what ends the current wait, if history holds it (else infinity):
@@ -499,15 +692,20 @@ class Replay:
 
 @final
 class SignalHandlers:
-    """The signal handlers one execution of a run's code registered, and what they were given.
+    """The signal and update handlers one execution of a run's code registered, and what
+    they were given.
 
-    A handler is a plain function of the signal's payload that updates the
+    A signal handler is a function of the signal's payload that updates the
     workflow's state.  Signals are given to it in the order they were recorded,
     at the run's awaits: before an await resolves, every handled signal recorded
     before its resolution (or before the cancel or timeout that ends it) is
     delivered.  That depends on history alone, so replay delivers each signal
     at the same point the live run did.  A signal recorded before its handler
     was registered is delivered at the next await.
+
+    A plain handler runs to its end at the delivery; an ``async def`` handler
+    starts a branch of the run (:meth:`Replay.start_branch`) that takes turns
+    with the workflow function and may issue commands.
     """
 
     def __init__(self) -> None:
@@ -526,20 +724,13 @@ class SignalHandlers:
             raise ValueError(f"signal name must be a non-empty str, got {name!r}")
         if not callable(handler):
             raise TypeError(f"signal handler {name!r} must be callable, got {handler!r}")
-        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-            getattr(handler, "__call__", None)  # noqa: B004 -- an object with an async __call__
-        ):
-            raise TypeError(
-                f"signal handler {name!r} is an async function; handlers must be plain functions "
-                "(def, not async def) that update the workflow's state; wait for that state in the "
-                "workflow with ctx.wait_condition"
-            )
         self._handlers[name] = handler
 
-    def deliver_next(self, replay: Replay, below: float) -> bool:
+    def deliver_next(self, replay: Replay, below: float) -> Branch | bool | None:
         """Give the earliest undelivered handled signal or accepted update recorded before seq
-        ``below`` to its handler; ``False`` if there is none.  A signal handler's exception is
-        raised at the await; an update handler's outcome is queued as the run's next command."""
+        ``below`` to its handler; ``None`` if there is none, the new branch if the handler is
+        async, else ``True``.  A plain signal handler's exception is raised at the await; an
+        update handler's outcome is queued as the run's next command."""
         signals = replay.state.signals
         earliest: Event | None = None
         for name in self._handlers:
@@ -551,20 +742,22 @@ class SignalHandlers:
                     earliest = candidate
         update = self._next_update(replay, below)
         if update is not None and (earliest is None or update.seq < earliest.seq):
-            self._deliver_update(replay, update)
-            return True
+            return self._deliver_update(replay, update)
         if earliest is None:
-            return False
+            return None
         body = earliest.body
         assert isinstance(body, SignalReceived)
         self._delivered[body.name] = self._delivered.get(body.name, 0) + 1
         replay.consume(earliest)
         value = replay.port.codec.decode(body.payload)
+        handler = self._handlers[body.name]
         # An annotated parameter gets its type (a PayloadDecodeError reaches the workflow's code).
-        value = handler_hints(self._handlers[body.name]).decode_arguments(
-            [value], what=f"payload of signal {body.name!r}"
-        )[0]
-        self.call(f"signal handler {body.name!r}", self._handlers[body.name], value)
+        value = handler_hints(handler).decode_arguments([value], what=f"payload of signal {body.name!r}")[0]
+        what = f"signal handler {body.name!r}"
+        if is_async_callable(handler):
+            run: Callable[[], Awaitable[object]] = functools.partial(handler, value)  # type: ignore[assignment]
+            return replay.start_branch(what, run)
+        self.call(what, handler, value)
         return True
 
     # -- updates ---------------------------------------------------------------
@@ -579,14 +772,12 @@ class SignalHandlers:
                 continue
             if not callable(fn):
                 raise TypeError(f"update {role} {name!r} must be callable, got {fn!r}")
-            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-                getattr(fn, "__call__", None)  # noqa: B004 -- an object with an async __call__
-            ):
-                raise TypeError(
-                    f"update {role} {name!r} is an async function; update handlers and validators "
-                    "are plain functions (def, not async def) that read and update the workflow's "
-                    "state and return the update's result"
-                )
+        if validator is not None and is_async_callable(validator):
+            raise TypeError(
+                f"update validator {name!r} is an async function; a validator is a plain function "
+                "(def, not async def) that reads the workflow's state and raises to reject the update "
+                "(it runs while the run is parked, before anything is recorded)"
+            )
         self._updates[name] = (handler, validator)
 
     def validate_update(self, workflow_id: str, name: str, args: Sequence[Any]) -> None:
@@ -600,7 +791,11 @@ class SignalHandlers:
         if validator is None:
             return
         try:
-            self.call(f"update validator {name!r}", validator, *args)
+            # Annotated parameters get their types, as the handler's do.
+            typed = handler_hints(validator).decode_arguments(
+                list(args), what=f"arguments of update {name!r}"
+            )
+            self.call(f"update validator {name!r}", validator, *typed)
         except Exception as exc:
             raise UpdateRejected(workflow_id, name, str(exc), type(exc).__name__) from exc
 
@@ -614,7 +809,7 @@ class SignalHandlers:
                 return event
         return None
 
-    def _deliver_update(self, replay: Replay, event: Event) -> None:
+    def _deliver_update(self, replay: Replay, event: Event) -> Branch | bool:
         body = event.body
         assert isinstance(body, UpdateAccepted)
         self._updates_done.add(body.update_id)
@@ -626,15 +821,39 @@ class SignalHandlers:
         replay.consume(event)
         codec = replay.port.codec
         handler = self._updates[body.name][0]
+        what = f"update handler {body.name!r}"
+        try:
+            args = handler_hints(handler).decode_arguments(
+                list(codec.decode(body.payload)), what=f"arguments of update {body.name!r}"
+            )
+            if is_async_callable(handler):
+                run = functools.partial(self._run_async_update, replay, body, handler, args)
+                return replay.start_branch(f"{what} ({body.update_id})", run)
+            value = self.call(what, handler, *args)
+            result = codec.encode(value, what=f"result of update {body.name!r}")
+        except Exception as exc:
+            _complete_update(
+                replay, body.update_id, None, ErrorInfo(type=type(exc).__name__, message=str(exc))
+            )
+        else:
+            _complete_update(replay, body.update_id, result, None)
+        return True
+
+    async def _run_async_update(
+        self, replay: Replay, body: UpdateAccepted, handler: Callable[..., Any], args: Sequence[Any]
+    ) -> None:
+        """An async update handler's branch: run it, record its outcome (a command)."""
         result: Payload | None = None
         error: ErrorInfo | None = None
         try:
-            value = self.call(f"update handler {body.name!r}", handler, *codec.decode(body.payload))
-            result = codec.encode(value, what=f"result of update {body.name!r}")
-        except Exception as exc:
+            value = await handler(*args)
+            result = replay.port.codec.encode(value, what=f"result of update {body.name!r}")
+        except (Exception, WorkflowCancelled) as exc:
+            if replay.poisoned is not None:
+                raise  # a divergence is the run's, not the update's
             error = ErrorInfo(type=type(exc).__name__, message=str(exc))
-        if replay.resolve_command(CommandKey(COMMAND_UPDATE, body.update_id)) is None:
-            replay.pending.append(CompleteUpdate(update_id=body.update_id, result=result, error=error))
+        _complete_update(replay, body.update_id, result, error)
+        await replay.flush()
 
     def call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """Run a handler or predicate with commands refused."""
@@ -648,6 +867,19 @@ class SignalHandlers:
                 result.close()
             raise TypeError(f"{what} returned an awaitable; it must be a plain function")
         return result
+
+
+def is_async_callable(fn: object) -> bool:
+    """An ``async def`` function (or an object with an async ``__call__``)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 -- an object with an async __call__
+    )
+
+
+def _complete_update(replay: Replay, update_id: str, result: Payload | None, error: ErrorInfo | None) -> None:
+    """Queue an update's outcome as the run's next command (found instead on replay)."""
+    if replay.resolve_command(CommandKey(COMMAND_UPDATE, update_id)) is None:
+        replay.pending.append(CompleteUpdate(update_id=update_id, result=result, error=error))
 
 
 def _update_id(event: Event) -> str:

@@ -264,14 +264,17 @@ async def test_a_command_issued_by_an_update_handler_or_validator_fails_the_upda
     await assert_replays_cleanly(history, workflows=[eager], activities=[lookup])
 
 
-def test_update_handlers_and_validators_must_be_plain_functions() -> None:
+def test_update_validators_must_be_plain_functions() -> None:
     async def main() -> None:
         @aion.workflow
         async def bad(ctx: aion.WorkflowContext) -> None:
-            async def handler() -> None:
+            def handler() -> None:
                 pass
 
-            ctx.set_update_handler("x", handler)
+            async def validator() -> None:
+                pass
+
+            ctx.set_update_handler("x", handler, validator=validator)
 
         async with aion.open_engine("memory://", workflows=[bad]) as engine:
             run = await engine.start(bad, workflow_id="b")

@@ -843,7 +843,7 @@ class LocalCommands:
         args = raw_args if isinstance(raw_args, list) else [raw_args]
         try:
             args = definition.hints.decode_arguments(args, what=f"input of workflow {definition.name!r}")
-            await definition.fn(activation.context, *args)
+            await activation.run(definition.fn, *args)
         except RunAborted:
             pass  # the end of history: the state is what the code had built by then
         except BaseException as exc:

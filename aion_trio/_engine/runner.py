@@ -35,7 +35,7 @@ from .._events import (
     WorkflowReopened,
     WorkflowStarted,
 )
-from .._guard import install as install_guard, run_workflow_code
+from .._guard import install as install_guard
 from .._hub import StartRetry
 from .._ids import deadline_timer_id, new_run_id
 from .._observe import RunStart, run_headers
@@ -229,10 +229,7 @@ class Runner:
                 args = definition.hints.decode_arguments(args, what=f"input of workflow {definition.name!r}")
                 with trio.CancelScope() as scope:
                     lease.cancel_scope = scope
-                    if self._determinism_guard:
-                        value = await run_workflow_code(definition.fn, activation.context, *args)
-                    else:
-                        value = await definition.fn(activation.context, *args)
+                    value = await activation.run(definition.fn, *args, guarded=self._determinism_guard)
                     await activation.flush()
                 if scope.cancelled_caught:
                     # Ended from outside (terminate, deadline teardown): that path

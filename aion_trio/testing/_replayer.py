@@ -43,7 +43,7 @@ from .._events import (
     WorkflowStarted,
     WorkflowTimedOut,
 )
-from .._guard import install as install_guard, run_workflow_code
+from .._guard import install as install_guard
 from .._payload import PayloadCodec
 from .._projections import RunState
 from .._run_port import HistoryEnded, HistoryPort
@@ -327,7 +327,7 @@ async def _replay_run(
     exit: tuple[str, type[EventBody]]
     try:
         args = definition.hints.decode_arguments(args, what=f"input of workflow {definition.name!r}")
-        await run_workflow_code(definition.fn, activation.context, *args)
+        await activation.run(definition.fn, *args, guarded=True)
         await activation.flush()
         exit = ("the workflow to return", WorkflowCompleted)
     except HistoryEnded:
