@@ -283,21 +283,3 @@ async def test_signals_recorded_before_the_handler_was_registered_are_delivered(
             assert await run.result() == [1, 2]
         history = await engine.history("l")
     await assert_replays_cleanly(history, workflows=[late_handler])
-
-
-@aion.workflow
-async def async_handler(ctx: aion.WorkflowContext) -> str:
-    async def handler(_: Any) -> None: ...
-
-    try:
-        ctx.set_signal_handler("x", handler)
-    except TypeError as exc:
-        return str(exc)
-    return "accepted"
-
-
-async def test_async_signal_handlers_are_refused(autojump_clock: trio.testing.MockClock) -> None:
-    async with aion.open_engine("memory://", workflows=[async_handler]) as engine:
-        run = await engine.start(async_handler, workflow_id="x")
-        with trio.fail_after(LIMIT):
-            assert "handlers must be plain functions" in await run.result()
