@@ -729,7 +729,7 @@ class UpdateFailed(UpdateError):
 class UpdateUnavailable(UpdateError):
     """Nothing here can take the update now: the run's code is not executing in this engine
     (stuck, or not resident), or the run closed after the update was accepted and before
-    its handler ran (``reason`` says which)."""
+    its handler finished (``reason`` says which)."""
 
     def __init__(self, workflow_id: str, name: str, reason: str) -> None:
         self.workflow_id = workflow_id

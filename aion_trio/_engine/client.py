@@ -753,7 +753,7 @@ class Engine:
         Raises :class:`WorkflowNotFound`, :class:`NotRunning` (the workflow is
         closed: nothing recorded), :class:`UpdateUnavailable` (its code is not
         executing here, or the run closed after accepting the update and
-        before its handler ran), :class:`EngineEpochClosed`.  In cluster mode
+        before its handler finished), :class:`EngineEpochClosed`.  In cluster mode
         the update goes to the owning node through the inbox like a signal.
         Cancellation abandons the wait; the update, once accepted, still runs.
         """
@@ -795,7 +795,8 @@ class Engine:
                     workflow_id,
                     name,
                     f"the run ended ({what}) after update {update_id!r} was accepted and before its "
-                    "handler ran (the workflow returned without awaiting again)",
+                    "handler finished (the workflow returned without awaiting again, or while its "
+                    "async handler still ran: wait with ctx.wait_condition(ctx.all_handlers_finished))",
                 )
             fresh = await self._await_history(workflow_id, recorder, watch, any_append=True)
 

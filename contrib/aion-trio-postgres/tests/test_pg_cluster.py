@@ -107,7 +107,27 @@ async def tally(ctx: aion.WorkflowContext) -> int:
     return total
 
 
-WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker, announcer, listener, tally]
+@aion.workflow
+async def notary(ctx: aion.WorkflowContext) -> list[str]:
+    notes: list[str] = []
+    closed = False
+
+    @ctx.update_handler("note")
+    async def take_note(text: str) -> str:
+        notes.append(await ctx.run(note, text))  # an async handler runs an activity
+        return notes[-1]
+
+    @ctx.signal_handler("close")
+    def close(_: object) -> None:
+        nonlocal closed
+        closed = True
+
+    await ctx.wait_condition(lambda: closed)
+    await ctx.wait_condition(ctx.all_handlers_finished)
+    return notes
+
+
+WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker, announcer, listener, tally, notary]
 
 
 @pytest.fixture(autouse=True)
@@ -847,4 +867,25 @@ async def test_an_update_reaches_the_owner_through_the_inbox_and_a_retry_is_not_
         assert [e.type for e in history].count("UpdateAccepted") == 2
         with pytest.raises(NotRunning):
             await b.update("tally", "add", 1)
+    assert_unforked(pg_url, schema)
+
+
+async def test_an_update_to_an_async_handler_on_another_node_runs_its_activity_once(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a), node(url, "b") as (_, b):
+        await a.start(notary, workflow_id="notary")
+        assert await owner_of(pg_url, schema, "notary") == "a"
+        with trio.fail_after(20):
+            # Accepted by a through the inbox; a's run gives the handler a branch that runs
+            # the activity; b reads the recorded outcome (and a retry gets it again).
+            assert await b.update("notary", "note", "deed", update_id="deed-1") == "noted deed"
+            assert await b.update("notary", "note", "deed", update_id="deed-1") == "noted deed"
+            await b.signal("notary", "close")
+            assert await b.result("notary") == ["noted deed"]
+        assert CALLS == ["deed"]
+        history = await b.history("notary")
+        assert [e.type for e in history].count("UpdateCompleted") == 1
     assert_unforked(pg_url, schema)
