@@ -20,13 +20,14 @@ import sys
 from collections.abc import Sequence
 
 import trio
+import trio.lowlevel
 
 import aion_trio as aion
 
 
 @aion.activity
 async def counted(kind: str, amount: int) -> str:
-    await trio.sleep(0)
+    await trio.lowlevel.checkpoint()
     return f"{kind}ed {amount}"
 
 
