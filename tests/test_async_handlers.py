@@ -87,6 +87,10 @@ async def greeter(ctx: aion.WorkflowContext) -> list[Any]:
         nonlocal done
         done = True
 
+    @ctx.query_handler("greeting")
+    def current() -> str:
+        return greeting
+
     await ctx.wait_condition(lambda: done)
     await ctx.wait_condition(ctx.all_handlers_finished)
     return [greeting]
@@ -102,6 +106,8 @@ async def test_an_async_update_handler_runs_an_activity_and_returns_its_result(
             assert await engine.update("g", "set_language", "de") == "Bonjour, monde"
             await engine.signal("g", "finish")
             assert await run.result() == ["Hallo, Welt"]
+            # A query of the closed run replays it, the handlers' branches included.
+            assert await engine.query("g", "greeting") == "Hallo, Welt"
         history = await engine.history("g")
     assert _scheduled(history) == [("lookup", ["fr"]), ("lookup", ["de"])]
     outcomes = [e for e in history if isinstance(e.body, aion.UpdateCompleted)]
@@ -322,6 +328,37 @@ async def test_a_workflow_returning_while_a_handler_runs_cancels_it_and_the_call
     assert "update handler 'slow' (s-1)" in caplog.text
     assert "all_handlers_finished" in caplog.text
     await assert_replays_cleanly(history, workflows=[hasty])
+
+
+@aion.workflow
+async def napper(ctx: aion.WorkflowContext) -> list[str]:
+    woke: list[str] = []
+
+    @ctx.update_handler("nap")
+    async def nap(name: str) -> str:
+        await ctx.sleep(600)  # a durable timer: the run is idle and parked meanwhile
+        woke.append(name)
+        return f"{name} woke"
+
+    await ctx.wait_condition(lambda: bool(woke))
+    return woke
+
+
+async def test_a_run_evicted_while_its_handler_sleeps_replays_the_handler_when_the_timer_fires(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    config = aion.EngineConfig(evict_after=10.0)
+    async with aion.open_engine(store_url(), workflows=[napper], config=config) as engine:
+        run = await engine.start(napper, workflow_id="n")
+        with trio.fail_after(LIMIT):
+            assert await engine.update("n", "nap", "cat") == "cat woke"
+            assert await run.result() == ["cat"]
+        assert engine.statistics().evictions >= 1, "control: the run was evicted mid-handler"
+        assert engine.statistics().reloads >= 1
+        history = await engine.history("n")
+    assert _types(history).count("UpdateCompleted") == 1
+    assert _types(history).count("TimerStarted") == 1
+    await assert_replays_cleanly(history, workflows=[napper])
 
 
 # -- async signal handlers ---------------------------------------------------------------
