@@ -197,7 +197,7 @@ class Replay:
             current = trio.lowlevel.current_task()
         except RuntimeError:
             current = None
-        if current is not self.task:
+        if current is not self.current.task:
             raise WorkflowCommandError(
                 f"{what} was called from a task that is not workflow {self.workflow_id!r}'s own; "
                 "workflow commands must be issued by the workflow function itself — for concurrency "
@@ -439,7 +439,7 @@ class Replay:
         return event
 
     def expired_scope(self) -> str | None:
-        for timer_id in self.scopes:
+        for timer_id in self.current.scopes:
             resolution = self.state.timer_resolutions.get(timer_id)
             if resolution is not None and isinstance(resolution.body, TimerFired):
                 return timer_id
@@ -448,7 +448,7 @@ class Replay:
     def fired_scopes(self, extra: str | None = None) -> list[Event]:
         """The fires of the open scopes' timers (and of ``extra``) present in history."""
         fired_events = []
-        for scope in [*self.scopes, *([extra] if extra else [])]:
+        for scope in [*self.current.scopes, *([extra] if extra else [])]:
             fired = self.state.timer_resolutions.get(scope)
             if fired is not None and isinstance(fired.body, TimerFired):
                 fired_events.append(fired)
@@ -469,7 +469,7 @@ class Replay:
 
     def cancel_in_force(self) -> Event | None:
         """The cancel request this await must honour (none inside ``ctx.cleanup()``)."""
-        if self.cleanup_depth:
+        if self.current.cleanup_depth:
             return None
         return self.state.cancel_request
 
@@ -513,11 +513,14 @@ class Replay:
                     # Ended from outside while this code ran (a finished history being
                     # replayed holds its own terminal at or below the execution's start head).
                     raise RunAborted()
-                self._raise_failure(branch)
+                if branch.failure is not None or self.poisoned is not None:
+                    self._raise_failure(branch)
                 found = check()
                 cancel = self.cancel_in_force()
                 expired = self.expired_scope()
-                if await self._yield_turn(branch, self._cut(found, cancel, expired)):
+                if (self.signal_handlers is not None or len(self.branches) > 1) and await self._yield_turn(
+                    branch, self._cut(found, cancel, expired)
+                ):
                     continue  # a handler or another branch ran first: decide again
                 if found is not None and (cancel is None or _resolution_seq(found) < cancel.seq):
                     return found
