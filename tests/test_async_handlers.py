@@ -126,6 +126,11 @@ async def test_an_async_update_handler_runs_an_activity_and_returns_its_result(
         "UpdateCompleted",
     ]
     await assert_replays_cleanly(history, workflows=[greeter], activities=[lookup])
+    # Cut mid-handler (what a crash after its activity completed leaves): the code replays
+    # to the end of that history, the handler's branch suspended where the live one was.
+    (mid,) = (await aion.testing.replay([greeter], [history[: first + 4]])).results
+    assert mid.ok, mid.error
+    assert not mid.complete
 
 
 async def test_a_validator_rejection_of_an_async_handlers_update_records_nothing(
