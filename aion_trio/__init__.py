@@ -19,6 +19,7 @@ from ._activities import (
     activity_info as activity_info,
     heartbeat as heartbeat,
 )
+from ._admission import FlowLimit as FlowLimit, PoolStatistics as PoolStatistics
 from ._childspec import ParentClosePolicy as ParentClosePolicy
 from ._clock import EngineClock as EngineClock
 from ._commands import (
@@ -71,6 +72,8 @@ from ._errors import (
     EngineEpochClosed as EngineEpochClosed,
     EngineError as EngineError,
     EventDecodeError as EventDecodeError,
+    FlowControlUnsupported as FlowControlUnsupported,
+    FlowError as FlowError,
     InvalidArguments as InvalidArguments,
     InvalidBatch as InvalidBatch,
     InvalidHistory as InvalidHistory,
@@ -95,6 +98,7 @@ from ._errors import (
     QueryFailed as QueryFailed,
     QueryReadOnly as QueryReadOnly,
     QueryUnavailable as QueryUnavailable,
+    QueueDeduplicated as QueueDeduplicated,
     ScheduleAlreadyExists as ScheduleAlreadyExists,
     ScheduleConflict as ScheduleConflict,
     ScheduleError as ScheduleError,
@@ -114,6 +118,7 @@ from ._errors import (
     Timeout as Timeout,
     UnknownActivityType as UnknownActivityType,
     UnknownQuery as UnknownQuery,
+    UnknownQueue as UnknownQueue,
     UnknownStoreScheme as UnknownStoreScheme,
     UnknownWorkflowType as UnknownWorkflowType,
     UpdateError as UpdateError,
@@ -212,7 +217,10 @@ from ._schedules import (
 from ._store import (
     CommandInbox as CommandInbox,
     EventStore as EventStore,
+    FlowGrant as FlowGrant,
+    FlowStore as FlowStore,
     OwnedStore as OwnedStore,
+    QueuedRun as QueuedRun,
     RecoveryCounts as RecoveryCounts,
     ScheduleStore as ScheduleStore,
     SearchOp as SearchOp,

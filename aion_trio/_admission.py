@@ -1,13 +1,22 @@
-"""Admission: named pools of slots that bound the work in flight (backpressure).
+"""Admission: named pools of slots that bound the work in flight (flow control).
 
 A pool has a name, a capacity (how many may hold one of its slots at once;
 ``None``: no bound) and a waiting policy: a caller that finds every slot taken
 waits for one, as long as it takes (``timeout=None``) or at most ``timeout``
 seconds, after which :class:`~aion_trio.AdmissionTimeout` is raised (``0``:
-refused at once).  Slots are handed out first come, first served.  The engine
-keeps one pool for starts (``EngineConfig.max_inflight_starts``) and one for
-activity attempts (``max_inflight_activities``); a bound per task queue or per
-activity type is one more pool.
+refused at once).  Waiters are admitted by priority (lower number first) and
+first come, first served within a priority.  The engine keeps one pool for
+starts (``EngineConfig.max_inflight_starts``), one for activity attempts
+(``max_inflight_activities``) and one per :class:`FlowLimit` it is configured
+with (per task queue, per activity type: ``EngineConfig.flow_limits``).
+
+A pool built from a :class:`FlowLimit` may also hold, beside its local slot,
+a *permit* from a :class:`Permits` source (the store's
+:class:`~aion_trio.FlowStore`): a start counted against a rate (``rate``
+starts per ``period``, durable, so a restart does not reset it) and a slot
+counted across every engine of a store (``cluster_concurrency``, leased so a
+dead node's slots come back).  The head waiter alone asks for the permit, so a
+refusal never lets a later or lower-priority waiter pass it.
 
 A caller whose own clock should stop while it waits (an activity attempt's
 ``timeout`` counts from the moment it really starts) passes a
@@ -18,13 +27,19 @@ once it holds the slot.
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import math
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Protocol, final
 
+import attrs
 import trio
 
-from ._errors import AdmissionTimeout
+from ._errors import AdmissionTimeout, StoreError
+from ._store import FlowStore
 
 
 class Waiting(Protocol):
@@ -35,18 +50,144 @@ class Waiting(Protocol):
     def started(self) -> None: ...
 
 
+def _seconds(value: object) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else value  # type: ignore[return-value]
+
+
+def _optional_bound(name: str) -> Callable[[object, attrs.Attribute[int | None], int | None], None]:
+    def check(_: object, __: attrs.Attribute[int | None], value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"FlowLimit.{name} must be an int >= 1 or None (no bound), got {value!r}")
+
+    return check
+
+
+@final
+@attrs.frozen(kw_only=True)
+class FlowLimit:
+    """A bound on how much of one kind of work runs (docs/flow-control.md).
+
+    ``concurrency``: at most this many at once in this engine.
+    ``cluster_concurrency``: at most this many at once across every engine and
+    remote worker on the store (needs a store with :class:`~aion_trio.FlowStore`;
+    a node that dies gives its slots back after ``EngineConfig.flow_permit_ttl``).
+    ``rate`` per ``period`` (seconds or a ``timedelta``): at most ``rate`` starts
+    in any window of ``period``, counted in the store when it has
+    :class:`~aion_trio.FlowStore` (a restart does not reset it).
+    ``partitioned`` (workflow queues only): the limits apply per partition key.
+    """
+
+    concurrency: int | None = attrs.field(default=None, validator=_optional_bound("concurrency"))
+    cluster_concurrency: int | None = attrs.field(
+        default=None, validator=_optional_bound("cluster_concurrency")
+    )
+    rate: int | None = attrs.field(default=None, validator=_optional_bound("rate"))
+    period: float = attrs.field(default=1.0, converter=_seconds)
+    partitioned: bool = False
+
+    @period.validator
+    def _check_period(self, _: attrs.Attribute[float], value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"FlowLimit.period must be a finite number of seconds > 0, got {value!r}")
+
+    @property
+    def needs_permit(self) -> bool:
+        """Whether a start under it asks the permit source (a rate or a cluster bound)."""
+        return self.rate is not None or self.cluster_concurrency is not None
+
+
+@attrs.frozen(kw_only=True)
+class Grant:
+    """A permit source's answer: granted (``permit_id``, ``None`` when it holds
+    nothing to release) or refused, with the seconds until a rate start frees up
+    (``retry_after``; ``None``: wait for a release)."""
+
+    granted: bool
+    permit_id: str | None = None
+    retry_after: float | None = None
+
+
+class Permits(Protocol):
+    """Where a pool's permits come from (the engine's adapter over the store)."""
+
+    async def acquire(self, key: str, limit: FlowLimit) -> Grant: ...
+
+    async def release(self, key: str, permit_id: str) -> None: ...
+
+
+@final
+class LocalRate:
+    """A rate counted in memory (a store without :class:`~aion_trio.FlowStore`): at most
+    ``limit.rate`` starts in any window of ``limit.period`` seconds of Trio time."""
+
+    def __init__(self) -> None:
+        self._starts: dict[str, deque[float]] = {}
+
+    async def acquire(self, key: str, limit: FlowLimit) -> Grant:
+        await trio.lowlevel.checkpoint()
+        assert limit.rate is not None
+        now = trio.current_time()
+        starts = self._starts.setdefault(key, deque())
+        while starts and starts[0] <= now - limit.period:
+            starts.popleft()
+        if len(starts) >= limit.rate:
+            return Grant(granted=False, retry_after=starts[0] + limit.period - now)
+        starts.append(now)
+        return Grant(granted=True)
+
+    async def release(self, key: str, permit_id: str) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+@attrs.frozen(kw_only=True)
+class PoolStatistics:
+    """One admission pool now: ``held`` slots, ``waiting`` callers, its ``capacity``."""
+
+    name: str
+    capacity: int | None
+    held: int
+    waiting: int
+
+
+#: Seconds between two asks of a refused cluster-wide permit (a release elsewhere
+#: wakes no one here).
+PERMIT_POLL = 0.5
+
+
 @final
 class AdmissionPool:
     """A named bound on work in flight, with its waiting policy (see the module docstring).
 
     ``setting`` names what configures it (for the error's message), e.g.
-    ``"EngineConfig.max_inflight_starts"``.
+    ``"EngineConfig.max_inflight_starts"``.  ``limit`` and ``permits``: the
+    rate and cluster-wide bound asked of the permit source, under ``key``.
     """
 
-    __slots__ = ("_limiter", "capacity", "name", "setting", "timeout")
+    __slots__ = (
+        "_changed",
+        "_heap",
+        "_order",
+        "_permit_busy",
+        "capacity",
+        "held",
+        "key",
+        "limit",
+        "name",
+        "permits",
+        "setting",
+        "timeout",
+    )
 
     def __init__(
-        self, name: str, capacity: int | None, *, timeout: float | None = None, setting: str = ""
+        self,
+        name: str,
+        capacity: int | None,
+        *,
+        timeout: float | None = None,
+        setting: str = "",
+        limit: FlowLimit | None = None,
+        permits: Permits | None = None,
+        key: str = "",
     ) -> None:
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1
@@ -64,41 +205,241 @@ class AdmissionPool:
         self.capacity = capacity
         self.timeout = timeout
         self.setting = setting or name
-        self._limiter = None if capacity is None else trio.CapacityLimiter(capacity)
+        self.limit = limit if limit is not None and limit.needs_permit else None
+        self.permits = permits if self.limit is not None else None
+        self.key = key or name
+        self.held = 0
+        # Waiters: (priority, arrival) in a heap; the head is the next admitted.
+        self._heap: list[tuple[int, int]] = []
+        self._order = itertools.count()
+        self._changed = trio.Event()
+        self._permit_busy = False
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a slot now."""
+        return len(self._heap)
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(name=self.name, capacity=self.capacity, held=self.held, waiting=self.waiting)
+
+    def _free(self) -> bool:
+        return self.capacity is None or self.held < self.capacity
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     @contextlib.asynccontextmanager
-    async def slot(self, waiting: Waiting | None = None) -> AsyncIterator[None]:
+    async def slot(self, waiting: Waiting | None = None, *, priority: int = 0) -> AsyncIterator[None]:
         """Hold one slot for the body of ``async with``.
 
-        Takes a free slot without a scheduler round trip (the work it admits is the
-        checkpoint); otherwise waits its turn.  Raises :class:`AdmissionTimeout` if
-        the policy's ``timeout`` passes first.  Cancelled while waiting: nothing is
-        held.  An unbounded pool admits at once.
+        Takes a free slot without a scheduler round trip when no one waits and no
+        permit is needed (the work it admits is the checkpoint); otherwise waits its
+        turn by ``priority`` (lower first), then arrival.  Raises
+        :class:`AdmissionTimeout` if the policy's ``timeout`` passes first.
+        Cancelled while waiting: nothing is held.  An unbounded pool without a
+        limit admits at once.
         """
-        limiter = self._limiter
-        if limiter is None:
+        if self.capacity is None and self.limit is None:
             yield
             return
-        token = object()
-        try:
-            limiter.acquire_on_behalf_of_nowait(token)
-        except trio.WouldBlock:
-            if waiting is not None:
-                waiting.queued()
-            await self._wait(limiter, token)
-            if waiting is not None:
+        permit: str | None = None
+        if not self._heap and self._free() and self.limit is None:
+            self.held += 1
+        else:
+            entry = (priority, next(self._order))
+            heapq.heappush(self._heap, entry)
+            told = False
+            try:
+                with trio.move_on_after(math.inf if self.timeout is None else self.timeout) as scope:
+                    while True:
+                        if self._heap[0] == entry and self._free() and not self._permit_busy:
+                            got, permit, retry = await self._ask_permit()
+                            if got:
+                                break
+                        else:
+                            retry = math.inf
+                        if not told and waiting is not None:
+                            waiting.queued()
+                            told = True
+                        changed = self._changed
+                        with trio.move_on_after(retry):
+                            await changed.wait()
+                if scope.cancelled_caught:
+                    raise AdmissionTimeout(self.name, self.capacity or 0, self.timeout or 0.0, self.setting)
+            finally:
+                self._heap.remove(entry)
+                heapq.heapify(self._heap)
+                self._wake()  # the next head may go now
+            self.held += 1
+            if told and waiting is not None:
                 waiting.started()
         try:
             yield
         finally:
-            limiter.release_on_behalf_of(token)
+            self.held -= 1
+            if permit is not None and self.permits is not None:
+                with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+                    await self.permits.release(self.key, permit)
+            if self._heap:
+                self._wake()
 
-    async def _wait(self, limiter: trio.CapacityLimiter, token: object) -> None:
-        if self.timeout is None:
-            await limiter.acquire_on_behalf_of(token)
-            return
-        with trio.move_on_after(self.timeout):
-            await limiter.acquire_on_behalf_of(token)
-            return
-        assert self.capacity is not None
-        raise AdmissionTimeout(self.name, self.capacity, self.timeout, self.setting)
+    async def _ask_permit(self) -> tuple[bool, str | None, float]:
+        """The head asks the permit source (if any): granted, its id, or seconds to wait."""
+        if self.permits is None or self.limit is None:
+            return True, None, 0.0
+        self._permit_busy = True
+        try:
+            grant = await self.permits.acquire(self.key, self.limit)
+        finally:
+            self._permit_busy = False
+        if grant.granted:
+            return True, grant.permit_id, 0.0
+        return False, None, PERMIT_POLL if grant.retry_after is None else max(grant.retry_after, 0.0)
+
+
+def flow_key(kind: str, name: str) -> str:
+    """The key a limit's permits are counted under in the store: ``kind:name``."""
+    return f"{kind}:{name}"
+
+
+@final
+class FlowPools:
+    """The engine's activity pools: one per configured limit (task queue, activity type)
+    and the engine-wide ``max_inflight_activities`` pool, held in that order."""
+
+    def __init__(
+        self,
+        engine_wide: AdmissionPool,
+        *,
+        task_queues: Mapping[str, FlowLimit] = {},
+        activity_types: Mapping[str, FlowLimit] = {},
+        permits: StorePermits | None = None,
+    ) -> None:
+        self.engine_wide = engine_wide
+        self.permits = permits
+        #: Whether some limit holds leased permits (a cluster-wide bound) to renew.
+        self.leases_permits = any(
+            limit.cluster_concurrency is not None
+            for limit in (*task_queues.values(), *activity_types.values())
+        )
+        self.by_type = {
+            name: _limit_pool(flow_key("activity", name), limit, permits, f"activity_limits[{name!r}]")
+            for name, limit in activity_types.items()
+        }
+        #: What each waiting caller waits for now: ``who`` -> the pool's name.
+        self.waiting_for: dict[object, str] = {}
+        self.by_queue = {
+            name: _limit_pool(flow_key("task_queue", name), limit, permits, f"task_queue_limits[{name!r}]")
+            for name, limit in task_queues.items()
+        }
+
+    def pools(self, task_queue: str, activity_type: str) -> list[AdmissionPool]:
+        """The pools an attempt of ``activity_type`` on ``task_queue`` holds, in order."""
+        found = []
+        pool = self.by_type.get(activity_type)
+        if pool is not None:
+            found.append(pool)
+        pool = self.by_queue.get(task_queue)
+        if pool is not None:
+            found.append(pool)
+        if self.engine_wide.capacity is not None:
+            found.append(self.engine_wide)
+        return found
+
+    def all(self) -> Iterable[AdmissionPool]:
+        yield self.engine_wide
+        yield from self.by_type.values()
+        yield from self.by_queue.values()
+
+    @contextlib.asynccontextmanager
+    async def slots(
+        self,
+        task_queue: str,
+        activity_type: str,
+        waiting: Waiting | None,
+        *,
+        priority: int = 0,
+        who: object = None,
+    ) -> AsyncIterator[None]:
+        """Hold a slot of every pool of the attempt (the same order for everyone: no
+        deadlock); while ``who`` waits, :attr:`waiting_for` names the pool."""
+        async with contextlib.AsyncExitStack() as stack:
+            for pool in self.pools(task_queue, activity_type):
+                noted = _Noted(self.waiting_for, who, pool.name, waiting)
+                try:
+                    await stack.enter_async_context(pool.slot(noted, priority=priority))
+                finally:
+                    self.waiting_for.pop(who, None)
+            yield
+
+
+@final
+class _Noted:
+    """A :class:`Waiting` that also notes, while its caller waits, which pool it waits for."""
+
+    __slots__ = ("book", "inner", "pool", "who")
+
+    def __init__(self, book: dict[object, str], who: object, pool: str, inner: Waiting | None) -> None:
+        self.book = book
+        self.who = who
+        self.pool = pool
+        self.inner = inner
+
+    def queued(self) -> None:
+        self.book[self.who] = self.pool
+        if self.inner is not None:
+            self.inner.queued()
+
+    def started(self) -> None:
+        self.book.pop(self.who, None)
+        if self.inner is not None:
+            self.inner.started()
+
+
+def _limit_pool(key: str, limit: FlowLimit, permits: Permits | None, setting: str) -> AdmissionPool:
+    return AdmissionPool(
+        key,
+        limit.concurrency,
+        setting=f"EngineConfig.{setting}",
+        limit=limit,
+        permits=permits if permits is not None else (LocalRate() if limit.rate is not None else None),
+        key=key,
+    )
+
+
+@final
+class StorePermits:
+    """Permits counted in the store (its :class:`~aion_trio.FlowStore`), held by
+    ``holder`` (this engine) for ``ttl`` seconds and renewed by :meth:`keep_alive`,
+    so the slots of an engine that died come back once its permits expire."""
+
+    def __init__(self, store: FlowStore, *, holder: str, ttl: float, now: Callable[[], datetime]) -> None:
+        self.store = store
+        self.holder = holder
+        self.ttl = ttl
+        self.now = now
+
+    async def acquire(self, key: str, limit: FlowLimit) -> Grant:
+        grant = await self.store.acquire_flow_permit(
+            key,
+            holder=self.holder,
+            concurrency=limit.cluster_concurrency,
+            rate=limit.rate,
+            period=limit.period,
+            ttl=self.ttl,
+            now=self.now(),
+        )
+        return Grant(granted=grant.granted, permit_id=grant.permit_id, retry_after=grant.retry_after)
+
+    async def release(self, key: str, permit_id: str) -> None:
+        await self.store.release_flow_permit(key, permit_id)
+
+    async def keep_alive(self) -> None:
+        """Renew this engine's permits at a third of their ttl, for as long as it runs
+        (a store error is retried at the next beat: the permits last a ttl)."""
+        while True:
+            await trio.sleep(self.ttl / 3)
+            with contextlib.suppress(StoreError):
+                await self.store.renew_flow_permits(self.holder, ttl=self.ttl, now=self.now())

@@ -198,6 +198,7 @@ def activity(
     task_queue: str | None = UNSET,
     fallback_queues: Sequence[str] | None = UNSET,
     advisory: bool = UNSET,
+    priority: int = UNSET,
 ) -> Callable[[F], ActivityDefinition[F]]: ...
 
 
@@ -214,6 +215,7 @@ def activity(
     task_queue: str | None = UNSET,
     fallback_queues: Sequence[str] | None = UNSET,
     advisory: bool = UNSET,
+    priority: int = UNSET,
 ) -> Any:
     """Declare ``fn`` an activity.
 
@@ -221,7 +223,8 @@ def activity(
     a worker thread; ``loop="asyncio"`` runs an asyncio coroutine function
     through trio-asyncio.  Options (``retry``, per-attempt ``timeout``,
     ``schedule_to_close``, ``heartbeat_timeout``, ``task_queue``,
-    ``fallback_queues``, ``advisory``) are defaults that a call to
+    ``fallback_queues``, ``advisory``, ``priority``: lower runs first when attempts wait
+    for a flow-control slot) are defaults that a call to
     ``ctx.start``/``ctx.run`` may override; the engine's defaults fill the
     rest.  Without a retry policy an activity is attempted exactly once.
     Activities run at least once: make them idempotent.
@@ -236,6 +239,7 @@ def activity(
             task_queue=task_queue,
             fallback_queues=fallback_queues,
             advisory=advisory,
+            priority=priority,
         ),
         "@activity",
     )

@@ -940,3 +940,49 @@ class SchedulesUnsupported(ScheduleError):
             "aion_trio.ScheduleStore); open the engine on a store that does (memory://, "
             "sqlite://, postgresql://)"
         )
+
+
+class FlowError(AionError):
+    """Base class of the errors about flow control (limits and workflow queues)."""
+
+
+class FlowControlUnsupported(FlowError):
+    """What was asked of flow control needs the store's :class:`~aion_trio.FlowStore`
+    (a cluster-wide bound, a workflow queue) and the store ``location`` has none.
+    The built-in stores (``memory://``, ``sqlite://``) and ``postgresql://`` have it."""
+
+    def __init__(self, location: str, what: str) -> None:
+        self.location = location
+        self.what = what
+        super().__init__(
+            f"{what} needs a store with aion_trio.FlowStore, and the store {location} has none; "
+            "open the engine on one that does (memory://, sqlite://, postgresql://)"
+        )
+
+
+class UnknownQueue(FlowError, ValueError):
+    """``engine.enqueue(..., queue=NAME)`` names a queue the engine was not configured
+    with (``EngineConfig.workflow_queues``); nothing was enqueued."""
+
+    def __init__(self, queue: str, known: list[str]) -> None:
+        self.queue = queue
+        self.known = known
+        super().__init__(
+            f"no workflow queue {queue!r} in EngineConfig.workflow_queues "
+            f"(configured: {', '.join(map(repr, known)) or 'none'}); nothing was enqueued"
+        )
+
+
+class QueueDeduplicated(FlowError):
+    """A run with the same ``dedup_id`` is already queued or running in ``queue``: this
+    enqueue was refused and nothing was written.  ``workflow_id`` is that run's
+    (``engine.handle(workflow_id)`` waits for it)."""
+
+    def __init__(self, queue: str, dedup_id: str, workflow_id: str) -> None:
+        self.queue = queue
+        self.dedup_id = dedup_id
+        self.workflow_id = workflow_id
+        super().__init__(
+            f"queue {queue!r} already holds a run with dedup_id {dedup_id!r} (workflow {workflow_id!r}, "
+            "queued or running); nothing was enqueued"
+        )

@@ -249,6 +249,8 @@ class ActivityOptions:
     fallback_queues: tuple[str, ...] = attrs.field(default=(), converter=_queues)
     #: Record ``ActivityAdvisoryExhausted`` before the terminal failure.
     advisory: bool = False
+    #: Order among attempts waiting for a flow-control slot: lower first (FIFO within).
+    priority: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The options as a JSON object (the form ``ActivityScheduled.options`` records)."""
@@ -260,6 +262,8 @@ class ActivityOptions:
             "task_queue": self.task_queue,
             "fallback_queues": list(self.fallback_queues),
             "advisory": self.advisory,
+            # Only when set: records of activities without a priority stay as they were.
+            **({"priority": self.priority} if self.priority else {}),
         }
 
     @classmethod
@@ -274,6 +278,7 @@ class ActivityOptions:
             task_queue=data.get("task_queue") or task_queue,
             fallback_queues=tuple(data.get("fallback_queues") or ()),
             advisory=bool(data.get("advisory", False)),
+            priority=int(data.get("priority") or 0),
         )
 
 
@@ -288,6 +293,7 @@ OPTION_NAMES = (
     "task_queue",
     "fallback_queues",
     "advisory",
+    "priority",
 )
 
 
@@ -315,6 +321,10 @@ def check_layer(layer: Mapping[str, Any], where: str) -> dict[str, Any]:
         out["fallback_queues"] = _queues(out["fallback_queues"])
     if "advisory" in out and not isinstance(out["advisory"], bool):
         raise TypeError(f"{where}: advisory must be a bool, got {out['advisory']!r}")
+    if out.get("priority") is not None and (
+        isinstance(out["priority"], bool) or not isinstance(out["priority"], int)
+    ):
+        raise TypeError(f"{where}: priority must be an int (lower runs first), got {out['priority']!r}")
     return out
 
 

@@ -542,6 +542,142 @@ class ScheduleStore(Protocol):
     async def delete_schedule(self, schedule_id: str) -> bool: ...
 
 
+# --------------------------------------------------------------------------
+# Flow control (optional capability; limits and workflow queues, docs/flow-control.md)
+# --------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class FlowGrant:
+    """A store's answer to :meth:`FlowStore.acquire_flow_permit`.
+
+    Granted: ``permit_id`` names the slot taken (``None`` when only a rate start
+    was counted: nothing to release).  Refused: nothing was written;
+    ``retry_after`` is the seconds until the rate frees a start, ``None`` when
+    every slot is taken (ask again after a release).
+    """
+
+    granted: bool
+    permit_id: str | None = None
+    retry_after: float | None = None
+
+
+QUEUED = "queued"
+ADMITTED = "admitted"
+
+
+@attrs.frozen(kw_only=True)
+class QueuedRun:
+    """A workflow run waiting in (or admitted from) a workflow queue.
+
+    ``seq`` is given by the store at enqueue (increasing per store); ``state``
+    is ``"queued"`` or ``"admitted"``; ``data`` is the engine's JSON text (what
+    to start), which the store does not read.  ``partition_key`` is ``""``
+    outside a partitioned queue.
+    """
+
+    queue: str
+    workflow_id: str
+    partition_key: str = ""
+    priority: int = 0
+    dedup_id: str | None = None
+    seq: int = 0
+    state: str = QUEUED
+    data: str = "{}"
+
+
+@runtime_checkable
+class FlowStore(Protocol):
+    """Optional capability: what flow control keeps in the store.
+
+    Permits (limits on activity attempts):
+
+    * ``acquire_flow_permit(key, holder=, concurrency=, rate=, period=, ttl=, now=)``:
+      in one atomic step, forget ``key``'s permits that expired (``expires_at <=
+      now``) and its starts older than ``now - period``; then refuse (write
+      nothing) if ``concurrency`` permits are held (``retry_after=None``) or
+      ``rate`` starts lie in the window (``retry_after``: seconds until the
+      oldest leaves it); otherwise count a start (if ``rate``) and take a permit
+      held by ``holder`` until ``now + ttl`` (if ``concurrency``).  A store with
+      its own clock (a database server) may judge expiry and windows by it.
+    * ``release_flow_permit(key, permit_id)``: give it back; ``True`` if held.
+    * ``renew_flow_permits(holder, ttl=, now=)``: every permit of ``holder``
+      now expires at ``now + ttl``; returns how many.
+    * ``held_flow_permits(key, now=)``: unexpired permits of ``key``.
+
+    Workflow queues (entries live while queued or admitted):
+
+    * ``enqueue_flow_run(run)``: store it with the next ``seq`` in state
+      queued and return ``(stored, True)``; if an entry of the same queue holds
+      the same non-``None`` ``dedup_id``, or the same workflow id, write nothing
+      and return ``(that entry, False)``.
+    * ``admit_flow_runs(queue, concurrency=, rate=, period=, now=, limit=)``:
+      in one atomic step, turn queued entries into admitted ones in order of
+      ``(priority, seq)``, while fewer than ``concurrency`` entries of the
+      entry's partition are admitted and fewer than ``rate`` starts of its
+      partition lie in the window (each admission counts one); at most
+      ``limit``.  Returns ``(admitted, retry_after)``: ``retry_after`` the
+      seconds until the rate frees a start of a partition it held back, else
+      ``None``.  Of concurrent callers, none exceeds the bounds together.
+    * ``flow_runs(queue)``: the queue's entries in ``(priority, seq)`` order
+      (every queue's when ``None``).
+    * ``finish_flow_run(queue, workflow_id)``: remove the entry; ``True`` if there.
+
+    Everything survives closing and reopening the store.  Every method is a
+    checkpoint; same close rules as :class:`EventStore`.
+    """
+
+    async def acquire_flow_permit(
+        self,
+        key: str,
+        *,
+        holder: str,
+        concurrency: int | None,
+        rate: int | None,
+        period: float,
+        ttl: float,
+        now: datetime,
+    ) -> FlowGrant: ...
+
+    async def release_flow_permit(self, key: str, permit_id: str) -> bool: ...
+
+    async def renew_flow_permits(self, holder: str, *, ttl: float, now: datetime) -> int: ...
+
+    async def held_flow_permits(self, key: str, *, now: datetime) -> int: ...
+
+    async def enqueue_flow_run(self, run: QueuedRun) -> tuple[QueuedRun, bool]: ...
+
+    async def admit_flow_runs(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None,
+        rate: int | None,
+        period: float,
+        now: datetime,
+        limit: int = 100,
+    ) -> tuple[list[QueuedRun], float | None]: ...
+
+    async def flow_runs(self, queue: str | None = None) -> list[QueuedRun]: ...
+
+    async def finish_flow_run(self, queue: str, workflow_id: str) -> bool: ...
+
+
+def validate_flow_key(key: object, what: str = "key") -> None:
+    """``ValueError`` for a flow key (or queue name, holder) that is not a non-empty str."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"flow {what} must be a non-empty str, got {key!r}")
+
+
+def rate_window(starts: Sequence[datetime], rate: int | None, period: float, now: datetime) -> float | None:
+    """For a store: ``None`` if one more start fits the window of ``rate`` per ``period``
+    ending ``now`` (``starts`` already pruned to it, oldest first), else the seconds
+    until the oldest leaves it."""
+    if rate is None or len(starts) < rate:
+        return None
+    return max((starts[0] + timedelta(seconds=period) - now).total_seconds(), 0.0)
+
+
 def validate_schedule_write(schedule_id: object, data: object, expected_version: object = 1) -> None:
     """``TypeError``/``ValueError`` for an id that is not a non-empty str, data that is not a
     str, or an expected version that is not an int >= 1 (the :class:`ScheduleStore` methods)."""

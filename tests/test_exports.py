@@ -50,13 +50,13 @@ AION_TRIO_NAMES = [
     "CommandInbox", "CommandNotAnswered", "CommandOutcome", "CompletionRetryConfig", "DatabaseCorrupt",
     "DatabaseTooNew", "DelegatingDispatcher", "Engine", "EngineClock", "EngineConfig", "EngineEpochClosed",
     "EngineError", "EngineStatistics", "ErrorInfo", "Event", "EventBody", "EventDecodeError", "EventStore",
-    "Exponential", "FailureCause", "Fixed", "IdReusePolicy", "InvalidArguments", "InvalidBatch",
+    "Exponential", "FailureCause", "Fixed", "FlowControlUnsupported", "FlowError", "FlowGrant", "FlowLimit", "FlowStore", "IdReusePolicy", "InvalidArguments", "InvalidBatch",
     "InvalidHistory", "InvalidQuery", "InvalidSchedule", "InvalidStoreUrl", "Linear", "MarkerRecorded",
     "NoTaskQueues", "NodeInUse", "NonDeterminismError", "NonDeterministicCall", "NotAnAionDatabase",
     "NotFound", "NotOwner", "NotRunning", "Observer", "ObserverEvent", "OutcomeKind", "Overlap", "OwnedStore",
     "OwnerClaim", "OwnerIdentity", "ParentClosePolicy", "Payload", "PayloadCodec", "PayloadDecodeError", "PayloadError",
     "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity", "PendingCommand", "PluginError",
-    "PolicyRefused", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable",
+    "PolicyRefused", "PoolStatistics", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable", "QueueDeduplicated", "QueuedRun",
     "RecoveryCounts", "RecoveryFinished", "ReopenCommand", "ResetCommand", "RetryPolicy", "RunEvicted", "RunHandle",
     "RunRecovered", "RunReloaded", "RunStart", "Schedule", "ScheduleAction", "ScheduleActionKind", "ScheduleActionRecord",
     "ScheduleAlreadyExists", "ScheduleConflict", "ScheduleDescription", "ScheduleError", "ScheduleNotFound",
@@ -66,7 +66,7 @@ AION_TRIO_NAMES = [
     "StoreEncodeError", "StoreError", "StoreOpenError", "StoreOperation", "StoreOwned", "StorePathError",
     "StoreSchemeConflict", "StoreTakenOver", "StoredSchedule", "TerminalError", "TerminateCommand", "Timeout",
     "TimeoutKind", "TimeoutScope", "TimerCancelCause", "TimerCancelled", "TimerFired", "TimerHandle",
-    "TimerStarted", "TransientRetry", "UnknownActivityType", "UnknownQuery", "UnknownStoreScheme",
+    "TimerStarted", "TransientRetry", "UnknownActivityType", "UnknownQuery", "UnknownQueue", "UnknownStoreScheme",
     "UnknownWorkflowType", "UpdateAccepted", "UpdateCommand", "UpdateCompleted", "UpdateError", "UpdateFailed",
     "UpdateRejected", "UpdateUnavailable", "VisibilityFilter", "VisibilityRow", "VisibilityStore", "WorkerLost",
     "WorkflowAlreadyStarted", "WorkflowCancelRequested", "WorkflowCancelled", "WorkflowCommandError",
@@ -79,11 +79,11 @@ AION_TRIO_NAMES = [
 ]
 
 PLUGIN_NAMES = [
-    "BackendUnavailable", "CancelCommand", "ClusterStore", "Command", "CommandDecodeError", "CommandInbox",
+    "ADMITTED", "BackendUnavailable", "CancelCommand", "ClusterStore", "Command", "CommandDecodeError", "CommandInbox",
     "CommandOutcome", "DISABLE_ENV", "DatabaseCorrupt", "DatabaseTooNew", "ENTRY_POINT_GROUP", "Event",
-    "EventBody", "EventDecodeError", "EventStore", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl",
+    "EventBody", "EventDecodeError", "EventStore", "FlowGrant", "FlowStore", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl",
     "NodeInUse", "NotAnAionDatabase", "NotFound", "NotOwner", "OwnedStore", "OwnerClaim", "OwnerIdentity",
-    "PendingCommand", "PluginLoadError", "RecoveryCounts", "ReopenCommand", "ResetCommand", "ScheduleAlreadyExists",
+    "PendingCommand", "PluginLoadError", "QUEUED", "QueuedRun", "RecoveryCounts", "ReopenCommand", "ResetCommand", "ScheduleAlreadyExists",
     "ScheduleConflict", "ScheduleStore", "SearchOp", "SearchPredicate", "SearchValue", "SequenceConflict",
     "SerializationError", "SignalCommand", "SignalWithStartCommand", "StartCommand", "Store",
     "StoreDecodeError", "StoreEncodeError", "StoreError", "StoreOpenError", "StoreOpener", "StoreOwned",
@@ -93,8 +93,8 @@ PLUGIN_NAMES = [
     "command_data_json", "command_from_data_json", "decide_claim", "decide_renew", "event_from_json",
     "event_to_json", "events_from_rows", "fenced_write", "format_datetime", "hold_mock_time", "hookimpl",
     "hookspec", "is_active_status", "make_plugin_manager", "outcome_from_json", "outcome_to_json",
-    "owner_alive", "parse_datetime", "pid_alive", "process_mark", "redact_url", "signal_recorded_outcome",
-    "status_after", "this_host", "validate_batch", "validate_schedule_write", "validate_workflow_ids",
+    "owner_alive", "parse_datetime", "pid_alive", "process_mark", "rate_window", "redact_url", "signal_recorded_outcome",
+    "status_after", "this_host", "validate_batch", "validate_flow_key", "validate_schedule_write", "validate_workflow_ids",
 ]
 
 PROJECTIONS_NAMES = [

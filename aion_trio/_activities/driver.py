@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .._admission import AdmissionPool
+from .._admission import FlowPools
 from .._errors import EngineEpochClosed, StoreError
 from .._events import (
     ActivityAdvisoryExhausted,
@@ -106,10 +106,10 @@ class ActivityDriver:
         *,
         clock: Any,
         transient: Transient,
-        admission: AdmissionPool | None = None,
+        admission: FlowPools | None = None,
     ) -> None:
         self.recorder = recorder
-        #: Each attempt holds one of its slots while dispatched (``None``: unbounded).
+        #: Each attempt holds a slot of each of its pools while dispatched (``None``: unbounded).
         self.admission = admission
         self.dispatcher = dispatcher
         self.request = request
@@ -271,9 +271,15 @@ class ActivityDriver:
     async def _admitted(self, request: ActivityRequest, clock: AttemptClock) -> ActivityOutcome:
         """Dispatch the attempt holding an admission slot; while it waits for one, its
         ``timeout`` is stopped (the clock's queue time), ``schedule_to_close`` is not."""
-        if self.admission is None:
+        if self.admission is None or not self.admission.pools(request.task_queue, request.activity_type):
             return await self.dispatcher.dispatch(request)
-        async with self.admission.slot(clock):
+        async with self.admission.slots(
+            request.task_queue,
+            request.activity_type,
+            clock,
+            priority=self.options.priority,
+            who=(request.workflow_id, request.run_id, request.activity_id),
+        ):
             return await self.dispatcher.dispatch(request)
 
     # -- the loop ----------------------------------------------------------------

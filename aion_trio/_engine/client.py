@@ -216,6 +216,7 @@ class Engine:
             relinquished_workflows=self._core.recorders.relinquished,
             rejoins=0 if services is None else services.rejoins,
             lost_on_rejoin=0 if services is None else services.lost_on_rejoin,
+            flow_pools=tuple(pool.statistics() for pool in self._core.activity_dispatch.pools.all()),
         )
 
     @overload
@@ -821,6 +822,13 @@ class Engine:
             workflow_id, history, codec=core.codec, stuck_reason=core.stuck.get(workflow_id)
         )
         if description.status is WorkflowStatus.RUNNING:
+            waiting = core.activity_dispatch.pools.waiting_for
+            if waiting:
+                pending = tuple(
+                    attrs.evolve(p, waiting_for=waiting.get((workflow_id, description.run_id, p.activity_id)))
+                    for p in description.pending_activities
+                )
+                description = attrs.evolve(description, pending_activities=pending)
             residency = core.residency.residency_of(workflow_id, description.run_id)
             if residency is not None:
                 description = attrs.evolve(description, residency=residency)

@@ -9,6 +9,7 @@ from typing import Any, final
 
 import attrs
 
+from .._admission import FlowLimit, PoolStatistics
 from .._clock import EngineClock
 from .._epoch import EpochStatistics
 from .._events import (
@@ -63,6 +64,35 @@ def _check_setting_types(config: EngineConfig) -> None:
                 )
         elif kind in _SETTING_CLASSES and not isinstance(value, _SETTING_CLASSES[kind]):
             raise TypeError(f"{where} must be a {kind}, got {value!r}")
+
+
+def _queue_limits(value: object) -> dict[str, FlowLimit]:
+    return _limits(value, "task_queue_limits")
+
+
+def _activity_limits(value: object) -> dict[str, FlowLimit]:
+    return _limits(value, "activity_limits")
+
+
+def _workflow_queues(value: object) -> dict[str, FlowLimit]:
+    return _limits(value, "workflow_queues")
+
+
+def _limits(value: object, name: str) -> dict[str, FlowLimit]:
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"EngineConfig.{name} must be a mapping of names to aion_trio.FlowLimit, got {value!r}"
+        )
+    out: dict[str, FlowLimit] = {}
+    for key, limit in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"EngineConfig.{name}: names must be non-empty str, got {key!r}")
+        if not isinstance(limit, FlowLimit):
+            raise TypeError(f"EngineConfig.{name}[{key!r}] must be an aion_trio.FlowLimit, got {limit!r}")
+        if limit.partitioned and name != "workflow_queues":
+            raise ValueError(f"EngineConfig.{name}[{key!r}]: only workflow queues are partitioned")
+        out[key] = limit
+    return out
 
 
 _SETTING_CLASSES: Mapping[str, type] = {
@@ -166,6 +196,23 @@ class EngineConfig:
     #: is raised (nothing recorded); ``0``: refused at once when every slot is taken;
     #: ``None``: it waits as long as it takes.
     admission_timeout: float | None = None
+    # -- flow control (docs/flow-control.md) ---------------------------------------
+    #: Limits on the activity attempts of one task queue (by queue name) and of one
+    #: activity type (by activity name): at most ``concurrency`` at once in this engine,
+    #: ``cluster_concurrency`` across every engine on the store, ``rate`` starts per
+    #: ``period``.  An attempt holds a slot of its type's limit, then its queue's, then
+    #: ``max_inflight_activities``; waiting does not count against its ``timeout``.
+    task_queue_limits: Mapping[str, FlowLimit] = attrs.field(factory=dict, converter=_queue_limits)
+    activity_limits: Mapping[str, FlowLimit] = attrs.field(factory=dict, converter=_activity_limits)
+    #: Workflow queues ``engine.enqueue(..., queue=NAME)`` admits runs from, by name, each
+    #: with its limit (``concurrency``, ``rate`` per ``period``, ``partitioned``).
+    workflow_queues: Mapping[str, FlowLimit] = attrs.field(factory=dict, converter=_workflow_queues)
+    #: Seconds (engine clock) a cluster-wide slot (``FlowLimit.cluster_concurrency``) is
+    #: held without renewal: the slots of an engine that died come back after this.
+    flow_permit_ttl: float = 30.0
+    #: Seconds between two looks at the workflow queues for runs that ended or came in
+    #: elsewhere (other nodes, a crash); this engine's own enqueues and ends wake it at once.
+    queue_poll_interval: float = 1.0
     #: Workflow code that reads a clock, draws random numbers, opens files or sockets or
     #: starts threads raises :class:`~aion_trio.NonDeterministicCall` naming the safe
     #: alternative (docs/concepts.md, "The determinism guard").  ``False``: no guard.
@@ -220,6 +267,9 @@ class EngineConfig:
             )
         if self.gc_freeze not in GC_FREEZE_POINTS:
             raise ValueError(f"gc_freeze must be one of {GC_FREEZE_POINTS!r}, got {self.gc_freeze!r}")
+        for name in ("flow_permit_ttl", "queue_poll_interval"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.loop_stall_warning is not None and not self.loop_stall_warning > 0:
             raise ValueError(
                 f"loop_stall_warning must be > 0 seconds or None (no watchdog), got {self.loop_stall_warning!r}"
@@ -287,6 +337,9 @@ class PendingActivity:
     attempt: int
     scheduled_at: datetime
     task_queue: str
+    #: The flow-control pool its attempt waits for a slot of in this engine (e.g.
+    #: ``"activity:charge"``, ``"task_queue:emails"``, ``"activities"``); ``None``: not waiting.
+    waiting_for: str | None = None
 
 
 @final
@@ -346,3 +399,6 @@ class EngineStatistics:
     #: rejoins found claimed by another node and dropped (counted in ``relinquished_workflows`` too).
     rejoins: int = 0
     lost_on_rejoin: int = 0
+    #: The engine's activity admission pools now (``max_inflight_activities`` and one per
+    #: flow limit): slots held and attempts waiting.
+    flow_pools: tuple[PoolStatistics, ...] = ()

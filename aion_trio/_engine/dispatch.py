@@ -14,7 +14,7 @@ from typing import Any, final
 import trio
 
 from .._activities import ActivityDispatcher, ActivityDriver, ActivityRequest
-from .._admission import AdmissionPool
+from .._admission import AdmissionPool, FlowPools, StorePermits
 from .._clock import EngineClock
 from .._definitions import ActivityDefinition
 from .._epoch import EngineEpoch
@@ -50,6 +50,7 @@ class ActivityDispatch:
         cluster_mode: bool,
         held: HoldForRecovery,
         mark_stuck: Callable[[Lease, str], Awaitable[None]],
+        permits: StorePermits | None = None,
     ) -> None:
         self.epoch = epoch
         self.config = config
@@ -64,8 +65,16 @@ class ActivityDispatch:
         self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
         #: The admission pool of activity attempts (``EngineConfig.max_inflight_activities``):
         #: an attempt beyond it waits for a slot, its own ``timeout`` stopped meanwhile.
-        self.attempt_slots = AdmissionPool(
-            "activities", config.max_inflight_activities, setting="EngineConfig.max_inflight_activities"
+        #: With the pools of the limits per activity type and per task queue
+        #: (``EngineConfig.activity_limits``, ``task_queue_limits``), whose rates and
+        #: cluster-wide bounds ask ``permits`` (the store's, when it has them).
+        self.pools = FlowPools(
+            AdmissionPool(
+                "activities", config.max_inflight_activities, setting="EngineConfig.max_inflight_activities"
+            ),
+            task_queues=config.task_queue_limits,
+            activity_types=config.activity_limits,
+            permits=permits,
         )
         self._default_options: dict[str, tuple[str, Payload]] = {}
 
@@ -122,7 +131,7 @@ class ActivityDispatch:
             request,
             clock=self.clock,
             transient=self.transient,
-            admission=self.attempt_slots,
+            admission=self.pools,
         )
         with trio.CancelScope() as scope:
             self.inflight[key] = scope

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -18,12 +19,13 @@ from .._activities import (
     DelegatingDispatcher,
     InProcessDispatcher,
 )
+from .._admission import StorePermits
 from .._clock import EngineClock, TrioClock
 from .._cluster import ClusterServices, LeaseGatedDispatcher
 from .._completion import handle_run_exit
 from .._definitions import ActivityDefinition, ActivityLoop, WorkflowDefinition, index_definitions
 from .._epoch import EngineEpoch
-from .._errors import AionInternalError
+from .._errors import AionInternalError, FlowControlUnsupported
 from .._inbox import InboxDrainer, Ownership
 from .._observe import ObserverHub, build_hub
 from .._ownership import OwnerIdentity, wall_now
@@ -34,6 +36,7 @@ from .._store import (
     ClusterStore,
     CommandInbox,
     EventStore,
+    FlowStore,
     OwnedStore,
     Store,
     VisibilityStore,
@@ -189,6 +192,9 @@ async def open_engine(
                         # Not epoch.spawn: losing the claim must end the engine, not be logged.
                         nursery.start_soon(ownership.keep_alive, epoch, name="owner-heartbeat")
                     epoch.spawn(core.timers.serve, name="timer-service")
+                    permits = core.activity_dispatch.pools.permits
+                    if permits is not None and core.activity_dispatch.pools.leases_permits:
+                        epoch.spawn(permits.keep_alive, name="flow-permit-renewal")
                     epoch.spawn(core.residency.serve, name="residency-service")
                     if config.activity_schedule_window:
                         epoch.spawn(core.window.serve, name="deferral-service")
@@ -243,6 +249,20 @@ async def open_engine(
             raise AionInternalError(
                 f"several errors escaped the engine epoch; please report this: {group!r}"
             ) from group
+
+
+def flow_permits(
+    store: Store, config: EngineConfig, clock: EngineClock, cluster: ClusterStore | None
+) -> StorePermits | None:
+    """The store's permits for the limits' rates and cluster-wide bounds (``None``: the
+    store has none; rates are then counted in memory, and a cluster-wide bound refused)."""
+    limits = [*config.task_queue_limits.values(), *config.activity_limits.values()]
+    if not isinstance(store, FlowStore):
+        if any(limit.cluster_concurrency is not None for limit in limits):
+            raise FlowControlUnsupported(type(store).__name__, "FlowLimit(cluster_concurrency=...)")
+        return None
+    holder = cluster.node_id if cluster is not None else f"engine-{uuid.uuid4()}"
+    return StorePermits(store, holder=holder, ttl=config.flow_permit_ttl, now=clock.now)
 
 
 def build_core(
@@ -344,6 +364,7 @@ def build_core(
         determinism_guard=config.determinism_guard,
     )
     activity_dispatch = ActivityDispatch(
+        permits=flow_permits(store, config, clock, cluster),
         epoch=epoch,
         config=config,
         clock=clock,

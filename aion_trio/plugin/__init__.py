@@ -75,10 +75,15 @@ from .._projections import (
     status_after as status_after,
 )
 from .._store import (
+    ADMITTED as ADMITTED,
+    QUEUED as QUEUED,
     ClusterStore as ClusterStore,
     CommandInbox as CommandInbox,
     EventStore as EventStore,
+    FlowGrant as FlowGrant,
+    FlowStore as FlowStore,
     OwnedStore as OwnedStore,
+    QueuedRun as QueuedRun,
     RecoveryCounts as RecoveryCounts,
     ScheduleStore as ScheduleStore,
     SearchOp as SearchOp,
@@ -90,7 +95,9 @@ from .._store import (
     VisibilityFilter as VisibilityFilter,
     VisibilityRow as VisibilityRow,
     VisibilityStore as VisibilityStore,
+    rate_window as rate_window,
     validate_batch as validate_batch,
+    validate_flow_key as validate_flow_key,
     validate_schedule_write as validate_schedule_write,
     validate_workflow_ids as validate_workflow_ids,
 )

@@ -24,14 +24,17 @@ import trio
 
 from aion_trio import WorkflowStatus
 from aion_trio.plugin import (
+    ADMITTED,
     Command,
     CommandOutcome,
     Event,
+    FlowGrant,
     InvalidStoreUrl,
     NotFound,
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
+    QueuedRun,
     ScheduleAlreadyExists,
     ScheduleConflict,
     SequenceConflict,
@@ -46,9 +49,11 @@ from aion_trio.plugin import (
     decide_renew,
     hookimpl,
     is_active_status,
+    rate_window,
     redact_url,
     status_after,
     validate_batch,
+    validate_flow_key,
     validate_schedule_write,
     validate_workflow_ids,
 )
@@ -76,6 +81,13 @@ class _Data:
     recoveries: dict[str, int] = attrs.field(factory=dict)
     # schedule id -> (version, data json) (ScheduleStore)
     schedules: dict[str, tuple[int, str]] = attrs.field(factory=dict)
+    # FlowStore: key -> {permit id: (holder, expires_at)}; key -> start times, oldest first;
+    # queue -> {workflow id: entry}
+    permits: dict[str, dict[str, tuple[str, datetime]]] = attrs.field(factory=dict)
+    starts: dict[str, list[datetime]] = attrs.field(factory=dict)
+    last_permit: int = 0
+    flow_runs: dict[str, dict[str, QueuedRun]] = attrs.field(factory=dict)
+    last_flow_seq: int = 0
 
 
 _named: dict[str, _Data] = {}
@@ -381,6 +393,143 @@ class MemoryStore:
         await self._enter()
         with self._data.lock:
             return self._data.schedules.pop(schedule_id, None) is not None
+
+    # -- flow control (FlowStore) --------------------------------------------
+
+    def _prune(
+        self, key: str, period: float | None, now: datetime
+    ) -> tuple[dict[str, tuple[str, datetime]], list[datetime]]:
+        permits = self._data.permits.setdefault(key, {})
+        for permit_id in [p for p, (_, expires) in permits.items() if expires <= now]:
+            del permits[permit_id]
+        starts = self._data.starts.setdefault(key, [])
+        if period is not None:
+            edge = now - timedelta(seconds=period)
+            starts[:] = [t for t in starts if t > edge]
+        return permits, starts
+
+    async def acquire_flow_permit(
+        self,
+        key: str,
+        *,
+        holder: str,
+        concurrency: int | None,
+        rate: int | None,
+        period: float,
+        ttl: float,
+        now: datetime,
+    ) -> FlowGrant:
+        await self._enter()
+        validate_flow_key(key)
+        validate_flow_key(holder, "holder")
+        with self._data.lock:
+            permits, starts = self._prune(key, period, now)
+            if concurrency is not None and len(permits) >= concurrency:
+                return FlowGrant(granted=False)
+            wait = rate_window(starts, rate, period, now)
+            if wait is not None:
+                return FlowGrant(granted=False, retry_after=wait)
+            if rate is not None:
+                starts.append(now)
+            if concurrency is None:
+                return FlowGrant(granted=True)
+            self._data.last_permit += 1
+            permit_id = str(self._data.last_permit)
+            permits[permit_id] = (holder, now + timedelta(seconds=ttl))
+        return FlowGrant(granted=True, permit_id=permit_id)
+
+    async def release_flow_permit(self, key: str, permit_id: str) -> bool:
+        await self._enter()
+        with self._data.lock:
+            return self._data.permits.get(key, {}).pop(permit_id, None) is not None
+
+    async def renew_flow_permits(self, holder: str, *, ttl: float, now: datetime) -> int:
+        await self._enter()
+        count = 0
+        with self._data.lock:
+            for permits in self._data.permits.values():
+                for permit_id, (owner, expires) in list(permits.items()):
+                    if owner == holder and expires > now:
+                        permits[permit_id] = (owner, now + timedelta(seconds=ttl))
+                        count += 1
+        return count
+
+    async def held_flow_permits(self, key: str, *, now: datetime) -> int:
+        await self._enter()
+        with self._data.lock:
+            return sum(1 for _, expires in self._data.permits.get(key, {}).values() if expires > now)
+
+    async def enqueue_flow_run(self, run: QueuedRun) -> tuple[QueuedRun, bool]:
+        await self._enter()
+        validate_flow_key(run.queue, "queue")
+        validate_flow_key(run.workflow_id, "workflow id")
+        with self._data.lock:
+            entries = self._data.flow_runs.setdefault(run.queue, {})
+            for entry in entries.values():
+                if entry.workflow_id == run.workflow_id or (
+                    run.dedup_id is not None and entry.dedup_id == run.dedup_id
+                ):
+                    return entry, False
+            self._data.last_flow_seq += 1
+            stored = attrs.evolve(run, seq=self._data.last_flow_seq, state="queued")
+            entries[run.workflow_id] = stored
+        return stored, True
+
+    async def admit_flow_runs(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None,
+        rate: int | None,
+        period: float,
+        now: datetime,
+        limit: int = 100,
+    ) -> tuple[list[QueuedRun], float | None]:
+        await self._enter()
+        admitted: list[QueuedRun] = []
+        retry_after: float | None = None
+        with self._data.lock:
+            entries = self._data.flow_runs.get(queue, {})
+            running: dict[str, int] = {}
+            for entry in entries.values():
+                if entry.state == ADMITTED:
+                    running[entry.partition_key] = running.get(entry.partition_key, 0) + 1
+            for entry in sorted(entries.values(), key=lambda e: (e.priority, e.seq)):
+                if len(admitted) >= limit:
+                    break
+                if entry.state == ADMITTED:
+                    continue
+                part = entry.partition_key
+                if concurrency is not None and running.get(part, 0) >= concurrency:
+                    continue
+                _, starts = self._prune(f"queue:{queue}\x00{part}", period, now)
+                wait = rate_window(starts, rate, period, now)
+                if wait is not None:
+                    retry_after = wait if retry_after is None else min(retry_after, wait)
+                    continue
+                if rate is not None:
+                    starts.append(now)
+                running[part] = running.get(part, 0) + 1
+                stored = attrs.evolve(entry, state=ADMITTED)
+                entries[entry.workflow_id] = stored
+                admitted.append(stored)
+        return admitted, retry_after
+
+    async def flow_runs(self, queue: str | None = None) -> list[QueuedRun]:
+        await self._enter()
+        with self._data.lock:
+            found = [
+                e
+                for name, entries in self._data.flow_runs.items()
+                if queue is None or name == queue
+                for e in entries.values()
+            ]
+        return sorted(found, key=lambda e: (e.priority, e.seq))
+
+    async def finish_flow_run(self, queue: str, workflow_id: str) -> bool:
+        await self._enter()
+        with self._data.lock:
+            return self._data.flow_runs.get(queue, {}).pop(workflow_id, None) is not None
 
     async def aclose(self) -> None:
         """Close both stores (idempotent); the data of a named store stays for its next open."""

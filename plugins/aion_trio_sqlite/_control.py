@@ -18,15 +18,20 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 import apsw
+import attrs
 
 from aion_trio import AionError
 from aion_trio.plugin import (
+    ADMITTED,
+    QUEUED,
     CommandDecodeError,
     CommandOutcome,
+    FlowGrant,
     NotFound,
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
+    QueuedRun,
     ScheduleAlreadyExists,
     ScheduleConflict,
     StoreDecodeError,
@@ -36,6 +41,7 @@ from aion_trio.plugin import (
     decide_renew,
     outcome_from_json,
     outcome_to_json,
+    rate_window,
 )
 
 from . import _codec
@@ -396,3 +402,239 @@ def schedule_read(schedule_id: str) -> ReadOp[StoredSchedule | None]:
 
 def schedules_read() -> ReadOp[list[StoredSchedule]]:
     return ReadOp(lambda conn: [_schedule(row) for row in conn.execute(_SQL_SCHEDULES)])
+
+
+# -- flow control (aion_trio.FlowStore) ----------------------------------------
+
+_SQL_EXPIRE_PERMITS = "DELETE FROM flow_permits WHERE key = ? AND expires_at <= ?"
+_SQL_COUNT_PERMITS = "SELECT count(*) FROM flow_permits WHERE key = ?"
+_SQL_COUNT_LIVE_PERMITS = "SELECT count(*) FROM flow_permits WHERE key = ? AND expires_at > ?"
+_SQL_PRUNE_STARTS = "DELETE FROM flow_starts WHERE key = ? AND at <= ?"
+_SQL_STARTS = "SELECT at FROM flow_starts WHERE key = ? ORDER BY at"
+_SQL_ADD_START = "INSERT INTO flow_starts (key, at) VALUES (?, ?)"
+_SQL_ADD_PERMIT = "INSERT INTO flow_permits (key, holder, expires_at) VALUES (?, ?, ?) RETURNING permit_id"
+_SQL_RELEASE_PERMIT = "DELETE FROM flow_permits WHERE key = ? AND permit_id = ?"
+_SQL_RENEW_PERMITS = "UPDATE flow_permits SET expires_at = ? WHERE holder = ? AND expires_at > ?"
+_FLOW_RUN_COLUMNS = "queue, workflow_id, partition_key, priority, dedup_id, seq, state, data"
+_SQL_FLOW_TWIN = (
+    f"SELECT {_FLOW_RUN_COLUMNS} FROM flow_runs WHERE queue = ? AND (workflow_id = ? OR dedup_id = ?)"
+    " ORDER BY seq LIMIT 1"
+)
+_SQL_ADD_FLOW_RUN = (
+    "INSERT INTO flow_runs (queue, workflow_id, partition_key, priority, dedup_id, state, data)"
+    " VALUES (?, ?, ?, ?, ?, 'queued', ?) RETURNING seq"
+)
+_SQL_QUEUE_RUNS = f"SELECT {_FLOW_RUN_COLUMNS} FROM flow_runs WHERE queue = ? ORDER BY priority, seq"
+_SQL_ALL_FLOW_RUNS = f"SELECT {_FLOW_RUN_COLUMNS} FROM flow_runs ORDER BY priority, seq"
+_SQL_ADMIT_RUN = "UPDATE flow_runs SET state = 'admitted' WHERE seq = ?"
+_SQL_FINISH_RUN = "DELETE FROM flow_runs WHERE queue = ? AND workflow_id = ?"
+
+
+def _flow_run(row: Any) -> QueuedRun:
+    queue, workflow_id, partition_key, priority, dedup_id, seq, state, data = row
+    return QueuedRun(
+        queue=queue,
+        workflow_id=workflow_id,
+        partition_key=partition_key,
+        priority=_int(priority),
+        dedup_id=dedup_id,
+        seq=_int(seq),
+        state=state,
+        data=data,
+    )
+
+
+def _window(conn: apsw.Connection, key: str, period: float, now: datetime) -> list[datetime]:
+    """The starts of ``key`` inside the window ending ``now`` (older ones deleted), oldest first."""
+    conn.execute(_SQL_PRUNE_STARTS, (key, _codec.to_us(now - timedelta(seconds=period))))
+    return [_codec.from_us(row[0]) for row in conn.execute(_SQL_STARTS, (key,))]
+
+
+class AcquirePermitOp(WriteOp):
+    """Count a start and take a permit if the rate and the bound allow (else write nothing)."""
+
+    __slots__ = ("concurrency", "holder", "key", "now", "period", "rate", "result", "ttl")
+    doing = "taking a flow permit"
+    fenced = False
+
+    def __init__(
+        self,
+        key: str,
+        holder: str,
+        concurrency: int | None,
+        rate: int | None,
+        period: float,
+        ttl: float,
+        now: datetime,
+    ) -> None:
+        super().__init__()
+        self.key, self.holder, self.concurrency, self.rate = key, holder, concurrency, rate
+        self.period, self.ttl, self.now = period, ttl, now
+        self.result = FlowGrant(granted=False)
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        now_us = _codec.to_us(self.now)
+        conn.execute(_SQL_EXPIRE_PERMITS, (self.key, now_us))
+        if self.concurrency is not None:
+            held = _int(conn.execute(_SQL_COUNT_PERMITS, (self.key,)).fetchall()[0][0])
+            if held >= self.concurrency:
+                self.result = FlowGrant(granted=False)
+                return
+        if self.rate is not None:
+            wait = rate_window(
+                _window(conn, self.key, self.period, self.now), self.rate, self.period, self.now
+            )
+            if wait is not None:
+                self.result = FlowGrant(granted=False, retry_after=wait)
+                return
+            conn.execute(_SQL_ADD_START, (self.key, now_us))
+        if self.concurrency is None:
+            self.result = FlowGrant(granted=True)
+            return
+        expires = _codec.to_us(self.now + timedelta(seconds=self.ttl))
+        permit_id = conn.execute(_SQL_ADD_PERMIT, (self.key, self.holder, expires)).fetchall()[0][0]
+        self.result = FlowGrant(granted=True, permit_id=str(permit_id))
+
+
+class ReleasePermitOp(WriteOp):
+    __slots__ = ("key", "permit_id", "result")
+    doing = "releasing a flow permit"
+    fenced = False
+
+    def __init__(self, key: str, permit_id: str) -> None:
+        super().__init__()
+        self.key, self.permit_id, self.result = key, permit_id, False
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        if not self.permit_id.isdigit():
+            return
+        conn.execute(_SQL_RELEASE_PERMIT, (self.key, int(self.permit_id)))
+        self.result = conn.changes() > 0
+
+
+class RenewPermitsOp(WriteOp):
+    __slots__ = ("holder", "now", "result", "ttl")
+    doing = "renewing flow permits"
+    fenced = False
+
+    def __init__(self, holder: str, ttl: float, now: datetime) -> None:
+        super().__init__()
+        self.holder, self.ttl, self.now, self.result = holder, ttl, now, 0
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        expires = _codec.to_us(self.now + timedelta(seconds=self.ttl))
+        conn.execute(_SQL_RENEW_PERMITS, (expires, self.holder, _codec.to_us(self.now)))
+        self.result = conn.changes()
+
+
+def held_permits_read(key: str, now: datetime) -> ReadOp[int]:
+    return ReadOp(
+        lambda conn: _int(conn.execute(_SQL_COUNT_LIVE_PERMITS, (key, _codec.to_us(now))).fetchall()[0][0])
+    )
+
+
+class EnqueueRunOp(WriteOp):
+    """Add a queued run, or find the entry of the same queue with its workflow id or dedup id."""
+
+    __slots__ = ("created", "result", "run")
+    doing = "enqueueing a workflow run"
+
+    def __init__(self, run: QueuedRun) -> None:
+        super().__init__()
+        self.run = run
+        self.result = run
+        self.created = False
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        run = self.run
+        twin = conn.execute(_SQL_FLOW_TWIN, (run.queue, run.workflow_id, run.dedup_id)).fetchall()
+        if twin:
+            self.result, self.created = _flow_run(twin[0]), False
+            return
+        seq = conn.execute(
+            _SQL_ADD_FLOW_RUN,
+            (run.queue, run.workflow_id, run.partition_key, run.priority, run.dedup_id, run.data),
+        ).fetchall()[0][0]
+        self.result = QueuedRun(
+            queue=run.queue,
+            workflow_id=run.workflow_id,
+            partition_key=run.partition_key,
+            priority=run.priority,
+            dedup_id=run.dedup_id,
+            seq=_int(seq),
+            state=QUEUED,
+            data=run.data,
+        )
+        self.created = True
+
+
+class AdmitRunsOp(WriteOp):
+    """Admit queued runs in (priority, seq) order within each partition's bounds."""
+
+    __slots__ = ("concurrency", "limit", "now", "period", "queue", "rate", "result", "retry_after")
+    doing = "admitting queued workflow runs"
+
+    def __init__(
+        self, queue: str, concurrency: int | None, rate: int | None, period: float, now: datetime, limit: int
+    ) -> None:
+        super().__init__()
+        self.queue, self.concurrency, self.rate = queue, concurrency, rate
+        self.period, self.now, self.limit = period, now, limit
+        self.result: list[QueuedRun] = []
+        self.retry_after: float | None = None
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        self.result, self.retry_after = [], None
+        entries = [_flow_run(row) for row in conn.execute(_SQL_QUEUE_RUNS, (self.queue,)).fetchall()]
+        running: dict[str, int] = {}
+        for entry in entries:
+            if entry.state == ADMITTED:
+                running[entry.partition_key] = running.get(entry.partition_key, 0) + 1
+        now_us = _codec.to_us(self.now)
+        for entry in entries:
+            if len(self.result) >= self.limit:
+                break
+            if entry.state == ADMITTED:
+                continue
+            part = entry.partition_key
+            if self.concurrency is not None and running.get(part, 0) >= self.concurrency:
+                continue
+            key = f"queue:{self.queue}\x00{part}"
+            if self.rate is not None:
+                wait = rate_window(
+                    _window(conn, key, self.period, self.now), self.rate, self.period, self.now
+                )
+                if wait is not None:
+                    self.retry_after = wait if self.retry_after is None else min(self.retry_after, wait)
+                    continue
+                conn.execute(_SQL_ADD_START, (key, now_us))
+            running[part] = running.get(part, 0) + 1
+            conn.execute(_SQL_ADMIT_RUN, (entry.seq,))
+            self.result.append(attrs.evolve(entry, state=ADMITTED))
+
+
+class FinishRunOp(WriteOp):
+    __slots__ = ("queue", "result", "workflow_id")
+    doing = "removing a finished queued run"
+
+    def __init__(self, queue: str, workflow_id: str) -> None:
+        super().__init__()
+        self.queue, self.workflow_id, self.result = queue, workflow_id, False
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.execute(_SQL_FINISH_RUN, (self.queue, self.workflow_id))
+        self.result = conn.changes() > 0
+
+
+def flow_runs_read(queue: str | None) -> ReadOp[list[QueuedRun]]:
+    def run(conn: apsw.Connection) -> list[QueuedRun]:
+        rows = conn.execute(_SQL_ALL_FLOW_RUNS) if queue is None else conn.execute(_SQL_QUEUE_RUNS, (queue,))
+        return [_flow_run(row) for row in rows]
+
+    return ReadOp(run)

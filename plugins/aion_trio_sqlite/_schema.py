@@ -95,6 +95,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE schedules ("
         " schedule_id TEXT NOT NULL PRIMARY KEY, version INTEGER NOT NULL, data TEXT NOT NULL) WITHOUT ROWID",
     ),
+    # 7: flow control (aion_trio.FlowStore): permits held until they expire, the starts
+    # a rate counts, and the runs of workflow queues (seq: their order of arrival).
+    (
+        "CREATE TABLE flow_permits (permit_id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL,"
+        " holder TEXT NOT NULL, expires_at INTEGER NOT NULL)",
+        "CREATE INDEX flow_permits_by_key ON flow_permits (key, expires_at)",
+        "CREATE TABLE flow_starts (key TEXT NOT NULL, at INTEGER NOT NULL)",
+        "CREATE INDEX flow_starts_by_key ON flow_starts (key, at)",
+        "CREATE TABLE flow_runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,"
+        " workflow_id TEXT NOT NULL, partition_key TEXT NOT NULL, priority INTEGER NOT NULL,"
+        " dedup_id TEXT, state TEXT NOT NULL, data TEXT NOT NULL, UNIQUE (queue, workflow_id))",
+        "CREATE INDEX flow_runs_by_order ON flow_runs (queue, priority, seq)",
+    ),
 )
 
 DEFAULT_WAL_AUTOCHECKPOINT = 4000
@@ -124,6 +137,9 @@ TABLES = (
     "inbox",
     "recoveries",
     "schedules",
+    "flow_permits",
+    "flow_starts",
+    "flow_runs",
 )
 # Touching each table's root page at open finds damaged files early.
 _PROBES = tuple(f"SELECT 1 FROM {t} LIMIT 1" for t in TABLES)

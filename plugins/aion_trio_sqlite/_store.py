@@ -15,9 +15,11 @@ from aion_trio.plugin import (
     Command,
     CommandOutcome,
     Event,
+    FlowGrant,
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
+    QueuedRun,
     StoredSchedule,
     TimerEntry,
     VisibilityFilter,
@@ -28,6 +30,7 @@ from aion_trio.plugin import (
     is_active_status,
     status_after,
     validate_batch,
+    validate_flow_key,
     validate_schedule_write,
     validate_workflow_ids,
 )
@@ -411,6 +414,81 @@ class SqliteStore:
     async def delete_schedule(self, schedule_id: str) -> bool:
         await self._enter()
         op = _control.DeleteScheduleOp(schedule_id)
+        await self._backend.writer.submit(op)
+        return op.result
+
+    # -- flow control (aion_trio.FlowStore) -------------------------------------
+
+    async def acquire_flow_permit(
+        self,
+        key: str,
+        *,
+        holder: str,
+        concurrency: int | None,
+        rate: int | None,
+        period: float,
+        ttl: float,
+        now: datetime,
+    ) -> FlowGrant:
+        await self._enter()
+        try:
+            validate_flow_key(key)
+            validate_flow_key(holder, "holder")
+        except ValueError as exc:
+            await _refuse(exc)
+        op = _control.AcquirePermitOp(key, holder, concurrency, rate, period, ttl, now)
+        await self._backend.writer.submit(op)
+        return op.result
+
+    async def release_flow_permit(self, key: str, permit_id: str) -> bool:
+        await self._enter()
+        op = _control.ReleasePermitOp(key, permit_id)
+        await self._backend.writer.submit(op)
+        return op.result
+
+    async def renew_flow_permits(self, holder: str, *, ttl: float, now: datetime) -> int:
+        await self._enter()
+        op = _control.RenewPermitsOp(holder, ttl, now)
+        await self._backend.writer.submit(op)
+        return op.result
+
+    async def held_flow_permits(self, key: str, *, now: datetime) -> int:
+        await self._enter()
+        return await self._backend.readers.submit(_control.held_permits_read(key, now))
+
+    async def enqueue_flow_run(self, run: QueuedRun) -> tuple[QueuedRun, bool]:
+        await self._enter()
+        try:
+            validate_flow_key(run.queue, "queue")
+            validate_flow_key(run.workflow_id, "workflow id")
+        except ValueError as exc:
+            await _refuse(exc)
+        op = _control.EnqueueRunOp(run)
+        await self._backend.writer.submit(op)
+        return op.result, op.created
+
+    async def admit_flow_runs(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None,
+        rate: int | None,
+        period: float,
+        now: datetime,
+        limit: int = 100,
+    ) -> tuple[list[QueuedRun], float | None]:
+        await self._enter()
+        op = _control.AdmitRunsOp(queue, concurrency, rate, period, now, limit)
+        await self._backend.writer.submit(op)
+        return op.result, op.retry_after
+
+    async def flow_runs(self, queue: str | None = None) -> list[QueuedRun]:
+        await self._enter()
+        return await self._backend.readers.submit(_control.flow_runs_read(queue))
+
+    async def finish_flow_run(self, queue: str, workflow_id: str) -> bool:
+        await self._enter()
+        op = _control.FinishRunOp(queue, workflow_id)
         await self._backend.writer.submit(op)
         return op.result
 
