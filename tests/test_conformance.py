@@ -35,6 +35,7 @@ from aion_trio.plugin import event_from_json, event_to_json
 from aion_trio.testing import (
     COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS,
+    FLOW_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS,
     RECOVERY_COUNTS_SCENARIOS,
     SCHEDULE_STORE_SCENARIOS,
@@ -44,6 +45,7 @@ from aion_trio.testing import (
     EventStoreSuite,
     FlakyStore,
     FlakyStoreBundle,
+    FlowStoreSuite,
     OwnedStoreSuite,
     RecoveryCountsSuite,
     ScheduleStoreSuite,
@@ -52,6 +54,7 @@ from aion_trio.testing import (
     _suite as suite_module,
     check_command_inbox,
     check_event_store,
+    check_flow_store,
     check_owned_store,
     check_recovery_counts,
     check_schedule_store,
@@ -105,6 +108,7 @@ async def test_memory_store_passes_the_ownership_and_inbox_checks() -> None:
     await check_command_inbox(memory_keyed())
     await check_recovery_counts(memory_keyed())
     await check_schedule_store(memory_keyed())
+    await check_flow_store(memory_keyed())
 
 
 async def test_sqlite_store_passes_the_ownership_and_inbox_checks(tmp_path: Path) -> None:
@@ -112,6 +116,7 @@ async def test_sqlite_store_passes_the_ownership_and_inbox_checks(tmp_path: Path
     await check_command_inbox(sqlite_keyed(tmp_path))
     await check_recovery_counts(sqlite_keyed(tmp_path))
     await check_schedule_store(sqlite_keyed(tmp_path))
+    await check_flow_store(sqlite_keyed(tmp_path))
 
 
 async def test_memory_store_passes_check_event_store() -> None:
@@ -248,10 +253,14 @@ class TestSqliteVisibilityStore(VisibilityStoreSuite):
 
 
 class TestMemoryOwnershipAndInbox(
-    OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite, ScheduleStoreSuite
+    OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite, ScheduleStoreSuite, FlowStoreSuite
 ):
     @pytest.fixture
     def open_owned_store(self) -> Callable[[str], Any]:
+        return memory_keyed()
+
+    @pytest.fixture
+    def open_flow_store(self) -> Callable[[str], Any]:
         return memory_keyed()
 
     @pytest.fixture
@@ -268,10 +277,14 @@ class TestMemoryOwnershipAndInbox(
 
 
 class TestSqliteOwnershipAndInbox(
-    OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite, ScheduleStoreSuite
+    OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite, ScheduleStoreSuite, FlowStoreSuite
 ):
     @pytest.fixture
     def open_owned_store(self, tmp_path: Path) -> Callable[[str], Any]:
+        return sqlite_keyed(tmp_path)
+
+    @pytest.fixture
+    def open_flow_store(self, tmp_path: Path) -> Callable[[str], Any]:
         return sqlite_keyed(tmp_path)
 
     @pytest.fixture
@@ -306,6 +319,7 @@ SUITES = [
     (CommandInboxSuite, COMMAND_INBOX_SCENARIOS, "inbox"),
     (RecoveryCountsSuite, RECOVERY_COUNTS_SCENARIOS, "recoveries"),
     (ScheduleStoreSuite, SCHEDULE_STORE_SCENARIOS, "schedules"),
+    (FlowStoreSuite, FLOW_STORE_SCENARIOS, "flow"),
 ]
 
 
@@ -341,11 +355,11 @@ async def test_each_method_runs_the_scenario_it_is_named_after(
 
 
 def test_every_scenario_function_belongs_to_one_suite_and_says_what_it_checks() -> None:
-    from aion_trio.testing import _control_scenarios, _event_scenarios, _visibility_scenarios
+    from aion_trio.testing import _control_scenarios, _event_scenarios, _flow_scenarios, _visibility_scenarios
 
     functions = {
         name: value
-        for module in (_event_scenarios, _visibility_scenarios, _control_scenarios)
+        for module in (_event_scenarios, _visibility_scenarios, _control_scenarios, _flow_scenarios)
         for name, value in vars(module).items()
         if inspect.iscoroutinefunction(value) and not name.startswith("_")
     }

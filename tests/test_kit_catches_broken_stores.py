@@ -19,6 +19,7 @@ import trio
 import trio.lowlevel
 
 import aion_trio
+import aion_trio_memory
 from aion_trio import (
     CommandOutcome,
     Event,
@@ -41,6 +42,7 @@ from aion_trio.plugin import TimerEntry, this_host
 from aion_trio.testing import (
     COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS,
+    FLOW_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS,
     RECOVERY_COUNTS_SCENARIOS,
     SCHEDULE_STORE_SCENARIOS,
@@ -50,6 +52,7 @@ from aion_trio.testing import (
     RecoveryCountsSuite,
     check_command_inbox,
     check_event_store,
+    check_flow_store,
     check_owned_store,
     check_recovery_counts,
     check_schedule_store,
@@ -1249,3 +1252,142 @@ async def test_a_suite_method_called_directly_catches_its_broken_store() -> None
         await recoveries.test_recoveries_survive_reopen(keyed_factory_of(RecoveriesNotDurable))
     assert info.value.scenario == "recoveries_survive_reopen"
     await recoveries.test_recoveries_survive_reopen(keyed_factory_of(ControlProxy))
+
+
+# --------------------------------------------------------------------------
+# Flow stores (aion_trio.FlowStore)
+# --------------------------------------------------------------------------
+
+
+class FlowProxy(ControlProxy):
+    """Passes every flow call to a real memory store bundle."""
+
+    async def acquire_flow_permit(self, key: str, **kw: Any) -> Any:
+        return await self.inner.acquire_flow_permit(key, **kw)
+
+    async def release_flow_permit(self, key: str, permit_id: str) -> bool:
+        return bool(await self.inner.release_flow_permit(key, permit_id))
+
+    async def renew_flow_permits(self, holder: str, **kw: Any) -> int:
+        return int(await self.inner.renew_flow_permits(holder, **kw))
+
+    async def held_flow_permits(self, key: str, **kw: Any) -> int:
+        return int(await self.inner.held_flow_permits(key, **kw))
+
+    async def enqueue_flow_run(self, run: Any) -> Any:
+        return await self.inner.enqueue_flow_run(run)
+
+    async def admit_flow_runs(self, queue: str, **kw: Any) -> Any:
+        return await self.inner.admit_flow_runs(queue, **kw)
+
+    async def flow_runs(self, queue: str | None = None) -> Any:
+        return await self.inner.flow_runs(queue)
+
+    async def finish_flow_run(self, queue: str, workflow_id: str) -> bool:
+        return bool(await self.inner.finish_flow_run(queue, workflow_id))
+
+
+class PermitsIgnoreTheBound(FlowProxy):
+    async def acquire_flow_permit(self, key: str, **kw: Any) -> Any:
+        if kw["concurrency"] is not None:
+            kw["concurrency"] = 10**6
+        return await self.inner.acquire_flow_permit(key, **kw)
+
+
+class RenewDoesNothing(FlowProxy):
+    async def renew_flow_permits(self, holder: str, **kw: Any) -> int:
+        await trio.lowlevel.checkpoint()
+        return 1
+
+
+class RateIgnored(FlowProxy):
+    async def acquire_flow_permit(self, key: str, **kw: Any) -> Any:
+        return await self.inner.acquire_flow_permit(key, **{**kw, "rate": None})
+
+
+class PermitCountedThenTaken(FlowProxy):
+    """Counts the held permits in one call and takes one in another: concurrent callers
+    all see room and all take one."""
+
+    async def acquire_flow_permit(self, key: str, **kw: Any) -> Any:
+        bound = kw["concurrency"]
+        if bound is not None and await self.inner.held_flow_permits(key, now=kw["now"]) >= bound:
+            return aion_trio.FlowGrant(granted=False)
+        await trio.lowlevel.checkpoint()
+        return await self.inner.acquire_flow_permit(key, **{**kw, "concurrency": 10**6})
+
+
+class FlowNotDurable(FlowProxy):
+    """Keeps the flow state in the handle, so a reopened store has forgotten it."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(aion_trio_memory.MemoryStore.fresh())
+
+
+class DedupIgnored(FlowProxy):
+    async def enqueue_flow_run(self, run: Any) -> Any:
+        return await self.inner.enqueue_flow_run(attrs.evolve(run, dedup_id=None))
+
+
+class AdmitIgnoresTheBound(FlowProxy):
+    async def admit_flow_runs(self, queue: str, **kw: Any) -> Any:
+        return await self.inner.admit_flow_runs(queue, **{**kw, "concurrency": None})
+
+
+class AdmitIgnoresTheRate(FlowProxy):
+    async def admit_flow_runs(self, queue: str, **kw: Any) -> Any:
+        admitted, _ = await self.inner.admit_flow_runs(queue, **{**kw, "rate": None})
+        return admitted, None
+
+
+class HeldPermitsNotACheckpoint(FlowProxy):
+    async def held_flow_permits(self, key: str, **kw: Any) -> int:
+        return sum(
+            1 for _, expires in _stored(self.inner).permits.get(key, {}).values() if expires > kw["now"]
+        )
+
+
+class FlowSilentAfterClose(FlowProxy):
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.inner.aclose()
+
+    async def acquire_flow_permit(self, key: str, **kw: Any) -> Any:
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            return aion_trio.FlowGrant(granted=False)
+        return await self.inner.acquire_flow_permit(key, **kw)
+
+
+FLOW_CASES = [
+    pytest.param(PermitsIgnoreTheBound, "flow_permits_bound_concurrency", id="permits-ignore-bound"),
+    pytest.param(RenewDoesNothing, "flow_permits_expire_and_renew", id="renew-does-nothing"),
+    pytest.param(RateIgnored, "flow_rate_window", id="rate-ignored"),
+    pytest.param(
+        PermitCountedThenTaken, "flow_concurrent_acquirers_respect_the_bound", id="counted-then-taken"
+    ),
+    pytest.param(FlowNotDurable, "flow_state_survives_reopen", id="flow-not-durable"),
+    pytest.param(DedupIgnored, "flow_runs_enqueue_and_dedup", id="dedup-ignored"),
+    pytest.param(AdmitIgnoresTheBound, "flow_runs_admitted_in_order_within_bounds", id="admit-ignores-bound"),
+    pytest.param(AdmitIgnoresTheRate, "flow_runs_admitted_at_the_rate", id="admit-ignores-rate"),
+    pytest.param(HeldPermitsNotACheckpoint, "flow_every_method_is_a_checkpoint", id="held-not-a-checkpoint"),
+    pytest.param(FlowSilentAfterClose, "flow_use_after_close", id="flow-silent-after-close"),
+]
+
+
+@pytest.mark.parametrize(("broken", "scenario"), FLOW_CASES)
+async def test_broken_flow_stores_are_caught_by_their_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
+    with pytest.raises(ConformanceError) as info:
+        await check_flow_store(keyed_factory_of(broken), scenarios=[scenario])
+    assert info.value.scenario == scenario
+    await check_flow_store(keyed_factory_of(FlowProxy), scenarios=[scenario])
+
+
+def test_every_flow_scenario_has_a_broken_store_it_catches() -> None:
+    assert set(FLOW_STORE_SCENARIOS) == {p.values[1] for p in FLOW_CASES}

@@ -15,6 +15,7 @@ A store author proves a store correct without reading aion_trio's tests:
   whose factory takes a key (the same key reopens the same store), and those
   with :class:`~aion_trio.RecoveryCounts` ``check_recovery_counts(open_keyed)``, and
   those with :class:`~aion_trio.ScheduleStore` ``check_schedule_store(open_keyed)``;
+  those with :class:`~aion_trio.FlowStore` ``check_flow_store(open_keyed)``;
 
 * with pytest: subclass :class:`EventStoreSuite` / :class:`VisibilityStoreSuite`
   (and :class:`OwnedStoreSuite` / :class:`CommandInboxSuite` /
@@ -34,12 +35,14 @@ from __future__ import annotations
 from ._checks import (
     COMMAND_INBOX_SCENARIOS as COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS as EVENT_STORE_SCENARIOS,
+    FLOW_STORE_SCENARIOS as FLOW_STORE_SCENARIOS,
     OWNED_STORE_SCENARIOS as OWNED_STORE_SCENARIOS,
     RECOVERY_COUNTS_SCENARIOS as RECOVERY_COUNTS_SCENARIOS,
     SCHEDULE_STORE_SCENARIOS as SCHEDULE_STORE_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS as VISIBILITY_STORE_SCENARIOS,
     check_command_inbox as check_command_inbox,
     check_event_store as check_event_store,
+    check_flow_store as check_flow_store,
     check_owned_store as check_owned_store,
     check_recovery_counts as check_recovery_counts,
     check_schedule_store as check_schedule_store,
@@ -61,6 +64,7 @@ from ._replayer import (
 from ._suite import (
     CommandInboxSuite as CommandInboxSuite,
     EventStoreSuite as EventStoreSuite,
+    FlowStoreSuite as FlowStoreSuite,
     OwnedStoreSuite as OwnedStoreSuite,
     RecoveryCountsSuite as RecoveryCountsSuite,
     ScheduleStoreSuite as ScheduleStoreSuite,

@@ -12,6 +12,7 @@ from ._kit import OpenKeyedStore, OpenStore, select
 from ._suite import (
     CommandInboxSuite,
     EventStoreSuite,
+    FlowStoreSuite,
     OwnedStoreSuite,
     RecoveryCountsSuite,
     ScheduleStoreSuite,
@@ -36,6 +37,9 @@ RECOVERY_COUNTS_SCENARIOS: tuple[str, ...] = scenario_names(RecoveryCountsSuite)
 
 SCHEDULE_STORE_SCENARIOS: tuple[str, ...] = scenario_names(ScheduleStoreSuite)
 """Names of the schedule-store scenarios, in the order :func:`check_schedule_store` runs them."""
+
+FLOW_STORE_SCENARIOS: tuple[str, ...] = scenario_names(FlowStoreSuite)
+"""Names of the flow-store scenarios, in the order :func:`check_flow_store` runs them."""
 
 
 async def _run_suite(
@@ -126,3 +130,12 @@ async def check_schedule_store(open_store: OpenKeyedStore, *, scenarios: Iterabl
     ``scenarios`` selects from :data:`SCHEDULE_STORE_SCENARIOS`.
     """
     await _run_suite(ScheduleStoreSuite, SCHEDULE_STORE_SCENARIOS, open_store, scenarios, "schedule store")
+
+
+async def check_flow_store(open_store: OpenKeyedStore, *, scenarios: Iterable[str] | None = None) -> None:
+    """Check that a store keeps the optional :class:`~aion_trio.FlowStore` contract.
+
+    ``open_store`` is a keyed factory as for :func:`check_owned_store`;
+    ``scenarios`` selects from :data:`FLOW_STORE_SCENARIOS`.
+    """
+    await _run_suite(FlowStoreSuite, FLOW_STORE_SCENARIOS, open_store, scenarios, "flow store")

@@ -23,7 +23,7 @@ import trio.testing
 OpenStore = Callable[[], AbstractAsyncContextManager[Any]]
 """A zero-argument callable returning an async context manager that yields a fresh store."""
 
-Kind = Literal["event", "visibility", "owner", "inbox", "recoveries", "schedules"]
+Kind = Literal["event", "visibility", "owner", "inbox", "recoveries", "schedules", "flow"]
 
 OpenKeyedStore = Callable[[str], AbstractAsyncContextManager[Any]]
 """A one-argument callable: ``open_store(key)`` returns an async context manager yielding a
@@ -51,6 +51,16 @@ _SCHEDULE_METHODS = (
     "write_schedule",
     "delete_schedule",
 )
+_FLOW_METHODS = (
+    "acquire_flow_permit",
+    "release_flow_permit",
+    "renew_flow_permits",
+    "held_flow_permits",
+    "enqueue_flow_run",
+    "admit_flow_runs",
+    "flow_runs",
+    "finish_flow_run",
+)
 _METHODS: dict[str, tuple[str, ...]] = {
     "event": _EVENT_METHODS,
     "visibility": _VISIBILITY_METHODS,
@@ -58,6 +68,7 @@ _METHODS: dict[str, tuple[str, ...]] = {
     "inbox": _INBOX_METHODS,
     "recoveries": _RECOVERY_METHODS,
     "schedules": _SCHEDULE_METHODS,
+    "flow": _FLOW_METHODS,
 }
 
 _repr = reprlib.Repr()
@@ -100,11 +111,14 @@ def _unwrap_store(kind: Kind, obj: object) -> Any:
     methods = _METHODS[kind]
     if all(callable(getattr(obj, m, None)) for m in methods):
         return obj
-    if kind in ("owner", "inbox", "recoveries", "schedules"):
+    if kind in ("owner", "inbox", "recoveries", "schedules", "flow"):
         missing = [m for m in methods if not callable(getattr(obj, m, None))]
-        protocol = {"owner": "an OwnedStore", "inbox": "a CommandInbox", "schedules": "a ScheduleStore"}.get(
-            kind, "a RecoveryCounts store"
-        )
+        protocol = {
+            "owner": "an OwnedStore",
+            "inbox": "a CommandInbox",
+            "schedules": "a ScheduleStore",
+            "flow": "a FlowStore",
+        }.get(kind, "a RecoveryCounts store")
         raise TypeError(
             f"open_store(key) yielded {short(obj)}, which is not {protocol} (it lacks {', '.join(missing)})"
         )
@@ -140,7 +154,7 @@ class ScenarioContext:
         store again within one scenario run.
         """
         try:
-            if self._kind in ("owner", "inbox", "recoveries", "schedules"):
+            if self._kind in ("owner", "inbox", "recoveries", "schedules", "flow"):
                 manager = self._open_store(f"{self._prefix}-{key}")
             else:
                 manager = self._open_store()

@@ -17,6 +17,7 @@ from __future__ import annotations
 from . import (
     _control_scenarios as ctl,
     _event_scenarios as ev,
+    _flow_scenarios as fl,
     _visibility_scenarios as vis,
 )
 from ._kit import OpenKeyedStore, OpenStore, run_scenario
@@ -286,6 +287,42 @@ class ScheduleStoreSuite:
         await run_scenario("schedules", ctl.schedules_use_after_close, open_schedule_store)
 
 
+class FlowStoreSuite:
+    """Every flow-store scenario (:data:`~aion_trio.testing.FLOW_STORE_SCENARIOS`) as a
+    ``test_<scenario>`` method, with an ``open_flow_store`` keyed-factory fixture (as for
+    :class:`OwnedStoreSuite`)."""
+
+    async def test_flow_permits_bound_concurrency(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_permits_bound_concurrency, open_flow_store)
+
+    async def test_flow_permits_expire_and_renew(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_permits_expire_and_renew, open_flow_store)
+
+    async def test_flow_rate_window(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_rate_window, open_flow_store)
+
+    async def test_flow_concurrent_acquirers_respect_the_bound(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_concurrent_acquirers_respect_the_bound, open_flow_store)
+
+    async def test_flow_state_survives_reopen(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_state_survives_reopen, open_flow_store)
+
+    async def test_flow_runs_enqueue_and_dedup(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_runs_enqueue_and_dedup, open_flow_store)
+
+    async def test_flow_runs_admitted_in_order_within_bounds(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_runs_admitted_in_order_within_bounds, open_flow_store)
+
+    async def test_flow_runs_admitted_at_the_rate(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_runs_admitted_at_the_rate, open_flow_store)
+
+    async def test_flow_every_method_is_a_checkpoint(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_every_method_is_a_checkpoint, open_flow_store)
+
+    async def test_flow_use_after_close(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_use_after_close, open_flow_store)
+
+
 SUITES: dict[type, str] = {
     EventStoreSuite: "open_event_store",
     VisibilityStoreSuite: "open_visibility_store",
@@ -293,6 +330,7 @@ SUITES: dict[type, str] = {
     CommandInboxSuite: "open_command_inbox",
     RecoveryCountsSuite: "open_recovery_counts",
     ScheduleStoreSuite: "open_schedule_store",
+    FlowStoreSuite: "open_flow_store",
 }
 """Each suite and the name of the factory fixture its methods take."""
 

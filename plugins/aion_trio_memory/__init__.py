@@ -502,7 +502,7 @@ class MemoryStore:
                 part = entry.partition_key
                 if concurrency is not None and running.get(part, 0) >= concurrency:
                     continue
-                _, starts = self._prune(f"queue:{queue}\x00{part}", period, now)
+                _, starts = self._prune(f"queue:{queue}\x1f{part}", period, now)
                 wait = rate_window(starts, rate, period, now)
                 if wait is not None:
                     retry_after = wait if retry_after is None else min(retry_after, wait)

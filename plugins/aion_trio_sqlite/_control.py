@@ -604,7 +604,7 @@ class AdmitRunsOp(WriteOp):
             part = entry.partition_key
             if self.concurrency is not None and running.get(part, 0) >= self.concurrency:
                 continue
-            key = f"queue:{self.queue}\x00{part}"
+            key = f"queue:{self.queue}\x1f{part}"
             if self.rate is not None:
                 wait = rate_window(
                     _window(conn, key, self.period, self.now), self.rate, self.period, self.now

@@ -239,6 +239,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         'CREATE TABLE schedules (schedule_id text COLLATE "C" PRIMARY KEY, version integer NOT NULL,'
         " data text NOT NULL)",
     ),
+    # 8: flow control (aion_trio.FlowStore): permits held until they expire or their
+    # holder node's lease does, the starts a rate counts, and the runs of workflow
+    # queues (seq: their order of arrival).  Each change of one key or queue runs
+    # under a transaction-scoped advisory lock on it.
+    (
+        "CREATE TABLE flow_permits (permit_id bigserial PRIMARY KEY, key text NOT NULL,"
+        " holder text NOT NULL, expires_at timestamptz NOT NULL)",
+        "CREATE INDEX flow_permits_by_key ON flow_permits (key, expires_at)",
+        "CREATE TABLE flow_starts (key text NOT NULL, at timestamptz NOT NULL)",
+        "CREATE INDEX flow_starts_by_key ON flow_starts (key, at)",
+        'CREATE TABLE flow_runs (seq bigserial PRIMARY KEY, queue text COLLATE "C" NOT NULL,'
+        ' workflow_id text COLLATE "C" NOT NULL, partition_key text NOT NULL, priority integer NOT NULL,'
+        " dedup_id text, state text NOT NULL, data text NOT NULL, UNIQUE (queue, workflow_id))",
+        "CREATE INDEX flow_runs_by_order ON flow_runs (queue, priority, seq)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

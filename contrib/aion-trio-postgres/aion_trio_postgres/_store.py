@@ -23,10 +23,12 @@ from aion_trio.plugin import (
     Command,
     CommandOutcome,
     Event,
+    FlowGrant,
     NodeInUse,
     NotFound,
     OwnerIdentity,
     PendingCommand,
+    QueuedRun,
     ScheduleAlreadyExists,
     ScheduleConflict,
     SequenceConflict,
@@ -47,11 +49,12 @@ from aion_trio.plugin import (
     status_after,
     this_host,
     validate_batch,
+    validate_flow_key,
     validate_schedule_write,
     validate_workflow_ids,
 )
 
-from . import _codec
+from . import _codec, _flow
 from ._hangwatch import HangWatch, hang_bound
 from ._listen import Listener
 from ._mapping import backend_error, cause
@@ -816,6 +819,81 @@ class PostgresStore:
                 return bool(conn.execute(_SQL_DELETE_SCHEDULE, (schedule_id,)).rowcount)
 
         return await self._backend.run("deleting a schedule", run)
+
+    # -- flow control (aion_trio.FlowStore; the statements are in _flow) --------
+
+    async def acquire_flow_permit(
+        self,
+        key: str,
+        *,
+        holder: str,
+        concurrency: int | None,
+        rate: int | None,
+        period: float,
+        ttl: float,
+        now: datetime,
+    ) -> FlowGrant:
+        await self.events._enter()
+        try:
+            validate_flow_key(key)
+            validate_flow_key(holder, "holder")
+        except ValueError as exc:
+            await _refuse(exc)
+        return await self._backend.run(
+            "taking a flow permit",
+            lambda conn: _flow.acquire(conn, key, holder, concurrency, rate, period, ttl, now),
+        )
+
+    async def release_flow_permit(self, key: str, permit_id: str) -> bool:
+        await self.events._enter()
+        return await self._backend.run(
+            "releasing a flow permit", lambda conn: _flow.release(conn, key, permit_id)
+        )
+
+    async def renew_flow_permits(self, holder: str, *, ttl: float, now: datetime) -> int:
+        await self.events._enter()
+        return await self._backend.run(
+            "renewing flow permits", lambda conn: _flow.renew(conn, holder, ttl, now)
+        )
+
+    async def held_flow_permits(self, key: str, *, now: datetime) -> int:
+        await self.events._enter()
+        return await self._backend.run("counting flow permits", lambda conn: _flow.held(conn, key, now))
+
+    async def enqueue_flow_run(self, run: QueuedRun) -> tuple[QueuedRun, bool]:
+        await self.events._enter()
+        try:
+            validate_flow_key(run.queue, "queue")
+            validate_flow_key(run.workflow_id, "workflow id")
+        except ValueError as exc:
+            await _refuse(exc)
+        return await self._backend.run("enqueueing a workflow run", lambda conn: _flow.enqueue(conn, run))
+
+    async def admit_flow_runs(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None,
+        rate: int | None,
+        period: float,
+        now: datetime,
+        limit: int = 100,
+    ) -> tuple[list[QueuedRun], float | None]:
+        await self.events._enter()
+        return await self._backend.run(
+            "admitting queued workflow runs",
+            lambda conn: _flow.admit(conn, queue, concurrency, rate, period, now, limit),
+        )
+
+    async def flow_runs(self, queue: str | None = None) -> list[QueuedRun]:
+        await self.events._enter()
+        return await self._backend.run("listing queued workflow runs", lambda conn: _flow.runs(conn, queue))
+
+    async def finish_flow_run(self, queue: str, workflow_id: str) -> bool:
+        await self.events._enter()
+        return await self._backend.run(
+            "removing a finished queued run", lambda conn: _flow.finish(conn, queue, workflow_id)
+        )
 
     async def aclose(self) -> None:
         """Close both halves, release the node lease and close the pool (idempotent)."""

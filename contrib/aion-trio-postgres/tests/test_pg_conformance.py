@@ -14,7 +14,13 @@ import pytest
 from aion_trio_postgres import open_postgres_store
 from conftest import drop_schema, isolated_opener, new_schema_name
 
-from aion_trio.testing import EventStoreSuite, RecoveryCountsSuite, ScheduleStoreSuite, VisibilityStoreSuite
+from aion_trio.testing import (
+    EventStoreSuite,
+    FlowStoreSuite,
+    RecoveryCountsSuite,
+    ScheduleStoreSuite,
+    VisibilityStoreSuite,
+)
 
 pytest_plugins = ["aion_trio.testing.pytest_plugin"]
 
@@ -55,6 +61,21 @@ class TestPostgresRecoveryCounts(RecoveryCountsSuite):
 class TestPostgresScheduleStore(ScheduleStoreSuite):
     @pytest.fixture
     def open_schedule_store(self, pg_url: str):  # type: ignore[no-untyped-def]
+        """A keyed factory as for the recovery counts: one schema per key, all dropped after."""
+        schemas: dict[str, str] = {}
+
+        def open_keyed(key: str):  # type: ignore[no-untyped-def]
+            schema = schemas.setdefault(key, new_schema_name())
+            return open_postgres_store(f"{pg_url}?schema={schema}")
+
+        yield open_keyed
+        for schema in schemas.values():
+            drop_schema(pg_url, schema)
+
+
+class TestPostgresFlowStore(FlowStoreSuite):
+    @pytest.fixture
+    def open_flow_store(self, pg_url: str):  # type: ignore[no-untyped-def]
         """A keyed factory as for the recovery counts: one schema per key, all dropped after."""
         schemas: dict[str, str] = {}
 
