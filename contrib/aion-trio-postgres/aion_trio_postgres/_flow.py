@@ -4,9 +4,10 @@ permit and workflow-queue methods.
 Each change of one key (a limit's permits and starts) or one queue runs in one
 transaction under ``pg_advisory_xact_lock`` on that key, so the count-decide-write
 of concurrent nodes serialises and none of them passes the bound together.  A
-permit is reclaimed when it expires or when the node holding it has lost its
-lease (judged by the database clock): a killed node's slots come back with its
-lease.
+permit is reclaimed once it expires: its engine renews it while the attempt
+runs, so a killed node's slots come back one ``flow_permit_ttl`` later.  (Not
+with the node's lease: a live node whose lease lapsed for a moment still runs
+its attempts, and taking their slots would let more run than the bound.)
 """
 
 from __future__ import annotations
@@ -22,15 +23,9 @@ from aion_trio.plugin import ADMITTED, QUEUED, FlowGrant, QueuedRun, rate_window
 Conn = psycopg.Connection[Any]
 
 _SQL_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 18))"
-_SQL_EXPIRE_PERMITS = (
-    "DELETE FROM flow_permits p WHERE p.key = %s AND (p.expires_at <= %s OR EXISTS ("
-    " SELECT 1 FROM nodes n WHERE n.node_id = p.holder AND n.lease_expires_at <= clock_timestamp()))"
-)
+_SQL_EXPIRE_PERMITS = "DELETE FROM flow_permits WHERE key = %s AND expires_at <= %s"
 _SQL_COUNT_PERMITS = "SELECT count(*) FROM flow_permits WHERE key = %s"
-_SQL_COUNT_LIVE_PERMITS = (
-    "SELECT count(*) FROM flow_permits p WHERE p.key = %s AND p.expires_at > %s AND NOT EXISTS ("
-    " SELECT 1 FROM nodes n WHERE n.node_id = p.holder AND n.lease_expires_at <= clock_timestamp())"
-)
+_SQL_COUNT_LIVE_PERMITS = "SELECT count(*) FROM flow_permits WHERE key = %s AND expires_at > %s"
 _SQL_PRUNE_STARTS = "DELETE FROM flow_starts WHERE key = %s AND at <= %s"
 _SQL_STARTS = "SELECT at FROM flow_starts WHERE key = %s ORDER BY at"
 _SQL_ADD_START = "INSERT INTO flow_starts (key, at) VALUES (%s, %s)"

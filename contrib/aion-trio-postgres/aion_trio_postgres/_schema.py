@@ -239,8 +239,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         'CREATE TABLE schedules (schedule_id text COLLATE "C" PRIMARY KEY, version integer NOT NULL,'
         " data text NOT NULL)",
     ),
-    # 8: flow control (aion_trio.FlowStore): permits held until they expire or their
-    # holder node's lease does, the starts a rate counts, and the runs of workflow
+    # 8: flow control (aion_trio.FlowStore): permits held until they expire (their
+    # engine renews them), the starts a rate counts, and the runs of workflow
     # queues (seq: their order of arrival).  Each change of one key or queue runs
     # under a transaction-scoped advisory lock on it.
     (
