@@ -69,6 +69,7 @@ from .config import EngineStatistics, WorkflowDescription
 from .core import EngineCore
 from .describe import describe_history
 from .local import LocalCommands, Started
+from .queues import QueuedHandle, WorkflowQueues
 from .schedules import Schedules, open_schedules
 
 if TYPE_CHECKING:
@@ -165,6 +166,54 @@ class Engine:
             poll_interval=core.config.schedule_poll_interval,
             # Its own thread for the wall-clock poll, so it never holds a slot the heartbeats need.
             limiter=trio.CapacityLimiter(1),
+        )
+
+        #: Workflow queues (docs/flow-control.md); the service admitting runs runs in the epoch.
+        self.queues = WorkflowQueues(
+            client=self,
+            store=core.store,
+            queues=core.config.workflow_queues,
+            codec=core.codec,
+            now=core.clock.now,
+            poll_interval=core.config.queue_poll_interval,
+            workflow_definition=core.workflow_definition,
+            spawn=core.epoch.spawn,
+        )
+
+    async def enqueue(
+        self,
+        workflow: WorkflowDefinition[Any] | str,
+        *args: Any,
+        queue: str,
+        priority: int = 0,
+        dedup_id: str | None = None,
+        partition_key: str | None = None,
+        workflow_id: str | None = None,
+        search_attributes: Mapping[str, Any] | None = None,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+    ) -> QueuedHandle:
+        """Put a run of ``workflow`` into the workflow queue ``queue`` (one of
+        ``EngineConfig.workflow_queues``); it starts, through :meth:`start`, once its
+        queue's limit admits it: by ``priority`` (lower first), then in order of arrival,
+        each ``partition_key`` bounded on its own in a partitioned queue.
+
+        Returns at once, once the entry is durable, with a :class:`QueuedHandle`
+        (``await handle.result()``).  ``dedup_id``: while a run with the same id is
+        queued or running in this queue, the enqueue is refused with
+        :class:`QueueDeduplicated` (naming that run's workflow id) and writes nothing.
+        Bad input (an unknown queue or workflow, arguments that cannot be encoded, a
+        missing or needless ``partition_key``) raises before anything is written.
+        """
+        return await self.queues.enqueue(
+            workflow,
+            *args,
+            queue=queue,
+            priority=priority,
+            dedup_id=dedup_id,
+            partition_key=partition_key,
+            workflow_id=workflow_id,
+            search_attributes=search_attributes,
+            timeout=timeout,
         )
 
     @property

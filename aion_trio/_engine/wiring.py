@@ -222,6 +222,7 @@ async def open_engine(
                     # Durable schedules: fired by the one engine owning the store, or in
                     # cluster mode by the node holding each schedule's claim.
                     epoch.spawn(engine.schedules.serve, name="schedule-service")
+                    epoch.spawn(engine.queues.serve, name="workflow-queue-service")
                     yield engine
                 except BaseException:
                     epoch.begin_close()
