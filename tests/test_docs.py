@@ -66,6 +66,7 @@ NOT_RUN_PER_PAGE = {
     "errors.md": 0,
     "writing-a-store-plugin.md": 0,
     "schedules.md": 0,
+    "flow-control.md": 0,
 }
 
 
