@@ -149,6 +149,20 @@ class PoolStatistics:
     waiting: int
 
 
+@final
+class _Waiter:
+    """A caller waiting for a slot: ordered by (priority, arrival); its event wakes it."""
+
+    __slots__ = ("event", "key")
+
+    def __init__(self, priority: int, arrival: int) -> None:
+        self.key = (priority, arrival)
+        self.event = trio.Event()
+
+    def __lt__(self, other: _Waiter) -> bool:
+        return self.key < other.key
+
+
 #: Seconds between two asks of a refused cluster-wide permit (a release elsewhere
 #: wakes no one here).
 PERMIT_POLL = 0.5
@@ -164,7 +178,6 @@ class AdmissionPool:
     """
 
     __slots__ = (
-        "_changed",
         "_heap",
         "_order",
         "_permit_busy",
@@ -210,9 +223,8 @@ class AdmissionPool:
         self.key = key or name
         self.held = 0
         # Waiters: (priority, arrival) in a heap; the head is the next admitted.
-        self._heap: list[tuple[int, int]] = []
+        self._heap: list[_Waiter] = []
         self._order = itertools.count()
-        self._changed = trio.Event()
         self._permit_busy = False
 
     @property
@@ -227,8 +239,9 @@ class AdmissionPool:
         return self.capacity is None or self.held < self.capacity
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        """Wake the head waiter (it looks again whether it may go)."""
+        if self._heap:
+            self._heap[0].event.set()
 
     @contextlib.asynccontextmanager
     async def slot(self, waiting: Waiting | None = None, *, priority: int = 0) -> AsyncIterator[None]:
@@ -248,30 +261,37 @@ class AdmissionPool:
         if not self._heap and self._free() and self.limit is None:
             self.held += 1
         else:
-            entry = (priority, next(self._order))
+            # Only the head waiter is woken (a release, the head leaving): one wake-up
+            # per admission, however many wait.
+            entry = _Waiter(priority, next(self._order))
             heapq.heappush(self._heap, entry)
             told = False
             try:
                 with trio.move_on_after(math.inf if self.timeout is None else self.timeout) as scope:
                     while True:
-                        if self._heap[0] == entry and self._free() and not self._permit_busy:
+                        if self._heap[0] is entry and self._free() and not self._permit_busy:
                             got, permit, retry = await self._ask_permit()
                             if got:
                                 break
+                            if self._heap[0] is not entry:
+                                self._wake()  # a waiter ahead came meanwhile: its turn to ask
                         else:
                             retry = math.inf
                         if not told and waiting is not None:
                             waiting.queued()
                             told = True
-                        changed = self._changed
+                        entry.event = trio.Event()
                         with trio.move_on_after(retry):
-                            await changed.wait()
+                            await entry.event.wait()
                 if scope.cancelled_caught:
                     raise AdmissionTimeout(self.name, self.capacity or 0, self.timeout or 0.0, self.setting)
             finally:
-                self._heap.remove(entry)
-                heapq.heapify(self._heap)
-                self._wake()  # the next head may go now
+                if self._heap[0] is entry:
+                    heapq.heappop(self._heap)
+                else:
+                    self._heap.remove(entry)
+                    heapq.heapify(self._heap)
+                self._wake()  # the next head may go now (or wait its turn)
             self.held += 1
             if told and waiting is not None:
                 waiting.started()
@@ -282,8 +302,7 @@ class AdmissionPool:
             if permit is not None and self.permits is not None:
                 with trio.CancelScope(shield=True), contextlib.suppress(Exception):
                     await self.permits.release(self.key, permit)
-            if self._heap:
-                self._wake()
+            self._wake()
 
     async def _ask_permit(self) -> tuple[bool, str | None, float]:
         """The head asks the permit source (if any): granted, its id, or seconds to wait."""
