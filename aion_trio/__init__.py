@@ -49,6 +49,7 @@ from ._engine import (
     EngineConfig as EngineConfig,
     EngineStatistics as EngineStatistics,
     PendingActivity as PendingActivity,
+    QueuedHandle as QueuedHandle,
     RunHandle as RunHandle,
     ScheduleDescription as ScheduleDescription,
     Schedules as Schedules,

@@ -56,7 +56,7 @@ AION_TRIO_NAMES = [
     "NotFound", "NotOwner", "NotRunning", "Observer", "ObserverEvent", "OutcomeKind", "Overlap", "OwnedStore",
     "OwnerClaim", "OwnerIdentity", "ParentClosePolicy", "Payload", "PayloadCodec", "PayloadDecodeError", "PayloadError",
     "PayloadNotSerializable", "PayloadTooLarge", "PendingActivity", "PendingCommand", "PluginError",
-    "PolicyRefused", "PoolStatistics", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable", "QueueDeduplicated", "QueuedRun",
+    "PolicyRefused", "PoolStatistics", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly", "QueryUnavailable", "QueueDeduplicated", "QueuedHandle", "QueuedRun",
     "RecoveryCounts", "RecoveryFinished", "ReopenCommand", "ResetCommand", "RetryPolicy", "RunEvicted", "RunHandle",
     "RunRecovered", "RunReloaded", "RunStart", "Schedule", "ScheduleAction", "ScheduleActionKind", "ScheduleActionRecord",
     "ScheduleAlreadyExists", "ScheduleConflict", "ScheduleDescription", "ScheduleError", "ScheduleNotFound",

@@ -20,5 +20,6 @@ from .config import (
 )
 from .core import EngineCore as EngineCore
 from .describe import describe_history as describe_history
+from .queues import QueuedHandle as QueuedHandle
 from .schedules import ScheduleDescription as ScheduleDescription, Schedules as Schedules
 from .wiring import open_engine as open_engine
