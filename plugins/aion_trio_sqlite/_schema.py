@@ -323,6 +323,10 @@ def open_writer(path: str, synchronous: str, busy_timeout_ms: int) -> apsw.Conne
             )
         _configure(conn, synchronous, busy_timeout_ms)
         _migrate(conn, path, found)
+        if found < SCHEMA_VERSION:
+            # The schema's pages go to the file once, so the WAL starts empty: the writer's
+            # checkpoint threshold then bounds it from the first append.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         _check_tables(conn, path)
         check_mark(conn, path)
     except apsw.Error as exc:
