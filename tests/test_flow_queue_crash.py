@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.procs import queue_worker
+from procs import queue_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
