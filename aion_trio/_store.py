@@ -563,7 +563,10 @@ class FlowGrant:
 
 
 QUEUED = "queued"
+"""A :class:`QueuedRun`'s state while it waits in its queue for a slot."""
 ADMITTED = "admitted"
+"""A :class:`QueuedRun`'s state once admitted: it holds a slot of its queue (and partition)
+until its run closes; the engine starts it if it was not started yet."""
 
 
 @attrs.frozen(kw_only=True)
