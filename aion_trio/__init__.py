@@ -22,6 +22,12 @@ from ._activities import (
 from ._admission import FlowLimit as FlowLimit, PoolStatistics as PoolStatistics
 from ._childspec import ParentClosePolicy as ParentClosePolicy
 from ._clock import EngineClock as EngineClock
+from ._codecs import (
+    AesGcmCodec as AesGcmCodec,
+    Codec as Codec,
+    CodecChain as CodecChain,
+    ZlibCodec as ZlibCodec,
+)
 from ._commands import (
     CancelCommand as CancelCommand,
     Command as Command,
@@ -89,6 +95,7 @@ from ._errors import (
     NotFound as NotFound,
     NotOwner as NotOwner,
     NotRunning as NotRunning,
+    PayloadCodecError as PayloadCodecError,
     PayloadDecodeError as PayloadDecodeError,
     PayloadError as PayloadError,
     PayloadNotSerializable as PayloadNotSerializable,

@@ -356,6 +356,25 @@ class PayloadDecodeError(PayloadError, TypeError):
         super().__init__(f"{what}: {path}: {detail}" if path else f"{what}: {detail}")
 
 
+class PayloadCodecError(PayloadError):
+    """A stored payload does not decode through the configured codec chain.
+
+    A wrong or missing key, a tampered payload, or a codec named in the payload
+    that is not configured.  ``workflow_id`` and ``seq`` name the event (``seq``
+    is ``None`` for a payload met outside history, such as a remote activity
+    task's), ``what`` the payload in it, ``detail`` what went wrong.  Nothing
+    falls back to the undecoded bytes.
+    """
+
+    def __init__(self, workflow_id: str, seq: int | None, what: str, detail: str) -> None:
+        self.workflow_id = workflow_id
+        self.seq = seq
+        self.what = what
+        self.detail = detail
+        where = f"workflow {workflow_id!r}" + (f" seq {seq}" if seq is not None else "")
+        super().__init__(f"{where}: {what}: {detail}")
+
+
 class EventDecodeError(AionError, ValueError):
     """A wire-form event has an unknown type, an unknown or missing field, or a bad value."""
 

@@ -15,7 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
-from ._activities import ActivityExecutor, InProcessDispatcher
+from ._activities import ActivityExecutor, InProcessDispatcher, decoding_executor
+from ._codecs import Codec, CodecChain, chain_or_none
 from ._definitions import ActivityDefinition, ActivityLoop, index_definitions
 from ._errors import NoTaskQueues
 from ._payload import PayloadCodec
@@ -58,6 +59,7 @@ async def run_activity_worker(
     drain_timeout: float = 30.0,
     stop: trio.Event | None = None,
     codec: PayloadCodec | None = None,
+    codecs: CodecChain | Codec | Sequence[Codec] | None = None,
     max_threads: int = 40,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -70,6 +72,8 @@ async def run_activity_worker(
     is bounded by its per-attempt ``timeout`` here too.  Setting ``stop``
     drains (see :class:`ActivityTaskQueues`); cancellation releases running
     attempts back to their queues.  ``task_status.started(worker_id)``.
+    ``codecs``: the engines' ``EngineConfig.codecs`` (docs/payloads.md): a task's
+    payloads arrive encoded and its result leaves encoded.
     """
     queue_list = list(queues)
     if not queue_list or not all(isinstance(q, str) and q for q in queue_list):
@@ -82,6 +86,7 @@ async def run_activity_worker(
     if not activity_map:
         raise ValueError("activities is empty: a worker needs @aion_trio.activity functions to run")
     stop = stop if stop is not None else trio.Event()
+    chain = chain_or_none(codecs)
     async with contextlib.AsyncExitStack() as stack:
         if isinstance(store, str):
             opened: Store = await stack.enter_async_context(open_store(store))
@@ -99,8 +104,11 @@ async def run_activity_worker(
         local = InProcessDispatcher(
             activity_map, codec or PayloadCodec(), asyncio_loop, trio.CapacityLimiter(max_threads)
         )
+        execute: ActivityExecutor = local.execute
+        if chain is not None:
+            execute = decoding_executor(execute, chain)
         await opened.serve_activity_tasks(
-            local.execute,
+            execute,
             queue_list,
             concurrency=concurrency,
             drain_timeout=drain_timeout,

@@ -8,6 +8,11 @@ takes one activity to its final outcome; every record it makes goes through
 :func:`record_activity_event` (``records``).
 """
 
+from .codec import (
+    DecodingDispatcher as DecodingDispatcher,
+    EncodingDispatcher as EncodingDispatcher,
+    decoding_executor as decoding_executor,
+)
 from .context import (
     ActivityInfo as ActivityInfo,
     activity_cancelled as activity_cancelled,

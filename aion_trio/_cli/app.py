@@ -13,10 +13,11 @@ import click
 from .._demo import demo_command
 from .._version import __version__
 from .errors import EXIT_INTERRUPTED, fail
-from .options import DEFAULT_STORE, STORE_ENV
+from .options import CODEC_ENV, CODECS_META, DEFAULT_STORE, STORE_ENV
 from .read import event, history, list_, show, stores
 from .replay import replay
 from .schedules import schedule
+from .userapp import load_codecs
 from .worker import worker
 from .writes import cancel, query, reopen, reset, signal, start, terminate, update
 
@@ -79,13 +80,24 @@ class Cli(click.Group):
     metavar="URL",
     help=f"Store URL, or a path to a SQLite file (env: {STORE_ENV}); commands also take --store.",
 )
+@click.option(
+    "--codec",
+    "codec",
+    envvar=CODEC_ENV,
+    metavar="MODULE:ATTR",
+    help=f"Payload codecs the store was written with (env: {CODEC_ENV}): a codec, a sequence of "
+    "codecs or a CodecChain; payloads are decoded through it (without it, encrypted ones show as "
+    "<encrypted>).  Commands with -m also take the app's .codecs.",
+)
 @click.pass_context
-def cli(ctx: click.Context, store: str) -> None:
+def cli(ctx: click.Context, store: str, codec: str | None) -> None:
     """aion-trio: durable, event-sourced workflows embedded in Trio applications.
 
     Commands work on the store given by --store URL or $AION_TRIO_STORE
     (default sqlite:///aion.db, i.e. ./aion.db); a plain path is a SQLite file.
     """
+    if codec:
+        ctx.meta[CODECS_META] = load_codecs(codec)
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
 

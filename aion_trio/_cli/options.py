@@ -13,12 +13,16 @@ from typing import Any, TypeVar
 
 import click
 
+from .._codecs import CodecChain
 from .._errors import InvalidQuery
 from .._events import WorkflowStatus
 from .._store import SearchOp, SearchPredicate, VisibilityFilter
 
 STORE_ENV = "AION_TRIO_STORE"
 MODULE_ENV = "AION_TRIO_MODULE"
+CODEC_ENV = "AION_TRIO_CODEC"
+#: Where the group's ``--codec`` chain is kept for the commands (``click.Context.meta``).
+CODECS_META = "aion_trio.codecs"
 DEFAULT_STORE = "sqlite:///aion.db"
 DEFAULT_LIST_LIMIT = 100
 
@@ -46,6 +50,15 @@ def read_only(url: str) -> str:
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def configured_codecs() -> CodecChain | None:
+    """The codec chain ``aion-trio --codec MODULE:ATTR`` loaded, if any (docs/payloads.md)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return None
+    chain = ctx.meta.get(CODECS_META)
+    return chain if isinstance(chain, CodecChain) else None
 
 
 def store_option(fn: F) -> F:

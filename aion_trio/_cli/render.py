@@ -12,6 +12,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from .._codecs import ENVELOPE_KEY, describe_encoded, is_encoded
 from .._engine import WorkflowDescription
 from .._events import (
     ActivityCompleted,
@@ -70,7 +71,15 @@ def short(text: str, limit: int = 60) -> str:
 
 
 def _payload_text(payload: Payload, limit: int = 60) -> str:
+    if is_encoded(payload):  # written through codecs this command was not given
+        return describe_encoded(payload)
     return short(payload.json, limit)
+
+
+def _wire_value_text(value: Any) -> str:
+    if isinstance(value, dict) and ENVELOPE_KEY in value:
+        return describe_encoded(Payload.of(value))
+    return json_text(value, 40)
 
 
 def json_text(value: Any, limit: int = 60) -> str:
@@ -107,7 +116,7 @@ def event_detail(body: EventBody) -> str:
         return f"{body.name} {_payload_text(body.payload)}"
     # Every other event: its wire fields, shortened.
     _, data = body_to_wire(body)
-    parts = [f"{k}={json_text(v, 40)}" for k, v in data.items() if k not in ("traceback", "details")]
+    parts = [f"{k}={_wire_value_text(v)}" for k, v in data.items() if k not in ("traceback", "details")]
     return short(" ".join(parts), 100)
 
 

@@ -118,15 +118,19 @@ def replay(
 
 
 async def _replay(app: App, histories: list[History]) -> ReplayReport:
-    from ..testing import replay
+    from ..testing import History, replay
 
+    chain = app.codecs
+    if chain is not None:
+        # Histories exported without the codec hold its envelopes: decode them first.
+        histories = [History(h.source, [await chain.decode_event(e) for e in h.events]) for h in histories]
     return await replay(app.workflows, histories, activities=app.activities)
 
 
 async def _replay_store(app: App, url: str, page: VisibilityFilter) -> ReplayReport:
     from ..testing import History
 
-    async with open_for_reading(url) as opened:
+    async with open_for_reading(url, app.codecs) as opened:
         rows = await opened.visibility.list(page)
         histories = [
             History(

@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from .._codec_store import CodecStoreView
+from .._codecs import CodecChain
 from .._errors import PluginError, WorkflowNotFound
 from .._events import Event
 from .._plugins import open_store
 from .._store import Store
 from ..plugin import StoreRegistry, build_registry, make_plugin_manager
 from .errors import PluginsUnavailable
-from .options import read_only
+from .options import configured_codecs, read_only
 
 
 def load_registry() -> StoreRegistry:
@@ -27,10 +29,12 @@ def load_registry() -> StoreRegistry:
 
 
 @contextlib.asynccontextmanager
-async def open_for_reading(store: str) -> AsyncIterator[Store]:
+async def open_for_reading(store: str, codecs: CodecChain | None = None) -> AsyncIterator[Store]:
+    """The store opened read-only; its events read through ``codecs`` (default: ``--codec``'s)."""
     registry = load_registry()
+    chain = codecs if codecs is not None else configured_codecs()
     async with open_store(read_only(store), registry=registry) as opened:
-        yield opened
+        yield opened if chain is None else CodecStoreView(opened, chain)
 
 
 async def read_history(opened: Store, workflow_id: str) -> list[Event]:

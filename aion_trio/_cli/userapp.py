@@ -10,9 +10,11 @@ from typing import Any
 
 import attrs
 
+from .._codecs import CodecChain, chain_or_none
 from .._definitions import ActivityDefinition, WorkflowDefinition, index_definitions
 from .._errors import InvalidArguments
 from .errors import UsageProblem, UserError
+from .options import configured_codecs
 
 
 @attrs.frozen
@@ -20,6 +22,8 @@ class App:
     spec: str
     workflows: tuple[WorkflowDefinition[Any], ...]
     activities: tuple[ActivityDefinition[Any], ...]
+    #: ``--codec``'s chain, else the app object's ``codecs`` (docs/payloads.md).
+    codecs: CodecChain | None = None
 
     def describe(self) -> str:
         def plural(n: int, what: str) -> str:
@@ -94,7 +98,30 @@ def load_app(spec: str) -> App:
         workflow_map, activity_map = index_definitions(tuple(workflows), tuple(activities))
     except (TypeError, ValueError) as exc:
         raise UserError(f"{spec}: {exc}") from exc
-    return App(spec=spec, workflows=tuple(workflow_map.values()), activities=tuple(activity_map.values()))
+    codecs = configured_codecs()
+    if codecs is None and getattr(target, "codecs", None) is not None:
+        codecs = _chain(f"{spec} .codecs", target.codecs)
+    return App(
+        spec=spec,
+        workflows=tuple(workflow_map.values()),
+        activities=tuple(activity_map.values()),
+        codecs=codecs,
+    )
+
+
+def _chain(where: str, value: Any) -> CodecChain:
+    try:
+        chain = chain_or_none(value)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{where}: {exc}") from exc
+    if chain is None:
+        raise UserError(f"{where} is empty: name a codec, a sequence of codecs or a CodecChain")
+    return chain
+
+
+def load_codecs(spec: str) -> CodecChain:
+    """Import ``MODULE:ATTR`` naming a codec, a sequence of codecs or a :class:`CodecChain`."""
+    return _chain(spec, _import_target(spec))
 
 
 def check_type(app: App, workflow_type: str, args: Sequence[Any] | None = None) -> None:

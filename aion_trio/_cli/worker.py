@@ -16,14 +16,14 @@ import click
 import trio
 
 from .._definitions import ActivityDefinition
-from .._engine import Engine, open_engine
+from .._engine import Engine, EngineConfig, open_engine
 from .._events import WorkflowStatus
 from .._logs import ContextLogger
 from .._observe import ObserverEvent, WorkflowRunEnded, WorkflowRunStarted
 from .._taskqueues import run_activity_worker
 from .._urls import redact_url
 from .errors import UsageProblem, UserError, run
-from .options import resolve_store, store_option
+from .options import configured_codecs, resolve_store, store_option
 from .userapp import App, load_activities, load_app
 
 DEFAULT_DRAIN_TIMEOUT = 10.0
@@ -100,6 +100,7 @@ async def _serve(url: str, app: App, drain_timeout: float) -> _Lifecycle:
             url,
             workflows=app.workflows,
             activities=app.activities,
+            config=EngineConfig(codecs=app.codecs),
             drain_timeout=drain_timeout,
             observers=[_log_runs],
         ) as engine:
@@ -149,6 +150,7 @@ async def _serve_activities(
                     concurrency=concurrency,
                     drain_timeout=drain_timeout,
                     stop=stop,
+                    codecs=configured_codecs(),
                 )
             )
             worker_log.info(

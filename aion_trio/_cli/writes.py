@@ -27,7 +27,7 @@ from .._commands import (
     UpdateCommand,
     signal_with_start_outcome,
 )
-from .._engine import Engine, IdReusePolicy, open_engine
+from .._engine import Engine, EngineConfig, IdReusePolicy, open_engine
 from .._errors import StoreOwned
 from .._events import Event, UpdateCompleted
 from .._ids import new_workflow_id, validate_caller_request_id, validate_task_queue
@@ -115,7 +115,12 @@ async def apply_or_queue(
         owner = await _live_owner(opened)
         if owner is None:
             try:
-                async with open_engine(opened, workflows=app.workflows, activities=app.activities) as engine:
+                async with open_engine(
+                    opened,
+                    workflows=app.workflows,
+                    activities=app.activities,
+                    config=EngineConfig(codecs=app.codecs),
+                ) as engine:
                     return _Delivered(queued=False, value=await direct(engine))
             except StoreOwned as exc:  # a worker claimed the store between the check and the open
                 owner = f"pid {exc.pid} on {exc.host}"

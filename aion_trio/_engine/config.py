@@ -11,6 +11,7 @@ import attrs
 
 from .._admission import FlowLimit, PoolStatistics
 from .._clock import EngineClock
+from .._codecs import CodecChain, chain_or_none
 from .._epoch import EpochStatistics
 from .._events import (
     ErrorInfo,
@@ -98,6 +99,7 @@ def _limits(value: object, name: str) -> dict[str, FlowLimit]:
 _SETTING_CLASSES: Mapping[str, type] = {
     "CompletionRetryConfig": CompletionRetryConfig,
     "PayloadCodec": PayloadCodec,
+    "CodecChain": CodecChain,
 }
 
 
@@ -115,6 +117,11 @@ class EngineConfig:
 
     completion_retry: CompletionRetryConfig = attrs.field(factory=CompletionRetryConfig)
     codec: PayloadCodec = attrs.field(factory=PayloadCodec)
+    #: Payload codecs (compression, encryption) applied to every stored payload after it is
+    #: encoded, and reversed when it is read (docs/payloads.md): a :class:`~aion_trio.Codec`,
+    #: a sequence of them (applied in order) or a :class:`~aion_trio.CodecChain`.  ``None``:
+    #: payloads are stored as their JSON text.
+    codecs: CodecChain | None = attrs.field(default=None, converter=chain_or_none)
     drain_timeout: float | None = None
     default_task_queue: str = "default"
     clock: EngineClock | None = None

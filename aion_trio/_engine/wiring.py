@@ -16,12 +16,15 @@ import trio
 from .. import _children as children
 from .._activities import (
     ActivityDispatcher,
+    DecodingDispatcher,
     DelegatingDispatcher,
+    EncodingDispatcher,
     InProcessDispatcher,
 )
 from .._admission import StorePermits
 from .._clock import EngineClock, TrioClock
 from .._cluster import ClusterServices, LeaseGatedDispatcher
+from .._codec_store import CodecEventStore
 from .._completion import handle_run_exit
 from .._definitions import ActivityDefinition, ActivityLoop, WorkflowDefinition, index_definitions
 from .._epoch import EngineEpoch
@@ -153,8 +156,13 @@ async def open_engine(
         # After the epoch has joined: name the activity threads still running.
         stack.callback(in_process.log_unaccounted_threads)
         delegating: object = dispatcher
+        kept_local: ActivityDispatcher = in_process
+        if dispatcher is not None and config.codecs is not None:
+            # A given dispatcher sends attempts elsewhere: their payloads leave encoded.
+            kept_local = DecodingDispatcher(in_process, config.codecs)
+            dispatcher = EncodingDispatcher(dispatcher, config.codecs)
         if isinstance(delegating, DelegatingDispatcher):
-            delegating.use_in_process(in_process)
+            delegating.use_in_process(kept_local)
         # Cluster mode: per-workflow ownership fenced by the store.
         cluster = opened if isinstance(opened, ClusterStore) else None
         chosen: ActivityDispatcher = dispatcher or in_process
@@ -266,6 +274,10 @@ def flow_permits(
     return StorePermits(store, holder=holder, ttl=config.flow_permit_ttl, now=clock.now)
 
 
+def _gate_append(epoch: EngineEpoch, workflow_id: str) -> None:
+    epoch.gate(workflow_id, None, "append encoded events")
+
+
 def build_core(
     *,
     store: Store,
@@ -287,6 +299,10 @@ def build_core(
     if observers is not None:
         events = observers.wrap_events(events)
         visibility = observers.wrap_visibility(visibility)
+    if config.codecs is not None:
+        # Outermost: observers time the store alone.  The epoch gate is checked again
+        # after encoding, since an async codec awaits between the recorder's gate and the write.
+        events = CodecEventStore(events, config.codecs, gate=functools.partial(_gate_append, epoch))
     registry = Registry()
     stuck: dict[str, str] = {}
     transient = Transient(config.completion_retry, epoch, observers)
