@@ -8,7 +8,9 @@ function (:class:`Hints`), say what each value is decoded to.  An un-annotated
 parameter, ``Any``, ``object`` and the bare ``dict``/``list`` keep the plain
 data exactly as it is.  Decoding is strict about scalars (an ``int`` parameter
 takes a JSON integer, not ``"7"`` or ``7.5``) and names the path of what does
-not fit in :class:`~aion_trio.PayloadDecodeError`.
+not fit in :class:`~aion_trio.PayloadDecodeError`.  A pydantic model (when the
+user's code uses pydantic; this module never imports it) is validated by the model
+itself, its validation error turned into the same error naming the path.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import decimal
 import enum
 import inspect
 import json
+import sys
 import threading
 import typing
 import uuid
@@ -123,6 +126,40 @@ def _exactly(kind: type[Any], hook: Callable[[Any, Any], Any]) -> Callable[[Any,
     return structure
 
 
+class _ModelInvalid(Exception):
+    """A pydantic model refused its data: ``loc`` is the place inside it, ``detail`` what was wrong."""
+
+    def __init__(self, loc: str, detail: str) -> None:
+        super().__init__(detail)
+        self.loc = loc
+        self.detail = detail
+
+
+def _pydantic_model(kind: Any) -> bool:
+    """Whether ``kind`` is a pydantic model class.  pydantic is looked up, never imported: a
+    model annotation means the user's code imported it already."""
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(kind, type) and issubclass(kind, pydantic.BaseModel)
+
+
+def _pydantic_structure(kind: Any) -> Callable[[Any, Any], Any]:
+    invalid = sys.modules["pydantic"].ValidationError
+
+    def structure(value: Any, _: Any) -> Any:
+        try:
+            return kind.model_validate(value)
+        except invalid as exc:
+            first = exc.errors()[0]
+            loc = "".join(
+                f"[{part!r}]" if isinstance(part, int) else f".{part}" for part in first.get("loc", ())
+            )
+            raise _ModelInvalid(
+                loc.lstrip("."), f"{first.get('msg', 'invalid')}, got {_shown(first.get('input'))}"
+            ) from None
+
+    return structure
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(detailed_validation=True)
     for kind, hook in (
@@ -144,6 +181,7 @@ def _make_converter() -> cattrs.Converter:
         return converter.gen_structure_attrs_fromdict(cl)
 
     converter.register_structure_hook_factory(attrs.has, attrs_class)
+    converter.register_structure_hook_factory(_pydantic_model, _pydantic_structure)
     # ``int | str`` and the like: the value's own JSON type picks the member.
     configure_union_passthrough(typing.Union[int, float, str, bool, None], converter)
     return converter
@@ -171,7 +209,7 @@ def _path(base: str, exc: BaseException) -> tuple[str, BaseException]:
 
 
 def _detail(exc: BaseException, kind: Any) -> str:
-    if isinstance(exc, _Mismatch):
+    if isinstance(exc, (_Mismatch, _ModelInvalid)):
         return exc.detail
     if isinstance(exc, KeyError):
         return "missing (a required field)"
@@ -201,6 +239,8 @@ def decode(value: Any, kind: Any, *, what: str, path: str) -> Any:
         return _converter.structure(value, kind)
     except Exception as exc:
         where, leaf = _path(path, exc)
+        if isinstance(leaf, _ModelInvalid) and leaf.loc:
+            where = f"{where}{leaf.loc}" if leaf.loc.startswith("[") or not where else f"{where}.{leaf.loc}"
         raise PayloadDecodeError(what, where, _detail(leaf, kind)) from None
 
 

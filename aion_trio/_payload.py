@@ -14,6 +14,7 @@ import enum
 import json
 import logging
 import math
+import sys
 import uuid
 from collections.abc import Callable
 from datetime import date, time
@@ -116,11 +117,14 @@ def _check_json(value: Any, path: str, what: str, depth: int = 0) -> Any:
                 what, path, "a set is encoded as a sorted list, and this one's items cannot be sorted"
             ) from None
         return _check_json(ordered, path, what, depth + 1)
+    pydantic = sys.modules.get("pydantic")  # never imported here: a model means the caller has it
+    if pydantic is not None and isinstance(value, pydantic.BaseModel):
+        return _check_json(value.model_dump(mode="json"), path, what, depth + 1)
     raise PayloadNotSerializable(
         what,
         path,
         f"object of type {type(value).__qualname__} is not JSON-serialisable; pass dicts, lists, "
-        "str, int, float, bool, None, attrs/dataclass instances, enums, datetimes, UUIDs or Decimals",
+        "str, int, float, bool, None, attrs/dataclass instances, pydantic models, enums, datetimes, UUIDs or Decimals",
     )
 
 

@@ -74,6 +74,7 @@ SEAMS: dict[str, tuple[str, ...]] = {
         "aion_trio._clock",
         "aion_trio._transient",
         "aion_trio._observe",
+        "aion_trio._codec_store",
     ),
     "stores": ("aion_trio._plugins",),
     "errors": ("aion_trio._errors",),
@@ -93,6 +94,8 @@ SEAMS: dict[str, tuple[str, ...]] = {
         "aion_trio._childspec",
         "aion_trio._projections",
         "aion_trio._retry",
+        "aion_trio._codecs",
+        "aion_trio._convert",
     ),
 }
 SEAM_MODULES = frozenset(module for modules in SEAMS.values() for module in modules)
