@@ -3,7 +3,7 @@
 Usage::
 
     python bench/replay.py [--steps 10000] [--stores sqlite,memory] [--repeat 3]
-                           [--dir DIR] [--seconds S]
+                           [--codecs none,zlib+aes-gcm] [--dir DIR] [--seconds S]
 
 A workflow of ``--steps`` activity steps (each ``ctx.run(increment, value)``)
 is run live on ``memory://``; it then parks on a signal that never comes, so
@@ -24,6 +24,14 @@ subprocess (nothing imported, nothing compiled or cached yet) measures:
 For ``memory`` the subprocess builds the history itself (a named memory store
 lives only in its process), closes that engine and opens a second one on the
 same store: events are objects there, so only ``replay`` is measured.
+
+``--codecs``: each store is measured once per codec configuration: ``none``
+(payloads stored as their JSON text, the default engine) and ``zlib+aes-gcm``
+(``EngineConfig(codecs=[ZlibCodec(), AesGcmCodec(...)])``: the history is
+stored encrypted, and ``read_history`` and ``replay`` decode it through the
+chain).  The JSON lines' ``store`` is ``sqlite`` or ``sqlite+zlib+aes-gcm``
+(the same for memory); ``fetch`` and ``decode`` (the store's own rows) are
+measured as they are.
 
 Each ``*_per_s`` figure is over wall time; ``*_per_cpu_s`` is over the CPU
 time of the process (every thread), which other processes on a shared
@@ -50,6 +58,23 @@ emit = emitter("replay")
 WORKFLOW_ID = "replay-bench"
 
 
+CODEC_CONFIGS = ("none", "zlib+aes-gcm")
+
+
+def engine_config(codec: str) -> Any:
+    """The engine configuration of a ``--codecs`` name."""
+    import aion_trio as aion
+
+    if codec == "none":
+        return aion.EngineConfig()
+    if codec == "zlib+aes-gcm":
+        key = bytes(range(32))
+        return aion.EngineConfig(
+            codecs=[aion.ZlibCodec(), aion.AesGcmCodec(keys={"bench": key}, current="bench")]
+        )
+    raise SystemExit(f"unknown codec configuration {codec!r}; use one of {', '.join(CODEC_CONFIGS)}")
+
+
 def definitions() -> tuple[Any, Any]:
     import aion_trio as aion
 
@@ -69,14 +94,15 @@ def definitions() -> tuple[Any, Any]:
     return long_chain, increment
 
 
-async def build_history(url: str, steps: int) -> list[Any]:
+async def build_history(url: str, steps: int, codec: str = "none") -> list[Any]:
     """Run the workflow live on ``url`` until it parks after its last step; its history."""
     import trio
 
     import aion_trio as aion
 
     long_chain, increment = definitions()
-    async with aion.open_engine(url, workflows=[long_chain], activities=[increment]) as engine:
+    config = engine_config(codec)
+    async with aion.open_engine(url, workflows=[long_chain], activities=[increment], config=config) as engine:
         await engine.start(long_chain, steps, workflow_id=WORKFLOW_ID)
         # Poll: the workflow parks on a signal that never comes once its steps are done.
         for _ in range(12_000):
@@ -92,16 +118,17 @@ async def build_history(url: str, steps: int) -> list[Any]:
     return history
 
 
-async def replay_once(url: str, steps: int) -> dict[str, float]:
+async def replay_once(url: str, steps: int, codec: str = "none") -> dict[str, float]:
     """Open an engine on ``url`` and wait until the workflow answers (it has replayed)."""
     import trio
 
     import aion_trio as aion
 
     long_chain, increment = definitions()
+    config = engine_config(codec)
     began = time.perf_counter()
     cpu = time.process_time()
-    async with aion.open_engine(url, workflows=[long_chain], activities=[increment]) as engine:
+    async with aion.open_engine(url, workflows=[long_chain], activities=[increment], config=config) as engine:
         opened = time.perf_counter()
         with trio.fail_after(600):
             answer = await engine.query(WORKFLOW_ID, "progress")
@@ -112,7 +139,7 @@ async def replay_once(url: str, steps: int) -> dict[str, float]:
     return {"open_s": opened - began, "replay_s": done - began, "replay_cpu_s": cpu}
 
 
-def child_sqlite(path: str, steps: int) -> None:
+def child_sqlite(path: str, steps: int, codec: str = "none") -> None:
     """One fresh process on the SQLite file: fetch, decode, read_history, replay."""
     import trio
 
@@ -137,13 +164,19 @@ def child_sqlite(path: str, steps: int) -> None:
         raise RuntimeError(f"read {len(rows)} rows, decoded {len(decoded)} events, expected {events}")
 
     async def read_and_replay() -> dict[str, float]:
+        chain = engine_config(codec).codecs
         async with aion.open_store(f"sqlite:///{path}") as store:
+            events_store: Any = store.events
+            if chain is not None:  # read as the engine does: through the chain
+                from aion_trio._codec_store import CodecEventStore
+
+                events_store = CodecEventStore(events_store, chain)
             began = time.perf_counter()
-            history = await store.events.read_history(WORKFLOW_ID)
+            history = await events_store.read_history(WORKFLOW_ID)
             read_s = time.perf_counter() - began
         if len(history) != events:
             raise RuntimeError(f"read_history gave {len(history)} events, expected {events}")
-        return {"read_history_s": read_s, **await replay_once(f"sqlite:///{path}", steps)}
+        return {"read_history_s": read_s, **await replay_once(f"sqlite:///{path}", steps, codec)}
 
     timings = trio.run(read_and_replay)
     print(
@@ -163,7 +196,7 @@ def child_sqlite(path: str, steps: int) -> None:
     )
 
 
-def child_memory(steps: int) -> None:
+def child_memory(steps: int, codec: str = "none") -> None:
     """One fresh process: build the history on a named memory store, then replay it."""
     import trio
 
@@ -171,8 +204,8 @@ def child_memory(steps: int) -> None:
     events = 1 + 3 * steps
 
     async def build_and_replay() -> dict[str, float]:
-        await build_history(url, steps)
-        return await replay_once(url, steps)
+        await build_history(url, steps, codec)
+        return await replay_once(url, steps, codec)
 
     timings = trio.run(build_and_replay)
     print(
@@ -201,6 +234,9 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=None, help="activity steps (default 10,000)")
     parser.add_argument("--stores", default="sqlite,memory")
+    parser.add_argument(
+        "--codecs", default=",".join(CODEC_CONFIGS), help="codec configurations: none, zlib+aes-gcm"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="fresh processes per store")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--seconds", type=float, default=None, help="below 5: a smoke run")
@@ -209,9 +245,9 @@ def main() -> None:
     if args.child:
         kind, *rest = args.child
         if kind == "sqlite":
-            child_sqlite(rest[0], int(rest[1]))
+            child_sqlite(rest[0], int(rest[1]), rest[2])
         else:
-            child_memory(int(rest[0]))
+            child_memory(int(rest[0]), rest[1])
         return
     steps = args.steps
     repeat = args.repeat
@@ -220,6 +256,9 @@ def main() -> None:
         if args.seconds is not None and args.seconds < 5:
             steps, repeat = 100, 1
     stores = [s for s in args.stores.split(",") if s]
+    codecs = [c for c in args.codecs.split(",") if c]
+    for codec in codecs:
+        engine_config(codec)  # an unknown name is refused before anything runs
 
     def body(directory: str) -> None:
         import trio
@@ -228,26 +267,33 @@ def main() -> None:
 
         emit({"kind": "setup", "steps": steps, "events": 1 + 3 * steps, "python": sys.version.split()[0]})
         results: dict[str, list[dict[str, Any]]] = {}
-        if "sqlite" in stores:
-            path = os.path.join(directory, "replay.db")
+        for codec in codecs:
+            suffix = "" if codec == "none" else f"+{codec}"
+            if "sqlite" in stores:
+                path = os.path.join(directory, f"replay{suffix}.db")
+                chain = engine_config(codec).codecs
 
-            async def copy() -> None:
-                history = await build_history(f"memory://replay-bench-{os.getpid()}", steps)
-                async with aion.open_store(f"sqlite:///{path}") as store:
-                    await store.events.append(WORKFLOW_ID, history, 0)
+                async def copy(path: str, codec: str, chain: Any) -> None:
+                    history = await build_history(f"memory://replay-bench-{os.getpid()}-{codec}", steps)
+                    if chain is not None:  # stored as an engine with the chain writes it
+                        history = [await chain.encode_event(e) for e in history]
+                    async with aion.open_store(f"sqlite:///{path}") as store:
+                        await store.events.append(WORKFLOW_ID, history, 0)
 
-            trio.run(copy)
-            results["sqlite"] = []
-            for i in range(repeat):
-                record = run_child(["--child", "sqlite", path, str(steps)])
-                emit({"kind": "run", "store": "sqlite", "repeat": i, **record})
-                results["sqlite"].append(record)
-        if "memory" in stores:
-            results["memory"] = []
-            for i in range(repeat):
-                record = run_child(["--child", "memory", str(steps)])
-                emit({"kind": "run", "store": "memory", "repeat": i, **record})
-                results["memory"].append(record)
+                trio.run(copy, path, codec, chain)
+                label = f"sqlite{suffix}"
+                results[label] = []
+                for i in range(repeat):
+                    record = run_child(["--child", "sqlite", path, str(steps), codec])
+                    emit({"kind": "run", "store": label, "repeat": i, **record})
+                    results[label].append(record)
+            if "memory" in stores:
+                label = f"memory{suffix}"
+                results[label] = []
+                for i in range(repeat):
+                    record = run_child(["--child", "memory", str(steps), codec])
+                    emit({"kind": "run", "store": label, "repeat": i, **record})
+                    results[label].append(record)
         for store, records in results.items():
             for figure in records[0]:
                 if figure.endswith(("_per_s", "_per_cpu_s")):

@@ -356,3 +356,23 @@ def test_the_cli_with_a_wrong_key_says_which_event_does_not_decrypt(
 
 
 WRONG_KEY = [aion.ZlibCodec(), aion.AesGcmCodec(keys={"k1": os.urandom(32)}, current="k1")]
+
+
+async def test_an_engine_without_the_key_does_not_run_the_workflows_it_cannot_decode_and_carries_on(
+    store_url: Callable[[], str], autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = store_url()
+    async with aion.open_engine(
+        url, workflows=[checkout], activities=[charge], config=aion.EngineConfig(codecs=[aes()])
+    ) as engine:
+        await engine.start(checkout, ORDER, workflow_id="locked")
+    wrong = aion.EngineConfig(codecs=[aion.AesGcmCodec(keys={"k1": KEY_2}, current="k1")])
+    async with aion.open_engine(url, workflows=[checkout], activities=[charge], config=wrong) as engine:
+        # The engine is up and works for new workflows; the locked one is not run.
+        assert await run_checkout(engine, "fresh") == EXPECTED
+        with pytest.raises(aion.PayloadCodecError, match="workflow 'locked' seq 1"):
+            await engine.describe("locked")
+    assert any(
+        "could not recover" in r.getMessage() and "PayloadCodecError" in r.getMessage()
+        for r in caplog.records
+    )

@@ -67,6 +67,7 @@ NOT_RUN_PER_PAGE = {
     "writing-a-store-plugin.md": 0,
     "schedules.md": 0,
     "flow-control.md": 0,
+    "payloads.md": 0,
 }
 
 

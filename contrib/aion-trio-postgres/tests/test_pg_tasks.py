@@ -346,3 +346,86 @@ async def test_cancelling_a_workflow_stops_its_running_task_on_the_worker(url: s
 async def test_a_store_without_task_queues_is_refused_by_the_worker(tmp_path: Path) -> None:
     with pytest.raises(aion.NoTaskQueues, match="has no activity task queues"):
         await aion.run_activity_worker(f"sqlite:///{tmp_path}/a.db", tasks_app.app.activities, ["q"])
+
+
+async def test_a_remote_worker_with_the_engines_codecs_sees_plain_payloads_and_task_rows_hold_encrypted_ones(
+    url: str,
+) -> None:
+    """With ``EngineConfig.codecs``, an activity task leaves the engine encrypted (its row holds
+    envelopes, never the value), the worker given the same codecs decodes it, runs it and
+    encrypts its result, and the engine decodes that result for the workflow.  A worker
+    without the key fails the attempt naming the workflow; nothing runs on what did not decrypt."""
+    secret = "card-4111-1111"
+    key = bytes(range(32))
+    codecs = [aion.ZlibCodec(), aion.AesGcmCodec(keys={"k1": key}, current="k1")]
+    stop = trio.Event()
+    async with (
+        open_postgres_store(url) as store,
+        open_task_dispatcher(store) as dispatcher,
+        aion.open_engine(
+            store,
+            workflows=tasks_app.app.workflows,
+            activities=tasks_app.app.activities,
+            dispatcher=dispatcher,
+            config=aion.EngineConfig(codecs=codecs),
+        ) as engine,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(
+            lambda task_status: aion.run_activity_worker(
+                url,
+                tasks_app.app.activities,
+                [tasks_app.QUEUE],
+                drain_timeout=0,
+                stop=stop,
+                codecs=codecs,
+                task_status=task_status,
+            )
+        )
+        run = await engine.start(tasks_app.run_echo, {"card": secret}, workflow_id="enc")
+        with trio.fail_after(30):
+            first, second = await run.result()
+        assert first["value"] == {"card": secret}
+        assert second["value"] == {"card": secret}
+        stop.set()
+    rows = query(url, "SELECT input, result FROM activity_tasks ORDER BY id")
+    assert len(rows) == 2
+    for input_text, result_text in rows:
+        for text in (input_text, result_text):
+            assert text.startswith('{"$aion_codec":["zlib","aes-gcm"]')
+            assert secret not in text
+
+
+async def test_a_remote_worker_without_the_key_fails_the_attempt_instead_of_running_it(url: str) -> None:
+    codecs = [aion.AesGcmCodec(keys={"k1": bytes(range(32))}, current="k1")]
+    wrong = [aion.AesGcmCodec(keys={"k1": bytes(range(1, 33))}, current="k1")]
+    stop = trio.Event()
+    async with (
+        open_postgres_store(url) as store,
+        open_task_dispatcher(store) as dispatcher,
+        aion.open_engine(
+            store,
+            workflows=tasks_app.app.workflows,
+            activities=tasks_app.app.activities,
+            dispatcher=dispatcher,
+            config=aion.EngineConfig(codecs=codecs),
+        ) as engine,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(
+            lambda task_status: aion.run_activity_worker(
+                url,
+                tasks_app.app.activities,
+                [tasks_app.QUEUE],
+                drain_timeout=0,
+                stop=stop,
+                codecs=wrong,
+                task_status=task_status,
+            )
+        )
+        run = await engine.start(tasks_app.run_echo, "x", workflow_id="wrong-key")
+        with trio.fail_after(30), pytest.raises(aion.WorkflowFailure) as failure:
+            await run.result()
+        stop.set()
+    assert "PayloadCodecError: workflow 'wrong-key': input of activity:0" in failure.value.error.message
+    assert "wrong key or tampered payload" in failure.value.error.message
