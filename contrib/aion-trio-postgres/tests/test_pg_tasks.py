@@ -348,6 +348,12 @@ async def test_a_store_without_task_queues_is_refused_by_the_worker(tmp_path: Pa
         await aion.run_activity_worker(f"sqlite:///{tmp_path}/a.db", tasks_app.app.activities, ["q"])
 
 
+@aion.workflow
+async def echo_here(ctx: aion.WorkflowContext, value: Any) -> Any:
+    """``echo`` on the default queue: kept in the engine's process by a dispatcher given ``queues``."""
+    return await ctx.run(tasks_app.echo, value)
+
+
 async def test_a_remote_worker_with_the_engines_codecs_sees_plain_payloads_and_task_rows_hold_encrypted_ones(
     url: str,
 ) -> None:
@@ -361,10 +367,10 @@ async def test_a_remote_worker_with_the_engines_codecs_sees_plain_payloads_and_t
     stop = trio.Event()
     async with (
         open_postgres_store(url) as store,
-        open_task_dispatcher(store) as dispatcher,
+        open_task_dispatcher(store, queues=[tasks_app.QUEUE]) as dispatcher,
         aion.open_engine(
             store,
-            workflows=tasks_app.app.workflows,
+            workflows=[*tasks_app.app.workflows, echo_here],
             activities=tasks_app.app.activities,
             dispatcher=dispatcher,
             config=aion.EngineConfig(codecs=codecs),
@@ -387,6 +393,10 @@ async def test_a_remote_worker_with_the_engines_codecs_sees_plain_payloads_and_t
             first, second = await run.result()
         assert first["value"] == {"card": secret}
         assert second["value"] == {"card": secret}
+        # The queue the dispatcher keeps local runs in-process on the plain payloads.
+        here = await engine.start(echo_here, {"card": secret}, workflow_id="here")
+        with trio.fail_after(30):
+            assert (await here.result())["value"] == {"card": secret}
         stop.set()
     rows = query(url, "SELECT input, result FROM activity_tasks ORDER BY id")
     assert len(rows) == 2
