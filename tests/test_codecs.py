@@ -356,6 +356,38 @@ def test_the_cli_with_a_wrong_key_says_which_event_does_not_decrypt(
 
 
 WRONG_KEY = [aion.ZlibCodec(), aion.AesGcmCodec(keys={"k1": os.urandom(32)}, current="k1")]
+#: This module as a ``-m test_codecs`` app: its definitions and its codecs.
+workflows = [checkout]
+activities = [charge]
+codecs = CHAIN
+
+
+def test_write_commands_use_the_apps_codecs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``aion-trio start/signal -m MODULE`` with no worker owning the store open an engine here:
+    with the app's ``codecs`` (no ``--codec`` needed), so what they record is encrypted."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    url = f"sqlite:///{tmp_path}/writes.db"
+    started = invoke(
+        "start",
+        "checkout",
+        json.dumps(ORDER),
+        "--id",
+        "w-1",
+        "--no-wait",
+        "-m",
+        "test_codecs",
+        "--store",
+        url,
+    )
+    assert started.exit_code == 0, started.output + started.stderr
+    signalled = invoke("signal", "w-1", "approve", '{"by":"ana"}', "-m", "test_codecs", "--store", url)
+    assert signalled.exit_code == 0, signalled.output + signalled.stderr
+    stored = trio.run(raw_history, url, "w-1")
+    assert user_payloads(stored)
+    assert all(is_encoded(p) for p in user_payloads(stored))
+    shown = invoke("--codec", "test_codecs:codecs", "history", "w-1", "--store", url)
+    assert shown.exit_code == 0, shown.stderr
+    assert SECRET in shown.output
 
 
 async def test_an_engine_without_the_key_does_not_run_the_workflows_it_cannot_decode_and_carries_on(

@@ -13,6 +13,8 @@ import click
 import trio
 
 from .._chain import ChainState, follow_chain, settled_result
+from .._codec_store import CodecEventStore
+from .._codecs import CodecChain
 from .._commands import (
     CancelCommand,
     Command,
@@ -149,9 +151,9 @@ async def apply_or_queue(
         )
 
 
-async def _poll_result(url: str, workflow_id: str, run_id: str) -> Any:
+async def _poll_result(url: str, workflow_id: str, run_id: str, codecs: CodecChain | None) -> Any:
     """Wait for a run another process executes, reading the store until it settles."""
-    async with open_for_reading(url) as opened:
+    async with open_for_reading(url, codecs) as opened:
         while True:
             position = follow_chain(await opened.events.read_history(workflow_id), run_id)
             if position.state is ChainState.SETTLED:
@@ -245,7 +247,7 @@ def start(
         assert delivered.outcome is not None
         run_id = delivered.outcome.run_id
         assert run_id is not None
-        return run_id, (await _poll_result(url, wid, run_id) if wait else None)
+        return run_id, (await _poll_result(url, wid, run_id, app.codecs) if wait else None)
 
     run_id, result = run(url, go)
     if wait:
@@ -449,9 +451,10 @@ def update(
 
     async def queued() -> str:
         async with open_store(url, registry=load_registry()) as opened:
+            events = opened.events if app.codecs is None else CodecEventStore(opened.events, app.codecs)
             with trio.move_on_after(queue_timeout):
                 while True:
-                    body = _update_outcome(await opened.events.read_history(workflow_id), key)
+                    body = _update_outcome(await events.read_history(workflow_id), key)
                     if body is not None:
                         if body.error is not None:
                             raise UserError(
