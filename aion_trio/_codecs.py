@@ -133,6 +133,7 @@ class CodecChain:
 
     @property
     def codecs(self) -> tuple[Codec, ...]:
+        """The chain's codecs, in the order they encode (decoding runs them backwards)."""
         return self._codecs
 
     def __repr__(self) -> str:
@@ -190,10 +191,14 @@ class CodecChain:
     # -- events ---------------------------------------------------------------
 
     async def encode_event(self, event: Event) -> Event:
+        """``event`` with every payload of its body encoded (the same event if it has none)."""
         body = await _map_body(event.body, self.encode)
         return event if body is event.body else attrs.evolve(event, body=body)
 
     async def decode_event(self, event: Event) -> Event:
+        """``event`` with every encoded payload of its body decoded; a payload that does not
+        decode raises :class:`~aion_trio.PayloadCodecError` naming the workflow and seq."""
+
         async def decode(payload: Payload, field: str = "") -> Payload:
             return await self.decode(
                 payload,

@@ -408,3 +408,30 @@ async def test_an_engine_without_the_key_does_not_run_the_workflows_it_cannot_de
         "could not recover" in r.getMessage() and "PayloadCodecError" in r.getMessage()
         for r in caplog.records
     )
+
+
+@aion.workflow
+async def echo_order(ctx: aion.WorkflowContext, order: dict[str, Any]) -> dict[str, Any]:
+    return order
+
+
+async def test_a_queued_runs_arguments_are_stored_through_the_codecs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A workflow queue keeps what to start in the store until the run is admitted: its
+    arguments go through the codec chain there too, not only once they are in a history."""
+    async with aion.open_store("memory://") as store:
+        assert isinstance(store, aion.FlowStore)
+        config = aion.EngineConfig(
+            codecs=CHAIN, workflow_queues={"orders": aion.FlowLimit(concurrency=1)}, queue_poll_interval=60
+        )
+        async with aion.open_engine(store, workflows=[echo_order], config=config) as engine:
+            # A full queue: the second entry stays queued, readable in the store as it is held.
+            first = await engine.enqueue(echo_order, {"amount": 1}, queue="orders", workflow_id="o-1")
+            second = await engine.enqueue(echo_order, ORDER, queue="orders", workflow_id="o-2")
+            held = {run.workflow_id: run.data for run in await store.flow_runs("orders")}
+            assert SECRET not in held["o-2"]
+            assert is_encoded(aion.Payload.from_json_text(json.loads(held["o-2"])["args"]))
+            with trio.fail_after(120):
+                assert await first.result() == {"amount": 1}
+                assert await second.result() == ORDER

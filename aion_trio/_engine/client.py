@@ -174,6 +174,7 @@ class Engine:
             store=core.store,
             queues=core.config.workflow_queues,
             codec=core.codec,
+            codecs=core.config.codecs,
             now=core.clock.now,
             poll_interval=core.config.queue_poll_interval,
             workflow_definition=core.workflow_definition,

@@ -24,6 +24,7 @@ from typing import Any, Protocol, final
 import trio
 
 from .._admission import FlowLimit
+from .._codecs import CodecChain
 from .._commands import IdReusePolicy
 from .._definitions import WorkflowDefinition
 from .._errors import (
@@ -97,6 +98,7 @@ class WorkflowQueues:
         store: object,
         queues: Mapping[str, FlowLimit],
         codec: PayloadCodec,
+        codecs: CodecChain | None,
         now: Callable[[], Any],
         poll_interval: float,
         workflow_definition: Callable[[WorkflowDefinition[Any] | str], WorkflowDefinition[Any]],
@@ -107,6 +109,9 @@ class WorkflowQueues:
         self.location = type(store).__name__
         self.queues = dict(queues)
         self.codec = codec
+        #: The payload codec chain (``EngineConfig.codecs``): queued arguments are stored
+        #: through it as a history's payloads are.
+        self.codecs = codecs
         self.now = now
         self.poll_interval = poll_interval
         self.workflow_definition = workflow_definition
@@ -152,10 +157,13 @@ class WorkflowQueues:
         store = self._flow_store()
         wid = workflow_id if workflow_id is not None else str(uuid.uuid4())
         # Encoded now: arguments that cannot be stored are refused before anything is written.
+        arguments = self.codec.encode(list(args), what="workflow input")
+        if self.codecs is not None:
+            arguments = await self.codecs.encode(arguments)
         data = json.dumps(
             {
                 "workflow": definition.name,
-                "args": self.codec.encode(list(args), what="workflow input").json,
+                "args": arguments.json,
                 "search_attributes": dict(search_attributes) if search_attributes else None,
                 "timeout": None if timeout is None else duration_seconds(timeout, "enqueue(timeout=...)"),
             }
@@ -226,7 +234,12 @@ class WorkflowQueues:
 
     async def _start(self, entry: QueuedRun) -> None:
         data = json.loads(entry.data)
-        args = self.codec.decode(Payload.from_json_text(data["args"]))
+        arguments = Payload.from_json_text(data["args"])
+        if self.codecs is not None:
+            arguments = await self.codecs.decode(
+                arguments, workflow_id=entry.workflow_id, seq=None, what="queued workflow input"
+            )
+        args = self.codec.decode(arguments)
         try:
             await self.client.start(
                 data["workflow"],
