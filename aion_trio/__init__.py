@@ -13,10 +13,12 @@ from ._activities import (
     ActivityInfo as ActivityInfo,
     ActivityOutcome as ActivityOutcome,
     ActivityRequest as ActivityRequest,
+    CompleteAsync as CompleteAsync,
     DelegatingDispatcher as DelegatingDispatcher,
     OutcomeKind as OutcomeKind,
     activity_cancelled as activity_cancelled,
     activity_info as activity_info,
+    complete_async as complete_async,
     heartbeat as heartbeat,
 )
 from ._admission import FlowLimit as FlowLimit, PoolStatistics as PoolStatistics
@@ -29,6 +31,7 @@ from ._codecs import (
     ZlibCodec as ZlibCodec,
 )
 from ._commands import (
+    ActivityCommand as ActivityCommand,
     CancelCommand as CancelCommand,
     Command as Command,
     CommandOutcome as CommandOutcome,
@@ -63,6 +66,7 @@ from ._engine import (
     open_engine as open_engine,
 )
 from ._errors import (
+    ActivityAttemptClosed as ActivityAttemptClosed,
     ActivityFailure as ActivityFailure,
     AdmissionTimeout as AdmissionTimeout,
     AionError as AionError,
@@ -81,6 +85,7 @@ from ._errors import (
     EventDecodeError as EventDecodeError,
     FlowControlUnsupported as FlowControlUnsupported,
     FlowError as FlowError,
+    InvalidActivityToken as InvalidActivityToken,
     InvalidArguments as InvalidArguments,
     InvalidBatch as InvalidBatch,
     InvalidHistory as InvalidHistory,

@@ -260,6 +260,37 @@ class UpdateCommand:
         return f"update {self.name!r} of {self.workflow_id!r}"
 
 
+#: What an :class:`ActivityCommand` does with the attempt its token names.
+ACTIVITY_ACTIONS = ("complete", "fail", "heartbeat")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ActivityCommand:
+    """Complete, fail or heartbeat the activity attempt ``token`` names (async completion).
+
+    ``payload`` is the result (complete) or the heartbeat's details (heartbeat); a failure
+    carries ``error_type`` and ``message``, and ``non_retryable`` makes it final."""
+
+    KIND: ClassVar[str] = "activity"
+    workflow_id: str = attrs.field(validator=_workflow_id)
+    token: str = attrs.field(validator=_non_empty)
+    action: str = attrs.field()
+    payload: Payload = attrs.field(default=NULL, validator=_payload)
+    error_type: str = attrs.field(default="", validator=_text)
+    message: str = attrs.field(default="", validator=_text)
+    non_retryable: bool = False
+    request_id: str | None = _request_id()
+
+    @action.validator
+    def _check_action(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in ACTIVITY_ACTIONS:
+            raise ValueError(f"action must be one of {', '.join(ACTIVITY_ACTIONS)}, got {value!r}")
+
+    def describe(self) -> str:
+        return f"{self.action} an activity attempt of {self.workflow_id!r}"
+
+
 Command = Union[
     StartCommand,
     SignalCommand,
@@ -270,6 +301,7 @@ Command = Union[
     ResetCommand,
     QueryCommand,
     UpdateCommand,
+    ActivityCommand,
 ]
 """Any inbox command."""
 
@@ -285,6 +317,7 @@ COMMAND_TYPES: dict[str, type[Any]] = {
         ResetCommand,
         QueryCommand,
         UpdateCommand,
+        ActivityCommand,
     )
 }
 """Wire type name -> command class."""

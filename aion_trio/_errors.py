@@ -849,6 +849,35 @@ class AttemptCancelled(AionError):
         self.attempt = attempt
 
 
+class InvalidActivityToken(AionError, ValueError):
+    """The text given as an activity task token is not one (``activity_info().task_token``)."""
+
+    def __init__(self, token: object, reason: str) -> None:
+        self.token = token
+        self.reason = reason
+        shown = repr(token) if not isinstance(token, str) or len(token) <= 80 else repr(token[:77] + "...")
+        super().__init__(f"not an activity task token ({reason}): {shown}")
+
+
+class ActivityAttemptClosed(EngineError):
+    """The activity attempt a task token names can no longer be completed, failed or heartbeaten.
+
+    It already has an outcome (a completion, a failure, a timeout), a later
+    attempt runs, the activity or its run settled, or the attempt never
+    started; ``reason`` says which.  Nothing was recorded.
+    """
+
+    def __init__(self, workflow_id: str, activity_id: int, attempt: int, reason: str) -> None:
+        self.workflow_id = workflow_id
+        self.activity_id = activity_id
+        self.attempt = attempt
+        self.reason = reason
+        super().__init__(
+            f"attempt {attempt} of activity:{activity_id} of workflow {workflow_id!r} is not open: {reason}; "
+            "nothing was recorded"
+        )
+
+
 class TerminalError(Exception):
     """Raise from activity code for a failure that must not be retried."""
 

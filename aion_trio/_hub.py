@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from ._activities import ActivityRequest
     from ._clock import EngineClock
-    from ._commands import IdReusePolicy
+    from ._commands import ActivityCommand, IdReusePolicy
     from ._epoch import EngineEpoch
     from ._errors import NotOwner
     from ._events import WorkflowContinuedAsNew, WorkflowStarted
@@ -289,3 +289,5 @@ class InboxHub(Protocol):
     async def query(self, workflow_id: str, name: str, arguments: Payload) -> Any: ...
 
     async def accept_update(self, workflow_id: str, name: str, encoded: Payload, update_id: str) -> None: ...
+
+    async def activity_by_token(self, command: ActivityCommand) -> None: ...

@@ -134,6 +134,11 @@ HEARTBEAT_MARKER_PREFIX = "heartbeat:"
 """Names of the markers holding an activity attempt's last heartbeat details (``heartbeat:N``,
 N the activity id; the value ``{"attempt": A, "details": ...}``), written by the engine."""
 
+ASYNC_MARKER_PREFIX = "async-completion:"
+"""Names of the markers recording that an activity attempt will be completed later through its
+task token (``async-completion:N``, N the activity id; the value ``{"attempt": A}``), written
+by the engine."""
+
 EVENT_MARKER_PREFIX = "set-event:"
 """Names of the markers ``ctx.set_event(key, value)`` records (``set-event:N``, the run's N-th;
 the value holds ``{"key": ..., "value": ...}``)."""

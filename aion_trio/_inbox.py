@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from ._commands import (
+    ActivityCommand,
     CancelCommand,
     Command,
     CommandOutcome,
@@ -225,6 +226,10 @@ async def apply_command(
             return CommandOutcome.success(
                 f"update {command.update_id!r} accepted by workflow {command.workflow_id!r}"
             )
+        if isinstance(command, ActivityCommand):
+            await commands.activity_by_token(command)
+            done = {"complete": "completed", "fail": "failed", "heartbeat": "heartbeat taken"}[command.action]
+            return CommandOutcome.success(f"activity attempt of workflow {command.workflow_id!r} {done}")
         raise AionInternalError(f"unknown inbox command {command!r}; please report this")
     except (EngineEpochClosed, BackendUnavailable, NotOwner):
         raise

@@ -9,6 +9,7 @@ property tests hold the two to the same answers on every prefix).
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import operator
@@ -56,6 +57,7 @@ from ._events import (
     WorkflowTimedOut,
 )
 from ._ids import (
+    ASYNC_MARKER_PREFIX,
     CHILD_CANCEL_MARKER_PREFIX,
     DEADLINE_TIMER_PREFIX,
     EVENT_MARKER_PREFIX,
@@ -717,6 +719,60 @@ def last_heartbeat_details(segment: Sequence[Event], activity_id: int) -> Payloa
         if isinstance(body, MarkerRecorded) and body.name == name:
             return Payload.of(body.value.value()["details"])
     return None
+
+
+def awaits_async_completion(segment: Sequence[Event], activity_id: int, attempt: int) -> bool:
+    """Whether the activity's ``attempt`` went over to async completion (its code returned
+    saying it completes later) in a run's segment."""
+    name = f"{ASYNC_MARKER_PREFIX}{activity_id}"
+    for event in reversed(segment):
+        body = event.body
+        if isinstance(body, MarkerRecorded) and body.name == name:
+            return bool(body.value.value().get("attempt") == attempt)
+    return False
+
+
+class AttemptStanding(enum.Enum):
+    """Where one activity attempt stands in a run's segment (what a task token may do with it)."""
+
+    #: Started, no outcome yet: it may be completed, failed or heartbeaten.
+    OPEN = "open"
+    #: Its outcome is recorded: a completion.
+    COMPLETED = "completed"
+    #: Its outcome is recorded: a failure (a retry may follow).
+    FAILED = "failed"
+    #: Over in another way: cancelled, a later attempt, the activity or the run settled.
+    CLOSED = "closed"
+    #: Never started (no such activity or attempt in this run).
+    UNKNOWN = "unknown"
+
+
+def attempt_standing(segment: Sequence[Event], activity_id: int, attempt: int) -> AttemptStanding:
+    """Where ``attempt`` of activity ``activity_id`` stands in a run's segment."""
+    if not segment:
+        return AttemptStanding.UNKNOWN
+    standing = AttemptStanding.UNKNOWN
+    for event in segment:
+        body = event.body
+        if getattr(body, "activity_id", None) != activity_id:
+            continue
+        if isinstance(body, ActivityStarted):
+            if body.attempt == attempt:
+                standing = AttemptStanding.OPEN
+            elif body.attempt > attempt and standing is AttemptStanding.OPEN:
+                standing = AttemptStanding.CLOSED
+        elif isinstance(body, ActivityCompleted) and body.attempt == attempt:
+            standing = AttemptStanding.COMPLETED
+        elif isinstance(body, ActivityFailed) and body.attempt == attempt:
+            standing = AttemptStanding.FAILED
+        elif (
+            isinstance(body, (ActivityCompleted, ActivityFailed, ActivityCancelled))
+            and standing is AttemptStanding.OPEN
+        ):
+            standing = AttemptStanding.CLOSED
+    if standing is AttemptStanding.OPEN and current_lease_terminal(segment) is not None:
+        return AttemptStanding.CLOSED
+    return standing
 
 
 def event_answer(events: Sequence[Event], key: str) -> dict[str, Any] | None:

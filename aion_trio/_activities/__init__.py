@@ -5,9 +5,12 @@ Dispatch goes through an :class:`ActivityDispatcher` (``protocol``); the default
 ``def`` ones in worker threads (``threads``).  What a running activity sees (its identity,
 ``heartbeat()``, ``activity_cancelled()``) is ``context``.  :class:`ActivityDriver` (``driver``)
 takes one activity to its final outcome; every record it makes goes through
-:func:`record_activity_event` (``records``).
+:func:`record_activity_event` (``records``).  An attempt that completes later
+(:func:`complete_async`) is named by a :class:`TaskToken` (``tokens``); what callers bring
+by token reaches its driver through :class:`AwaitingAttempts` (``awaiting``).
 """
 
+from .awaiting import AwaitingAttempts as AwaitingAttempts, command_outcome as command_outcome
 from .codec import (
     DecodingDispatcher as DecodingDispatcher,
     EncodingDispatcher as EncodingDispatcher,
@@ -30,3 +33,4 @@ from .protocol import (
     OutcomeKind as OutcomeKind,
 )
 from .records import RecordOutcome as RecordOutcome, record_activity_event as record_activity_event
+from .tokens import CompleteAsync as CompleteAsync, TaskToken as TaskToken, complete_async as complete_async

@@ -12,6 +12,7 @@ import attrs
 import trio
 
 from .._errors import AttemptCancelled
+from .tokens import TaskToken
 
 
 @final
@@ -28,6 +29,17 @@ class ActivityInfo:
     #: The last details an earlier attempt passed to ``heartbeat(details)`` (``None``: none did),
     #: so a long job resumes its progress.
     heartbeat_details: Any = None
+
+    @property
+    def task_token(self) -> str:
+        """The attempt's task token: with it any process completes, fails or heartbeats this
+        attempt after the activity called :func:`~aion_trio.complete_async`."""
+        return TaskToken(
+            workflow_id=self.workflow_id,
+            run_id=self.run_id,
+            activity_id=self.activity_id,
+            attempt=self.attempt,
+        ).text()
 
 
 current_info: contextvars.ContextVar[ActivityInfo | None] = contextvars.ContextVar(

@@ -12,7 +12,7 @@ import attrs
 import trio
 
 from .._admission import FlowPools
-from .._errors import EngineEpochClosed, StoreError
+from .._errors import ActivityAttemptClosed, EngineEpochClosed, StoreError, epoch_closed
 from .._events import (
     ActivityAdvisoryExhausted,
     ActivityCompleted,
@@ -26,13 +26,14 @@ from .._events import (
     MarkerRecorded,
     WorkflowReopened,
 )
-from .._ids import HEARTBEAT_MARKER_PREFIX
+from .._ids import ASYNC_MARKER_PREFIX, HEARTBEAT_MARKER_PREFIX
 from .._logs import ContextLogger
 from .._observe import ActivityAttemptEnded, ActivityAttemptStarted
 from .._payload import Payload
-from .._projections import last_heartbeat_details, retry_trail, run_segment
+from .._projections import awaits_async_completion, last_heartbeat_details, retry_trail, run_segment
 from .._retry import ActivityOptions
 from .._transient import Transient
+from .awaiting import AttemptKey, AwaitingAttempts
 from .context import AttemptClock, current_attempt_clock, current_heartbeat_sink
 from .protocol import ActivityDispatcher, ActivityOutcome, ActivityRequest, OutcomeKind
 from .records import RecordFailed, RecordOutcome, record_activity_event, record_outcome, record_retrying
@@ -107,8 +108,13 @@ class ActivityDriver:
         clock: Any,
         transient: Transient,
         admission: FlowPools | None = None,
+        awaiting: AwaitingAttempts | None = None,
     ) -> None:
         self.recorder = recorder
+        #: Where completions and heartbeats by task token reach an attempt (async completion).
+        self.awaiting = awaiting if awaiting is not None else AwaitingAttempts()
+        #: A resumed attempt awaiting async completion: when it started (its timeout counts from there).
+        self._resumed_started_at: datetime | None = None
         #: Each attempt holds a slot of each of its pools while dispatched (``None``: unbounded).
         self.admission = admission
         self.dispatcher = dispatcher
@@ -133,16 +139,46 @@ class ActivityDriver:
         failures like the settling record; any other store failure raises RecordFailed."""
         what = f"record {type(body).__name__}"  # the line's prefix names the activity
         try:
-            return await record_retrying(self.recorder, self.request, body, self.transient, self.log, what)
+            outcome = await record_retrying(self.recorder, self.request, body, self.transient, self.log, what)
         except StoreError as exc:
             raise RecordFailed(f"{type(exc).__name__}: {exc}") from exc
+        self._answer_token(body, outcome)
+        return outcome
 
     async def _final(self, attempt: int, body: EventBody) -> RecordOutcome:
         """The settling record: retried on transient store failures until it lands."""
         request = (
             self.request if self.request.attempt == attempt else attrs.evolve(self.request, attempt=attempt)
         )
-        return await record_outcome(self.recorder, request, body, self.transient, self.log)
+        outcome = await record_outcome(self.recorder, request, body, self.transient, self.log)
+        self._answer_token(body, outcome)
+        return outcome
+
+    def _key(self, attempt: int) -> AttemptKey:
+        request = self.request
+        return (request.workflow_id, request.run_id, request.activity_id, attempt)
+
+    def _answer_token(self, body: EventBody, outcome: RecordOutcome) -> None:
+        """An attempt's outcome record was made (or refused): answer a caller that brought
+        it by task token, or refuse one whose completion came too late."""
+        if not len(self.awaiting) or not isinstance(body, (ActivityCompleted, ActivityFailed)):
+            return
+        request = self.request
+        refusal: BaseException | None = None
+        if outcome is RecordOutcome.SETTLED_ELSEWHERE:
+            refusal = ActivityAttemptClosed(
+                request.workflow_id,
+                request.activity_id,
+                body.attempt,
+                "the activity or its run settled meanwhile",
+            )
+        elif outcome is RecordOutcome.EPOCH_CLOSED:
+            refusal = epoch_closed(request.workflow_id, request.run_id, "record an activity outcome")
+        self.awaiting.settle(
+            self._key(body.attempt),
+            refusal,
+            reason=f"the attempt ended without it ({type(body).__name__} recorded)",
+        )
 
     async def _advisory(self, attempt: int, reason: str) -> None:
         if not self.options.advisory:
@@ -183,13 +219,17 @@ class ActivityDriver:
             return None
         return self.request.scheduled_at + timedelta(seconds=self.options.schedule_to_close)
 
-    def _attempt_bound(self) -> float:
-        """Trio-time deadline of the next attempt (per-attempt and schedule-to-close)."""
+    def _attempt_bound(self, started_at: datetime | None = None) -> float:
+        """Trio-time deadline of the next attempt (per-attempt and schedule-to-close); a
+        resumed attempt's ``timeout`` counts from when it started (``started_at``)."""
         if self.options.timeout is None and self.options.schedule_to_close is None:
             return math.inf
         bounds = [math.inf]
         if self.options.timeout is not None:
-            bounds.append(trio.current_time() + self.options.timeout)
+            if started_at is None:
+                bounds.append(trio.current_time() + self.options.timeout)
+            else:
+                bounds.append(self.clock.trio_deadline(started_at + timedelta(seconds=self.options.timeout)))
         deadline = self._deadline()
         if deadline is not None:
             bounds.append(self.clock.trio_deadline(deadline))
@@ -201,11 +241,11 @@ class ActivityDriver:
 
     # -- one attempt -------------------------------------------------------------
 
-    async def _attempt(self, state: _LoopState) -> ActivityOutcome:
+    async def _attempt(self, state: _LoopState, *, awaiting: bool = False) -> ActivityOutcome:
         hub = self.recorder.observers
         clock = AttemptClock(self.options.timeout)
         if hub is None:
-            return await self._dispatch_attempt(state, clock)
+            return await self._dispatch_attempt(state, clock, awaiting)
         request = self.request
         common: dict[str, Any] = {
             "workflow_id": request.workflow_id,
@@ -218,7 +258,7 @@ class ActivityDriver:
         began = trio.current_time()
         kind, error_type, message = "cancelled", None, None
         try:
-            outcome = await self._dispatch_attempt(state, clock)
+            outcome = await self._dispatch_attempt(state, clock, awaiting)
             kind, error_type, message = _observed_outcome(outcome)
             return outcome
         except trio.Cancelled:
@@ -238,24 +278,26 @@ class ActivityDriver:
                 )
             )
 
-    async def _dispatch_attempt(self, state: _LoopState, clock: AttemptClock) -> ActivityOutcome:
+    async def _dispatch_attempt(
+        self, state: _LoopState, clock: AttemptClock, awaiting: bool = False
+    ) -> ActivityOutcome:
         request = self.request
         if request.attempt != state.attempt or request.task_queue != state.current_queue:
             request = attrs.evolve(request, attempt=state.attempt, task_queue=state.current_queue)
         if request.heartbeat_details is not self.heartbeat_details:
             request = attrs.evolve(request, heartbeat_details=self.heartbeat_details)
-        bound = self._attempt_bound()
+        bound = self._attempt_bound(self._resumed_started_at if awaiting else None)
         token = current_attempt_clock.set(clock)
         beats = _HeartbeatLog(self, request.attempt)
         sink = current_heartbeat_sink.set(beats.beat)
         try:
             if bound == math.inf:
                 # Nothing bounds the attempt: no cancel scope to pay for.
-                return await beats.finished(await self._admitted(request, clock))
+                return await beats.finished(await self._run_attempt(request, clock, beats, awaiting))
             with trio.move_on_at(bound) as scope:
                 deadline = self._deadline()
                 clock.bind(scope, math.inf if deadline is None else self.clock.trio_deadline(deadline))
-                return await beats.finished(await self._admitted(request, clock))
+                return await beats.finished(await self._run_attempt(request, clock, beats, awaiting))
         finally:
             current_heartbeat_sink.reset(sink)
             current_attempt_clock.reset(token)
@@ -267,6 +309,51 @@ class ActivityDriver:
             message = f"attempt {state.attempt} timed out after {self.options.timeout}s"
             kind = "ActivityTimeout"
         return ActivityOutcome(error=ActivityError(cause=FailureCause.TIMEOUT, type=kind, message=message))
+
+    async def _run_attempt(
+        self, request: ActivityRequest, clock: AttemptClock, beats: _HeartbeatLog, awaiting: bool
+    ) -> ActivityOutcome:
+        """The attempt: dispatched (unless it is a resumed one awaiting async completion) and,
+        if the activity said it completes later, waited for through its task token."""
+        if not awaiting:
+            outcome = await self._admitted(request, clock)
+            if outcome.kind is not OutcomeKind.ASYNC:
+                return outcome
+            marker = MarkerRecorded(
+                name=f"{ASYNC_MARKER_PREFIX}{request.activity_id}",
+                value=Payload.of({"attempt": request.attempt}),
+            )
+            if await self._required(marker) is not RecordOutcome.RECORDED:
+                return ActivityOutcome(kind=OutcomeKind.PARKED)  # settled elsewhere, or shutting down
+        return await self._await_completion(request, beats)
+
+    async def _await_completion(self, request: ActivityRequest, beats: _HeartbeatLog) -> ActivityOutcome:
+        """Wait for the outcome a task token brings (the attempt's timeouts bound the wait
+        from outside; a ``heartbeat_timeout`` is watched here, fed by heartbeats by token)."""
+        slot = self.awaiting.slot(self._key(request.attempt))
+        slot.on_details = beats.beat
+        if slot.details is not None:
+            beats.beat(slot.details)
+            slot.details = None
+        slot.last_beat = trio.current_time()
+        limit = self.options.heartbeat_timeout
+        logger.debug("awaiting completion by task token", extra={**self.log, "attempt": request.attempt})
+        while slot.outcome is None:
+            if limit is None:
+                await slot.changed()
+                continue
+            with trio.move_on_at(slot.last_beat + limit):
+                await slot.changed()
+                continue
+            return ActivityOutcome(
+                error=ActivityError(
+                    cause=FailureCause.TIMEOUT,
+                    type="HeartbeatTimeout",
+                    message=f"attempt {request.attempt} (completing asynchronously) had no heartbeat for {limit}s",
+                )
+            )
+        slot.taken = True
+        return slot.outcome
 
     async def _admitted(self, request: ActivityRequest, clock: AttemptClock) -> ActivityOutcome:
         """Dispatch the attempt holding an admission slot; while it waits for one, its
@@ -307,6 +394,13 @@ class ActivityDriver:
             )
         finally:
             epoch.attempt_finished()
+            request = self.request
+            self.awaiting.close_activity(
+                request.workflow_id,
+                request.run_id,
+                request.activity_id,
+                "the activity is no longer driven here (settled by its run, cancelled, or the engine stopped)",
+            )
 
     _last_attempt: int = 1
 
@@ -325,6 +419,7 @@ class ActivityDriver:
         else:
             segment = []  # a fresh dispatch: nothing recorded beyond its first start
         state = _loop_state(segment, self.request, self.options)
+        resumed_awaiting = False
         if resume:
             recorded = last_heartbeat_details(segment, self.request.activity_id)
             if recorded is not None:
@@ -355,9 +450,18 @@ class ActivityDriver:
                 )
                 if rec is not RecordOutcome.RECORDED:
                     return rec
+            elif trail[-1].outcome == "running" and awaits_async_completion(
+                segment, self.request.activity_id, trail[-1].attempt
+            ):
+                # Its code said it completes later: wait for the token again, never re-run it.
+                state.attempt = trail[-1].attempt
+                self._last_attempt = state.attempt
+                self._resumed_started_at = trail[-1].started_at
+                resumed_awaiting = True
         while True:
             if pending_error is None:
-                outcome = await self._attempt(state)
+                outcome = await self._attempt(state, awaiting=resumed_awaiting)
+                resumed_awaiting = False
                 if outcome.kind is OutcomeKind.PARKED:
                     logger.debug("dispatch parked: nothing recorded", extra=self.log)
                     return None

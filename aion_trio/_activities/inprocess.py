@@ -36,6 +36,7 @@ from .context import (
 )
 from .protocol import ActivityOutcome, ActivityRequest, OutcomeKind, error_from_exception
 from .threads import HeldSlot, ThreadBook
+from .tokens import CompleteAsync
 
 
 @final
@@ -171,6 +172,8 @@ class InProcessDispatcher:
             return None, ActivityOutcome(
                 error=error_from_exception(exc, FailureCause.RETRYABLE), kind=OutcomeKind.WORKER_LOST
             )
+        except CompleteAsync:
+            return None, ActivityOutcome(kind=OutcomeKind.ASYNC)
         except BaseException as exc:
             # Any exception of the code's own (SystemExit, a custom BaseException,
             # asyncio's CancelledError...) fails the attempt; only the engine's

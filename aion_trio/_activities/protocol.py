@@ -50,6 +50,9 @@ class OutcomeKind(enum.Enum):
     WORKER_LOST = "worker_lost"
     #: The dispatch was parked for a restart: record nothing, deliver nothing.
     PARKED = "parked"
+    #: The activity said it completes later (``complete_async()``): the attempt stays open
+    #: until a completion, failure or timeout arrives for its task token.
+    ASYNC = "async"
 
 
 @final

@@ -62,11 +62,14 @@ async def record_activity_event(
 
 def _record_key(body: EventBody) -> tuple[Any, ...]:
     """What tells one activity record apart from every other of its run."""
+    value = getattr(body, "value", None)  # a marker: its name and value tell it apart
     return (
         type(body),
         getattr(body, "activity_id", None),
         getattr(body, "attempt", None),
         getattr(body, "final", None),
+        getattr(body, "name", None),
+        getattr(value, "json", None),
     )
 
 

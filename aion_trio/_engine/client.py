@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, final, overload
 import attrs
 import trio
 
-from .._activities import InProcessDispatcher
+from .._activities import InProcessDispatcher, TaskToken
 from .._chain import ChainState, follow_chain, settled_result
 from .._cluster import ClusterServices, outcome_error, query_answer
 from .._commands import (
+    ActivityCommand,
     CancelCommand,
     Command,
     CommandOutcome,
@@ -29,6 +30,7 @@ from .._commands import (
 from .._definitions import WorkflowDefinition
 from .._epoch import EngineEpoch
 from .._errors import (
+    TerminalError,
     UpdateFailed,
     UpdateUnavailable,
     WorkflowFenced,
@@ -850,6 +852,84 @@ class Engine:
                     "async handler still ran: wait with ctx.wait_condition(ctx.all_handlers_finished))",
                 )
             fresh = await self._await_history(workflow_id, recorder, watch, any_append=True)
+
+    # -- async activity completion (a task token from activity_info().task_token) ----
+
+    async def complete_activity(self, token: str, result: Any = None) -> None:
+        """Complete the activity attempt ``token`` names with ``result``, durably.
+
+        For an activity that called :func:`aion_trio.complete_async`: its attempt stays
+        open until this (or :meth:`fail_activity`, or one of its timeouts) settles it.
+        Returns once ``ActivityCompleted`` is recorded and the workflow woken.  Raises
+        :class:`InvalidActivityToken` (not a token), :class:`WorkflowNotFound`,
+        :class:`ActivityAttemptClosed` (the attempt is not open: it timed out or failed,
+        a later attempt runs, the activity or run settled; nothing recorded; a
+        completion of an attempt whose recorded outcome is a completion returns
+        quietly instead, so a retried call is safe), :class:`EngineEpochClosed`; an
+        unserialisable result is refused before anything is recorded.  In cluster mode
+        the completion goes to the owning node through the inbox.
+        """
+        named = TaskToken.parse(token)
+        encoded = self._core.codec.encode(result, what="result of an activity completed by token")
+        await self._by_token(
+            named,
+            ActivityCommand(workflow_id=named.workflow_id, token=token, action="complete", payload=encoded),
+        )
+
+    async def fail_activity(
+        self, token: str, error: BaseException | str, *, non_retryable: bool = False
+    ) -> None:
+        """Fail the activity attempt ``token`` names, durably (see :meth:`complete_activity`).
+
+        ``error`` (an exception, or a message) becomes the attempt's failure: its type
+        name and message.  The activity's retry policy then decides as for any failed
+        attempt: another attempt (which runs the activity's code again) or the final
+        failure.  ``non_retryable=True`` (or an :class:`aion_trio.TerminalError`) makes
+        it final at once.  Returns once the failure is recorded; a failure of an attempt
+        whose recorded outcome is a failure returns quietly.
+        """
+        named = TaskToken.parse(token)
+        if isinstance(error, str):
+            error_type, message = "ActivityFailed", error
+        elif isinstance(error, BaseException):
+            error_type, message = type(error).__qualname__, str(error)
+            non_retryable = non_retryable or isinstance(error, TerminalError)
+        else:
+            raise TypeError(f"error must be an exception or a str, got {error!r}")
+        check_text(message, "error message")
+        await self._by_token(
+            named,
+            ActivityCommand(
+                workflow_id=named.workflow_id,
+                token=token,
+                action="fail",
+                error_type=error_type,
+                message=message,
+                non_retryable=non_retryable,
+            ),
+        )
+
+    async def heartbeat_activity(self, token: str, details: Any = None) -> None:
+        """Heartbeat the open activity attempt ``token`` names (one completing asynchronously).
+
+        Resets its ``heartbeat_timeout``; ``details`` (if not ``None``) are kept for the
+        next attempt (``activity_info().heartbeat_details``) and recorded, throttled, as
+        an in-process heartbeat's are.  Raises as :meth:`complete_activity` does (an
+        attempt that is not open: :class:`ActivityAttemptClosed`).
+        """
+        named = TaskToken.parse(token)
+        encoded = self._core.codec.encode(details, what="heartbeat details")
+        await self._by_token(
+            named,
+            ActivityCommand(workflow_id=named.workflow_id, token=token, action="heartbeat", payload=encoded),
+        )
+
+    async def _by_token(self, token: TaskToken, command: ActivityCommand) -> None:
+        if not self._core.epoch.admitting:
+            raise epoch_closed(token.workflow_id, token.run_id, f"{command.action} an activity attempt")
+        await self._here_or_owner(
+            token.workflow_id, lambda: self._local.activity_by_token(command), lambda: command
+        )
 
     async def history(self, workflow_id: str) -> list[Event]:
         """The workflow's full event history, read from the store."""

@@ -13,15 +13,34 @@ from typing import Any, final
 
 import trio
 
-from .._activities import ActivityDispatcher, ActivityDriver, ActivityRequest
+from .._activities import (
+    ActivityDispatcher,
+    ActivityDriver,
+    ActivityOutcome,
+    ActivityRequest,
+    AwaitingAttempts,
+    TaskToken,
+)
 from .._admission import AdmissionPool, FlowPools, StorePermits
 from .._clock import EngineClock
 from .._definitions import ActivityDefinition
 from .._epoch import EngineEpoch
-from .._errors import EngineEpochClosed, SequenceConflict, StoreError, WorkflowFenced
+from .._errors import (
+    ActivityAttemptClosed,
+    EngineEpochClosed,
+    SequenceConflict,
+    StoreError,
+    WorkflowFenced,
+    epoch_closed,
+)
 from .._events import ActivityScheduled
 from .._payload import Payload
-from .._projections import retry_trail, run_segment
+from .._projections import (
+    AttemptStanding,
+    attempt_standing,
+    retry_trail,
+    run_segment,
+)
 from .._recorder import Recorder
 from .._registry import Lease, Registry
 from .._retry import resolve_options
@@ -32,6 +51,14 @@ from .log import logger
 #: ``held(recorder, request, resume)``: whether the startup sweep keeps the dispatch back
 #: (it dispatches it itself once its replays caught up).
 HoldForRecovery = Callable[[Recorder, ActivityRequest, bool], bool]
+
+
+_NOT_OPEN = {
+    AttemptStanding.COMPLETED: "its outcome is recorded: completed",
+    AttemptStanding.FAILED: "its outcome is recorded: failed",
+    AttemptStanding.CLOSED: "it is over (a later attempt, a cancellation, or the activity or its run settled)",
+    AttemptStanding.UNKNOWN: "no such attempt started in that run",
+}
 
 
 @final
@@ -77,6 +104,8 @@ class ActivityDispatch:
             permits=permits,
         )
         self._default_options: dict[str, tuple[str, Payload]] = {}
+        #: Attempts that completions and heartbeats by task token reach (async completion).
+        self.awaiting = AwaitingAttempts()
 
     def resolved_options(
         self, definition: ActivityDefinition[Any], call_layer: Mapping[str, Any]
@@ -132,6 +161,7 @@ class ActivityDispatch:
             clock=self.clock,
             transient=self.transient,
             admission=self.pools,
+            awaiting=self.awaiting,
         )
         with trio.CancelScope() as scope:
             self.inflight[key] = scope
@@ -159,6 +189,45 @@ class ActivityDispatch:
             finally:
                 if self.inflight.get(key) is scope:
                     del self.inflight[key]
+
+    async def by_token(
+        self,
+        recorder: Recorder,
+        token: TaskToken,
+        outcome: ActivityOutcome | None,
+        details: Payload | None = None,
+    ) -> None:
+        """Complete or fail (``outcome``), or heartbeat (``details``), the attempt ``token`` names.
+
+        Decided under the recorder lock from history: an attempt that is not open is refused
+        with :class:`ActivityAttemptClosed`, recording nothing, except that a completion
+        (failure) of an attempt whose recorded outcome is a completion (failure) returns
+        quietly, so a retried call is safe.  An outcome goes to the attempt's driver, which
+        records it as the attempt's own (a failure is retried per the policy); this returns
+        once it is recorded, or raises the refusal if the attempt ended first.
+        """
+        if not self.epoch.admitting:
+            raise epoch_closed(token.workflow_id, token.run_id, "settle an activity attempt by token")
+        what = "heartbeat" if outcome is None else ("completion" if outcome.ok else "failure")
+        async with recorder.lock:
+            history = await recorder.current_history()
+            standing = attempt_standing(run_segment(history, token.run_id), token.activity_id, token.attempt)
+            if outcome is not None and standing is (
+                AttemptStanding.COMPLETED if outcome.ok else AttemptStanding.FAILED
+            ):
+                return  # the same outcome is recorded: a retried call
+            if standing is not AttemptStanding.OPEN:
+                raise ActivityAttemptClosed(
+                    token.workflow_id,
+                    token.activity_id,
+                    token.attempt,
+                    f"{_NOT_OPEN[standing]}; refusing a {what}",
+                )
+            if outcome is None:
+                self.awaiting.beat(token.key, details)
+                return
+            slot = self.awaiting.deliver(token.key, outcome)
+        await slot.answered()
 
     def cancel_attempt(self, workflow_id: str, run_id: str, activity_id: int) -> bool:
         """Cancel the running attempt of one activity (settled by the run); whether one ran."""

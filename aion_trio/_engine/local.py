@@ -1,4 +1,5 @@
-"""Local commands: start, signal, cancel, terminate, reopen and query applied on this node.
+"""Local commands: start, signal, cancel, terminate, reopen, query and activity completions by
+task token applied on this node.
 
 The one table of what each client command does once it is this node's to apply:
 the client (``Engine``) calls it for a workflow this node drives (or, outside
@@ -18,8 +19,9 @@ import attrs
 import trio
 
 from .. import _children as children
+from .._activities import TaskToken, command_outcome
 from .._admission import AdmissionPool
-from .._commands import IdReusePolicy
+from .._commands import ActivityCommand, IdReusePolicy
 from .._completion import forget_retired, teardown_bodies
 from .._contain import is_structural
 from .._context import RunActivation
@@ -121,6 +123,14 @@ class LocalCommands:
     def decode(self, payload: Payload) -> Any:
         """A command's payload (its arguments) decoded by the engine's codec."""
         return self._core.codec.decode(payload)
+
+    async def activity_by_token(self, command: ActivityCommand) -> None:
+        """Complete, fail or heartbeat the activity attempt the command's token names (see
+        ``Engine.complete_activity``); a bad token raises :class:`InvalidActivityToken`."""
+        named = TaskToken.parse(command.token)
+        recorder = await self.existing_recorder(named.workflow_id)
+        outcome, details = command_outcome(command)
+        await self._core.activity_dispatch.by_token(recorder, named, outcome, details)
 
     async def existing_recorder(self, workflow_id: str) -> Recorder:
         """The workflow's recorder, or :class:`WorkflowNotFound` if it has no history."""
