@@ -19,7 +19,7 @@ from .replay import replay
 from .schedules import schedule
 from .userapp import load_codecs
 from .worker import worker
-from .writes import cancel, query, reopen, reset, signal, start, terminate, update
+from .writes import activity, cancel, query, reopen, reset, signal, start, terminate, update
 
 PROG_NAME = "aion-trio"
 
@@ -118,6 +118,7 @@ for _command in (
     terminate,
     reopen,
     reset,
+    activity,
     worker,
     schedule,
     demo_command,

@@ -1,5 +1,5 @@
-"""The write commands: ``start``, ``signal``, ``query``, ``update``, ``cancel``, ``terminate``
-and ``reopen``, applied by an engine opened here or queued for the store's live owner."""
+"""The write commands: ``start``, ``signal``, ``query``, ``update``, ``cancel``, ``terminate``,
+``reopen``, ``reset`` and ``activity complete|fail|heartbeat``, applied by an engine opened here or queued for the store's live owner."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import attrs
 import click
 import trio
 
+from .._activities import TaskToken
 from .._chain import ChainState, follow_chain, settled_result
 from .._codec_store import CodecEventStore
 from .._codecs import CodecChain
 from .._commands import (
+    ActivityCommand,
     CancelCommand,
     Command,
     CommandOutcome,
@@ -30,7 +32,7 @@ from .._commands import (
     signal_with_start_outcome,
 )
 from .._engine import Engine, EngineConfig, IdReusePolicy, open_engine
-from .._errors import StoreOwned
+from .._errors import InvalidActivityToken, StoreOwned
 from .._events import Event, UpdateCompleted
 from .._ids import new_workflow_id, validate_caller_request_id, validate_task_queue
 from .._ownership import claim_is_live, wall_now
@@ -614,5 +616,135 @@ def reset(
     async def direct(engine: Engine) -> str:
         handle = await engine.reset(workflow_id, to_seq=to_seq, reason=reason, request_id=request_id)
         return f"reset workflow {handle.workflow_id!r}: new run {handle.run_id}"
+
+    _write_command(url, app, command, direct, wait, queue_timeout)
+
+
+@click.group()
+def activity() -> None:
+    """Complete, fail or heartbeat an activity attempt by its task token (async completion).
+
+    \b
+    An activity that called aion_trio.complete_async() stays open until one of
+    these settles it (or its timeouts expire it); its token comes from
+    aion_trio.activity_info().task_token, e.g.:
+        aion-trio activity complete -m myapp.flows:app TOKEN '{"approved": true}'
+    """
+
+
+def _token_workflow(token: str) -> str:
+    try:
+        return TaskToken.parse(token).workflow_id
+    except InvalidActivityToken as exc:
+        raise click.BadParameter(str(exc), param_hint="TOKEN") from None
+
+
+@activity.command("complete")
+@store_option
+@module_option
+@click.argument("token")
+@click.argument("result_json", required=False, default="null", metavar="[RESULT_JSON]")
+@_wait_option
+@_queue_timeout_option
+def activity_complete(
+    store: str | None, module: str, token: str, result_json: str, wait: bool, queue_timeout: float
+) -> None:
+    """Complete the activity attempt TOKEN names with RESULT_JSON (default null).
+
+    Refused, recording nothing, if the attempt is not open (it timed out or
+    failed, a later attempt runs, the activity settled); completing an attempt
+    already completed is accepted and records nothing.  Queued for the store's
+    worker if one owns it.
+    """
+    url = resolve_store(store)
+    result = json_argument(result_json, "RESULT_JSON")
+    app = load_app(module)
+    workflow_id = _token_workflow(token)
+    command = _command(
+        lambda: ActivityCommand(
+            workflow_id=workflow_id, token=token, action="complete", payload=Payload.of(result)
+        )
+    )
+
+    async def direct(engine: Engine) -> str:
+        await engine.complete_activity(token, result)
+        return f"activity attempt of workflow {workflow_id!r} completed"
+
+    _write_command(url, app, command, direct, wait, queue_timeout)
+
+
+@activity.command("fail")
+@store_option
+@module_option
+@click.argument("token")
+@click.argument("message")
+@click.option(
+    "--type", "error_type", default="ActivityFailed", show_default=True, help="The error's type name."
+)
+@click.option(
+    "--non-retryable", is_flag=True, help="A final failure: no further attempt, whatever the retry policy."
+)
+@_wait_option
+@_queue_timeout_option
+def activity_fail(
+    store: str | None,
+    module: str,
+    token: str,
+    message: str,
+    error_type: str,
+    non_retryable: bool,
+    wait: bool,
+    queue_timeout: float,
+) -> None:
+    """Fail the activity attempt TOKEN names with MESSAGE; its retry policy decides what follows.
+
+    Refused like 'activity complete'; failing an attempt already failed is
+    accepted and records nothing.
+    """
+    url = resolve_store(store)
+    app = load_app(module)
+    workflow_id = _token_workflow(token)
+    command = _command(
+        lambda: ActivityCommand(
+            workflow_id=workflow_id,
+            token=token,
+            action="fail",
+            error_type=error_type,
+            message=message,
+            non_retryable=non_retryable,
+        )
+    )
+
+    async def direct(engine: Engine) -> str:
+        await engine.fail_activity(token, message, error_type=error_type, non_retryable=non_retryable)
+        return f"activity attempt of workflow {workflow_id!r} failed"
+
+    _write_command(url, app, command, direct, wait, queue_timeout)
+
+
+@activity.command("heartbeat")
+@store_option
+@module_option
+@click.argument("token")
+@click.argument("details_json", required=False, default="null", metavar="[DETAILS_JSON]")
+@_wait_option
+@_queue_timeout_option
+def activity_heartbeat(
+    store: str | None, module: str, token: str, details_json: str, wait: bool, queue_timeout: float
+) -> None:
+    """Heartbeat the open activity attempt TOKEN names, with DETAILS_JSON for its next attempt."""
+    url = resolve_store(store)
+    details = json_argument(details_json, "DETAILS_JSON")
+    app = load_app(module)
+    workflow_id = _token_workflow(token)
+    command = _command(
+        lambda: ActivityCommand(
+            workflow_id=workflow_id, token=token, action="heartbeat", payload=Payload.of(details)
+        )
+    )
+
+    async def direct(engine: Engine) -> str:
+        await engine.heartbeat_activity(token, details)
+        return f"activity attempt of workflow {workflow_id!r}: heartbeat taken"
 
     _write_command(url, app, command, direct, wait, queue_timeout)

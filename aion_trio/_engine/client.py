@@ -877,12 +877,17 @@ class Engine:
         )
 
     async def fail_activity(
-        self, token: str, error: BaseException | str, *, non_retryable: bool = False
+        self,
+        token: str,
+        error: BaseException | str,
+        *,
+        non_retryable: bool = False,
+        error_type: str | None = None,
     ) -> None:
         """Fail the activity attempt ``token`` names, durably (see :meth:`complete_activity`).
 
         ``error`` (an exception, or a message) becomes the attempt's failure: its type
-        name and message.  The activity's retry policy then decides as for any failed
+        name (``error_type`` overrides it; a message alone: ``ActivityFailed``) and message.  The activity's retry policy then decides as for any failed
         attempt: another attempt (which runs the activity's code again) or the final
         failure.  ``non_retryable=True`` (or an :class:`aion_trio.TerminalError`) makes
         it final at once.  Returns once the failure is recorded; a failure of an attempt
@@ -890,12 +895,16 @@ class Engine:
         """
         named = TaskToken.parse(token)
         if isinstance(error, str):
-            error_type, message = "ActivityFailed", error
+            default_type, message = "ActivityFailed", error
         elif isinstance(error, BaseException):
-            error_type, message = type(error).__qualname__, str(error)
+            default_type, message = type(error).__qualname__, str(error)
             non_retryable = non_retryable or isinstance(error, TerminalError)
         else:
             raise TypeError(f"error must be an exception or a str, got {error!r}")
+        if error_type is not None:
+            if not isinstance(error_type, str) or not error_type:
+                raise ValueError(f"error_type must be a non-empty str, got {error_type!r}")
+            check_text(error_type, "error type")
         check_text(message, "error message")
         await self._by_token(
             named,
@@ -903,7 +912,7 @@ class Engine:
                 workflow_id=named.workflow_id,
                 token=token,
                 action="fail",
-                error_type=error_type,
+                error_type=error_type or default_type,
                 message=message,
                 non_retryable=non_retryable,
             ),
