@@ -24,6 +24,7 @@ import trio.testing
 import aion_trio as aion
 
 LIMIT = 3600  # mock seconds: every wait below is bounded by this
+WF = "approval"
 CALLS: list[tuple[str, int]] = []
 TOKENS: list[str] = []
 DETAILS: list[Any] = []
@@ -58,12 +59,19 @@ def _announce() -> None:
     arrived.set()
 
 
-async def _next_token(count: int) -> str:
-    """The token of the ``count``-th attempt that went over to async completion."""
+async def _next_token(engine: aion.Engine, workflow_id: str, count: int) -> str:
+    """The token of the ``count``-th attempt that went over to async completion, once its
+    async-completion marker is recorded."""
     with trio.fail_after(LIMIT):
         while len(TOKENS) < count:
             await _arrived.wait()
-    await trio.testing.wait_all_tasks_blocked()  # its async-completion marker is recorded
+        while not any(
+            isinstance(e.body, aion.MarkerRecorded)
+            and e.body.name.startswith("async-completion:")
+            and e.body.value.value() == {"attempt": count}
+            for e in await engine.history(workflow_id)
+        ):
+            await trio.testing.wait_all_tasks_blocked()
     return TOKENS[count - 1]
 
 
@@ -118,10 +126,10 @@ async def test_another_task_completes_the_attempt_with_its_token(
 ) -> None:
     _reset()
     async with aion.open_engine(store_url(), workflows=[asking], activities=ACTIVITIES) as engine:
-        run = await engine.start(asking, activity, workflow_id="a")
+        run = await engine.start(asking, activity, workflow_id=WF)
 
         async def complete_later() -> None:
-            token = await _next_token(1)
+            token = await _next_token(engine, WF, 1)
             await trio.sleep(5)  # the approval takes a while; the workflow waits
             await engine.complete_activity(token, {"approved": True})
 
@@ -129,7 +137,7 @@ async def test_another_task_completes_the_attempt_with_its_token(
             nursery.start_soon(complete_later)
             with trio.fail_after(LIMIT):
                 assert await run.result() == {"approved": True}
-        history = await engine.history("a")
+        history = await engine.history(WF)
     assert CALLS == [(activity, 1)], "the activity's code ran once"
     [marker] = [b for b in _bodies(history, aion.MarkerRecorded) if b.name.startswith("async-completion:")]
     assert marker.value.value() == {"attempt": 1}
@@ -143,12 +151,12 @@ async def test_a_token_of_an_expired_attempt_is_refused_and_records_nothing(
 ) -> None:
     _reset()
     async with aion.open_engine(store_url(), workflows=[asking], activities=ACTIVITIES) as engine:
-        run = await engine.start(asking, "ask_with_timeout", workflow_id="t")
-        first = await _next_token(1)
+        run = await engine.start(asking, "ask_with_timeout", workflow_id=WF)
+        first = await _next_token(engine, WF, 1)
         # Nobody completes attempt 1: its timeout expires it and the policy retries.
-        second = await _next_token(2)
+        second = await _next_token(engine, WF, 2)
         assert first != second
-        history = await engine.history("t")
+        history = await engine.history(WF)
         [expired] = _bodies(history, aion.ActivityFailed)
         assert (expired.attempt, expired.error.type, expired.final) == (1, "ActivityTimeout", False)
         with pytest.raises(aion.ActivityAttemptClosed, match="not open") as refused:
@@ -156,7 +164,7 @@ async def test_a_token_of_an_expired_attempt_is_refused_and_records_nothing(
         assert (refused.value.activity_id, refused.value.attempt) == (0, 1)
         with pytest.raises(aion.ActivityAttemptClosed):
             await engine.heartbeat_activity(first, "late")
-        assert await engine.history("t") == history, "a refused token records nothing"
+        assert await engine.history(WF) == history, "a refused token records nothing"
         await engine.complete_activity(second, "in time")
         with trio.fail_after(LIMIT):
             assert await run.result() == "in time"
@@ -168,17 +176,17 @@ async def test_heartbeats_by_token_keep_the_attempt_alive_and_their_details_reac
 ) -> None:
     _reset()
     async with aion.open_engine(store_url(), workflows=[asking], activities=ACTIVITIES) as engine:
-        run = await engine.start(asking, "ask_with_heartbeats", workflow_id="h")
-        first = await _next_token(1)
+        run = await engine.start(asking, "ask_with_heartbeats", workflow_id=WF)
+        first = await _next_token(engine, WF, 1)
         began = trio.current_time()
         for progress in (1, 2, 3):
             await trio.sleep(7)  # each within the 10 s heartbeat timeout
             await engine.heartbeat_activity(first, {"done": progress})
         # Then silence: the heartbeat timeout expires the attempt, and the policy retries.
-        second = await _next_token(2)
+        second = await _next_token(engine, WF, 2)
         assert trio.current_time() - began >= 21 + 10, "the beats kept attempt 1 alive past its timeout"
         assert DETAILS == [None, {"done": 3}], "the next attempt resumes from the last details"
-        history = await engine.history("h")
+        history = await engine.history(WF)
         [expired] = _bodies(history, aion.ActivityFailed)
         assert (expired.attempt, expired.error.type) == (1, "HeartbeatTimeout")
         await engine.complete_activity(second, "done")
@@ -191,9 +199,9 @@ async def test_a_failure_by_token_is_retried_per_the_policy_then_fails_the_activ
 ) -> None:
     _reset()
     async with aion.open_engine(store_url(), workflows=[asking], activities=ACTIVITIES) as engine:
-        run = await engine.start(asking, "ask_twice", workflow_id="f")
-        await engine.fail_activity(await _next_token(1), RuntimeError("declined"))
-        second = await _next_token(2)  # the policy ran the activity's code again
+        run = await engine.start(asking, "ask_twice", workflow_id=WF)
+        await engine.fail_activity(await _next_token(engine, WF, 1), RuntimeError("declined"))
+        second = await _next_token(engine, WF, 2)  # the policy ran the activity's code again
         await engine.fail_activity(second, "declined again")
         with trio.fail_after(LIMIT):
             outcome = await run.result()
@@ -201,7 +209,7 @@ async def test_a_failure_by_token_is_retried_per_the_policy_then_fails_the_activ
         await engine.fail_activity(second, "declined again")  # a retried call: quiet
         with pytest.raises(aion.ActivityAttemptClosed, match="failed"):
             await engine.complete_activity(second, "too late")
-        history = await engine.history("f")
+        history = await engine.history(WF)
     failures = _bodies(history, aion.ActivityFailed)
     assert [(f.attempt, f.final, f.error.type) for f in failures] == [
         (1, False, "RuntimeError"),
@@ -215,8 +223,8 @@ async def test_a_non_retryable_failure_by_token_is_final_at_once(
 ) -> None:
     _reset()
     async with aion.open_engine(store_url(), workflows=[asking], activities=ACTIVITIES) as engine:
-        run = await engine.start(asking, "ask_twice", workflow_id="n")
-        await engine.fail_activity(await _next_token(1), aion.TerminalError("no such order"))
+        run = await engine.start(asking, "ask_twice", workflow_id=WF)
+        await engine.fail_activity(await _next_token(engine, WF, 1), aion.TerminalError("no such order"))
         with trio.fail_after(LIMIT):
             assert "no such order" in await run.result()
     assert CALLS == [("ask_twice", 1)]
@@ -227,8 +235,8 @@ async def test_a_second_completion_is_quiet_and_bad_tokens_are_refused(
 ) -> None:
     _reset()
     async with aion.open_engine(store_url(), workflows=[asking], activities=ACTIVITIES) as engine:
-        run = await engine.start(asking, "ask", workflow_id="q")
-        token = await _next_token(1)
+        run = await engine.start(asking, "ask", workflow_id=WF)
+        token = await _next_token(engine, WF, 1)
         with pytest.raises(aion.InvalidActivityToken):
             await engine.complete_activity("not-a-token", 1)
         with pytest.raises(aion.InvalidActivityToken):
@@ -236,13 +244,13 @@ async def test_a_second_completion_is_quiet_and_bad_tokens_are_refused(
         await engine.complete_activity(token, 1)
         with trio.fail_after(LIMIT):
             assert await run.result() == 1
-        history = await engine.history("q")
+        history = await engine.history(WF)
         await engine.complete_activity(token, 1)  # a retried call: quiet, nothing recorded
         with pytest.raises(aion.ActivityAttemptClosed, match="completed"):
             await engine.fail_activity(token, "no")
         with pytest.raises(aion.ActivityAttemptClosed):
             await engine.heartbeat_activity(token)
-        assert await engine.history("q") == history
+        assert await engine.history(WF) == history
 
 
 async def test_an_engine_restarted_while_the_attempt_waits_waits_again_without_rerunning_it(
@@ -251,14 +259,14 @@ async def test_an_engine_restarted_while_the_attempt_waits_waits_again_without_r
     _reset()
     url = store_url()
     async with aion.open_engine(url, workflows=[asking], activities=ACTIVITIES) as engine:
-        await engine.start(asking, "ask_with_timeout", workflow_id="r")
-        token = await _next_token(1)
+        await engine.start(asking, "ask_with_timeout", workflow_id=WF)
+        token = await _next_token(engine, WF, 1)
     async with aion.open_engine(url, workflows=[asking], activities=ACTIVITIES) as engine:
         await trio.testing.wait_all_tasks_blocked()
         await engine.complete_activity(token, "after the restart")
         with trio.fail_after(LIMIT):
-            assert await engine.result("r") == "after the restart"
-        history = await engine.history("r")
+            assert await engine.result(WF) == "after the restart"
+        history = await engine.history(WF)
     assert CALLS == [("ask_with_timeout", 1)], "the restarted engine did not run the code again"
     assert [b.attempt for b in _bodies(history, aion.ActivityCompleted)] == [1]
 
@@ -269,13 +277,15 @@ async def test_a_restarted_attempt_keeps_its_timeout_from_when_it_started(
     _reset()
     url = store_url()
     async with aion.open_engine(url, workflows=[asking], activities=ACTIVITIES) as engine:
-        run = await engine.start(asking, "ask_with_timeout", workflow_id="k")
-        await _next_token(1)
+        run = await engine.start(asking, "ask_with_timeout", workflow_id=WF)
+        await _next_token(engine, WF, 1)
         await trio.sleep(6)
     async with aion.open_engine(url, workflows=[asking], activities=ACTIVITIES) as engine:
         reopened = trio.current_time()
-        second = await _next_token(2)
-        assert trio.current_time() - reopened < 10, "attempt 1 expired 10 s after it started, not after the restart"
+        second = await _next_token(engine, WF, 2)
+        assert trio.current_time() - reopened < 10, (
+            "attempt 1 expired 10 s after it started, not after the restart"
+        )
         await engine.complete_activity(second, "second")
         with trio.fail_after(LIMIT):
             assert await engine.result(run.workflow_id) == "second"
