@@ -33,7 +33,7 @@ STORE = Path()
 
 
 @aion.activity(timeout=3600)
-async def ask_approval(order: str) -> Any:
+def ask_approval(order: str) -> Any:
     with Path(f"{STORE}.asked").open("a", encoding="utf-8") as ledger:
         ledger.write(f"{order}\n")
     Path(f"{STORE}.token").write_text(aion.activity_info().task_token, encoding="utf-8")
@@ -65,9 +65,11 @@ async def main(mode: str) -> None:
             approval, "order-1", workflow_id="approval-1", id_reuse=aion.IdReusePolicy.USE_EXISTING
         )
         with trio.fail_after(60):
-            while not _awaiting(await engine.history("approval-1")):
+            # Another process waits on this one's output: nothing to wait on but the store.
+            while not _awaiting(await engine.history("approval-1")):  # noqa: ASYNC110
                 await trio.sleep(0.01)
-        print(f"TOKEN {Path(f'{STORE}.token').read_text(encoding='utf-8')}", flush=True)
+        token = await trio.Path(f"{STORE}.token").read_text(encoding="utf-8")
+        print(f"TOKEN {token}", flush=True)
         if mode == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         with trio.fail_after(60):
