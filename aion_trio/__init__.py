@@ -20,6 +20,7 @@ from ._activities import (
     activity_info as activity_info,
     complete_async as complete_async,
     heartbeat as heartbeat,
+    report_heartbeat_details as report_heartbeat_details,
 )
 from ._admission import FlowLimit as FlowLimit, PoolStatistics as PoolStatistics
 from ._childspec import ParentClosePolicy as ParentClosePolicy

@@ -76,8 +76,8 @@ AION_TRIO_NAMES = [
     "WorkflowDescription", "WorkflowFailed", "WorkflowFailure", "WorkflowFenced", "WorkflowNotFound",
     "WorkflowRelinquished", "WorkflowReopened", "WorkflowReset", "WorkflowRunEnded", "WorkflowRunStarted", "WorkflowStarted",
     "WorkflowStatus", "WorkflowTimedOut", "ZlibCodec", "activity", "activity_cancelled", "activity_info",
-    "complete_async", "heartbeat",
-    "open_engine", "open_store", "run_activity_worker", "schedule_tick_time", "unsafe_nondeterminism",
+    "complete_async", "heartbeat", "open_engine", "open_store", "report_heartbeat_details",
+    "run_activity_worker", "schedule_tick_time", "unsafe_nondeterminism",
     "workflow",
 ]
 

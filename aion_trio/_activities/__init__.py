@@ -21,6 +21,7 @@ from .context import (
     activity_cancelled as activity_cancelled,
     activity_info as activity_info,
     heartbeat as heartbeat,
+    report_heartbeat_details as report_heartbeat_details,
 )
 from .driver import ActivityDriver as ActivityDriver
 from .inprocess import InProcessDispatcher as InProcessDispatcher

@@ -12,6 +12,7 @@ import attrs
 import trio
 
 from .._errors import AttemptCancelled
+from .._payload import Payload
 from .tokens import TaskToken
 
 
@@ -106,6 +107,16 @@ current_heartbeat: contextvars.ContextVar[Heartbeat | None] = contextvars.Contex
 current_heartbeat_sink: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
     "aion_trio_heartbeat_sink", default=None
 )
+
+
+def report_heartbeat_details(details: Payload) -> None:
+    """For dispatchers: the attempt being dispatched reported heartbeat ``details`` elsewhere
+    (on a remote worker).  Call it from ``dispatch``'s task; the engine keeps them for the
+    next attempt (``activity_info().heartbeat_details``) and records them, throttled, as it
+    does an in-process heartbeat's.  Outside a dispatch by the engine it does nothing."""
+    sink = current_heartbeat_sink.get()
+    if sink is not None:
+        sink(details)
 
 
 def heartbeat(details: Any = None) -> None:

@@ -22,7 +22,7 @@ from .._errors import (
     WorkerLost,
 )
 from .._events import ActivityError, FailureCause
-from .._payload import PayloadCodec
+from .._payload import Payload, PayloadCodec
 from .._retry import ActivityOptions
 from .._watchdog import register_step
 from .context import (
@@ -69,9 +69,10 @@ class InProcessDispatcher:
         return await self.execute(request)
 
     async def execute(
-        self, request: ActivityRequest, on_heartbeat: Callable[[Any], None] | None = None
+        self, request: ActivityRequest, on_heartbeat: Callable[[Payload | None], None] | None = None
     ) -> ActivityOutcome:
-        """Run one attempt here; ``on_heartbeat(details)`` hears each of its heartbeats.
+        """Run one attempt here; ``on_heartbeat(details)`` hears each of its heartbeats, the
+        details encoded with the codec (``None``: none, or not encodable).
 
         An :data:`ActivityExecutor`: remote activity workers run the attempts
         they claim through it, so every kind of activity behaves as it does in
@@ -100,7 +101,7 @@ class InProcessDispatcher:
                 None if request.heartbeat_details is None else self._codec.decode(request.heartbeat_details)
             ),
         )
-        tracker = Heartbeat(options.heartbeat_timeout, on_heartbeat or self._details_sink(), info)
+        tracker = Heartbeat(options.heartbeat_timeout, self._details_sink(on_heartbeat), info)
         info_token = current_info.set(info)
         beat_token = current_heartbeat.set(tracker)
         scope: trio.CancelScope | None = None
@@ -139,22 +140,28 @@ class InProcessDispatcher:
             return ActivityOutcome(error=error_from_exception(exc, FailureCause.TERMINAL))
         return ActivityOutcome(result=payload)
 
-    def _details_sink(self) -> Callable[[Any], None] | None:
-        """The driver's heartbeat sink (if it listens), given each beat's details encoded
-        with the engine's codec; details it cannot encode are not kept."""
-        sink = current_heartbeat_sink.get()
-        if sink is None:
+    def _details_sink(
+        self, on_heartbeat: Callable[[Payload | None], None] | None
+    ) -> Callable[[Any], None] | None:
+        """What hears each beat, given its details encoded with the codec: ``on_heartbeat``
+        (a remote worker's: every beat, ``None`` without details), else the driver's sink (if
+        it listens: beats with details).  Details the codec cannot encode are not kept."""
+        sink = current_heartbeat_sink.get() if on_heartbeat is None else None
+        if on_heartbeat is None and sink is None:
             return None
         codec = self._codec
 
         def keep(details: Any) -> None:
-            if details is None:
-                return
-            try:
-                encoded = codec.encode(details, what="heartbeat details")
-            except PayloadError:
-                return
-            sink(encoded)
+            encoded: Payload | None = None
+            if details is not None:
+                try:
+                    encoded = codec.encode(details, what="heartbeat details")
+                except PayloadError:
+                    encoded = None
+            if on_heartbeat is not None:
+                on_heartbeat(encoded)
+            elif encoded is not None and sink is not None:
+                sink(encoded)
 
         return keep
 

@@ -8,7 +8,7 @@ import json
 import traceback
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Protocol, final, runtime_checkable
+from typing import Protocol, final, runtime_checkable
 
 import attrs
 
@@ -101,8 +101,11 @@ class DelegatingDispatcher(Protocol):
 
 
 #: Runs one attempt in this process: ``execute(request, on_heartbeat)``.
-#: ``on_heartbeat(details)`` is called (in the Trio thread) on each heartbeat.
-ActivityExecutor = Callable[[ActivityRequest, Callable[[Any], None] | None], Awaitable["ActivityOutcome"]]
+#: ``on_heartbeat(details)`` is called (in the Trio thread) on each heartbeat, with the
+#: details encoded by the executor's codec (``None``: the beat had none).
+ActivityExecutor = Callable[
+    [ActivityRequest, Callable[[Payload | None], None] | None], Awaitable["ActivityOutcome"]
+]
 
 
 def error_from_exception(exc: BaseException, cause: FailureCause) -> ActivityError:

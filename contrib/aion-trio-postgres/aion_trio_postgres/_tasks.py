@@ -38,6 +38,7 @@ from aion_trio import (
     FailureCause,
     OutcomeKind,
     Payload,
+    report_heartbeat_details,
 )
 from aion_trio.plugin import StoreError
 
@@ -62,9 +63,11 @@ CHANNEL_CHANGES = "aion_trio_task_changes"
 
 _SQL_INSERT = (
     "INSERT INTO activity_tasks (workflow_id, run_id, activity_id, attempt, task_queue, activity_type,"
-    " input, options, attempt_timeout, heartbeat_timeout) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-    # A re-dispatch of the same attempt finds its row.  One that was cancelled
-    # (the engine that dispatched it shut down) is queued again.
+    " input, options, attempt_timeout, heartbeat_timeout, heartbeat_details)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    # A re-dispatch of the same attempt finds its row (with the details its last worker
+    # reported).  One that was cancelled (the engine that dispatched it shut down) is
+    # queued again.
     " ON CONFLICT (workflow_id, run_id, activity_id, attempt) DO UPDATE SET status = 'pending',"
     " task_queue = excluded.task_queue, worker_id = NULL, lease_expires_at = NULL, claimed_at = NULL,"
     " finished_at = NULL WHERE activity_tasks.status = 'cancelled'"
@@ -95,20 +98,21 @@ _SQL_CLAIM = (
     " lease_expires_at = c.t + make_interval(secs => %s)"
     " FROM c, picked WHERE t.id = picked.id"
     " RETURNING t.id, t.workflow_id, t.run_id, t.activity_id, t.attempt, t.task_queue, t.activity_type,"
-    " t.input, t.options, t.attempt_timeout"
+    " t.input, t.options, t.attempt_timeout, t.heartbeat_details"
 )
 _SQL_RENEW = (
     "WITH c AS (SELECT clock_timestamp() AS t)"
     " UPDATE activity_tasks t SET lease_expires_at = c.t + make_interval(secs => %s) FROM c"
     " WHERE t.id = ANY (%s) AND t.worker_id = %s AND t.status = 'running' RETURNING t.id"
 )
+# A beat without details keeps the last details: they are what the next attempt resumes from.
 _SQL_HEARTBEAT = (
-    "UPDATE activity_tasks SET heartbeat_at = clock_timestamp(), heartbeat_details = %s"
+    "UPDATE activity_tasks SET heartbeat_at = clock_timestamp(), heartbeat_details = COALESCE(%s, heartbeat_details)"
     " WHERE id = %s AND worker_id = %s AND status = 'running'"
 )
 _SQL_COMPLETE = (
     "WITH u AS (UPDATE activity_tasks SET status = 'done', outcome = %s, result = %s, error = %s,"
-    " finished_at = clock_timestamp(), lease_expires_at = NULL"
+    " heartbeat_details = COALESCE(%s, heartbeat_details), finished_at = clock_timestamp(), lease_expires_at = NULL"
     " WHERE id = %s AND attempt = %s AND worker_id = %s AND status = 'running' RETURNING id)"
     " SELECT u.id, pg_notify(%s, %s || u.id::text) FROM u"
 )
@@ -191,15 +195,6 @@ def decode_error(text: str) -> ActivityError:
         details=None if details is None else Payload.from_json_text(details),
         traceback=data.get("traceback"),
     )
-
-
-def _details_text(details: Any) -> str | None:
-    if details is None:
-        return None
-    try:
-        return Payload.of(details).json
-    except (TypeError, ValueError):
-        return json.dumps(repr(details))
 
 
 async def _reap_forever(store: PostgresStore, every: float) -> None:
@@ -298,6 +293,8 @@ class PostgresTaskDispatcher:
                 )
             return await self._local.dispatch(request)
         task_id, lost_seen = await self._insert(request)
+        # The details the attempt's workers reported, handed to the engine as they arrive.
+        details_seen = None if request.heartbeat_details is None else request.heartbeat_details.json
         event = trio.Event()
         self._waiters[task_id] = event
         settled = False
@@ -307,6 +304,9 @@ class PostgresTaskDispatcher:
                 if snap is None:
                     settled = True
                     return _worker_lost(request, "its task row disappeared")
+                if snap.heartbeat_details is not None and snap.heartbeat_details != details_seen:
+                    details_seen = snap.heartbeat_details
+                    report_heartbeat_details(Payload.from_json_text(details_seen))
                 if snap.status == "done":
                     settled = True
                     return self._outcome(request, snap)
@@ -370,6 +370,7 @@ class PostgresTaskDispatcher:
             request.options.json,
             options.timeout,
             options.heartbeat_timeout,
+            None if request.heartbeat_details is None else request.heartbeat_details.json,
         )
         key = (request.workflow_id, request.run_id, request.activity_id, request.attempt)
         note = _prefix(backend) + request.task_queue
@@ -453,12 +454,26 @@ class _Running:
     attempt: int
     scope: trio.CancelScope
     beats: list[str | None] = attrs.field(factory=list)
+    #: The last details the attempt reported (JSON), flushed or not.
+    details: str | None = None
     #: Why the attempt was stopped from outside (cancelled, lost, drained), if it was.
     stopped: str | None = None
 
 
 def _request_from_row(row: Sequence[Any]) -> tuple[int, ActivityRequest, float | None]:
-    task_id, workflow_id, run_id, activity_id, attempt, queue, activity_type, input_, options, timeout = row
+    (
+        task_id,
+        workflow_id,
+        run_id,
+        activity_id,
+        attempt,
+        queue,
+        activity_type,
+        input_,
+        options,
+        timeout,
+        details,
+    ) = row
     request = ActivityRequest(
         workflow_id=workflow_id,
         run_id=run_id,
@@ -468,6 +483,7 @@ def _request_from_row(row: Sequence[Any]) -> tuple[int, ActivityRequest, float |
         attempt=int(attempt),
         task_queue=queue,
         options=Payload.from_json_text(options),
+        heartbeat_details=None if details is None else Payload.from_json_text(details),
     )
     return int(task_id), request, timeout
 
@@ -558,8 +574,10 @@ class ActivityWorker:
             "attempt": request.attempt,
         }
 
-        def on_heartbeat(details: Any) -> None:
-            running.beats.append(_details_text(details))
+        def on_heartbeat(details: Payload | None) -> None:
+            running.beats.append(None if details is None else details.json)
+            if details is not None:
+                running.details = details.json
             self._flush.set()
 
         outcome: ActivityOutcome | None = None
@@ -581,7 +599,7 @@ class ActivityWorker:
             with trio.CancelScope(shield=True):
                 if outcome.kind is OutcomeKind.WORKER_LOST:
                     await self.release([running.task_id])
-                elif not await self.complete(running.task_id, request.attempt, outcome):
+                elif not await self.complete(running.task_id, request.attempt, outcome, running.details):
                     logger.info(
                         "activity task %d: result of attempt %d ignored (no longer this worker's running attempt)",
                         running.task_id,
@@ -609,15 +627,27 @@ class ActivityWorker:
             self._idle.set()
             self._wake_claimer()
 
-    async def complete(self, task_id: int, attempt: int, outcome: ActivityOutcome) -> bool:
-        """Write ``outcome``, guarded by the attempt token; ``False`` if the row is no longer ours."""
+    async def complete(
+        self, task_id: int, attempt: int, outcome: ActivityOutcome, details: str | None = None
+    ) -> bool:
+        """Write ``outcome`` (with the attempt's last heartbeat ``details``, JSON, if any: a beat
+        not yet flushed still reaches the engine), guarded by the attempt token; ``False`` if
+        the row is no longer ours."""
         if outcome.ok:
             assert outcome.result is not None
             values: tuple[str, str | None, str | None] = ("completed", outcome.result.json, None)
         else:
             assert outcome.error is not None
             values = ("failed", None, encode_error(outcome.error))
-        params = (*values, task_id, attempt, self.worker_id, CHANNEL_CHANGES, _prefix(self.store._backend))
+        params = (
+            *values,
+            details,
+            task_id,
+            attempt,
+            self.worker_id,
+            CHANNEL_CHANGES,
+            _prefix(self.store._backend),
+        )
 
         def run(conn: Conn) -> bool:
             return conn.execute(_SQL_COMPLETE, params).fetchone() is not None

@@ -94,7 +94,29 @@ async def record_run(directory: str, key: str) -> int:
     return os.getpid()
 
 
+@aion.activity
+async def count_on() -> dict[str, Any]:
+    """Counts two steps per attempt from the last attempt's heartbeat details; the first two fail."""
+    start = aion.activity_info().heartbeat_details or 0
+    aion.heartbeat(start + 1)
+    aion.heartbeat(start + 2)
+    if aion.activity_info().attempt < 3:
+        raise RuntimeError(f"failed at {start + 2}")
+    return {"start": start, **_where()}
+
+
+@aion.activity
+async def progress_then_refuse() -> dict[str, Any]:
+    """Reports progress 10; refused on the remote queue, so the next attempt runs on the fallback."""
+    start = aion.activity_info().heartbeat_details or 0
+    aion.heartbeat(start + 10)
+    if aion.activity_info().task_queue == QUEUE:
+        raise aion.PolicyRefused("not here")
+    return {"start": start, **_where()}
+
+
 FAST = aion.RetryPolicy(max_attempts=4, backoff=aion.Fixed(0.3))
+LOCAL = "local"
 
 
 @aion.workflow
@@ -134,6 +156,16 @@ async def run_fallback(ctx: aion.WorkflowContext) -> Any:
 
 
 @aion.workflow
+async def run_count_on(ctx: aion.WorkflowContext) -> Any:
+    return await ctx.run(count_on, task_queue=QUEUE, retry=FAST)
+
+
+@aion.workflow
+async def run_progress_then_local(ctx: aion.WorkflowContext) -> Any:
+    return await ctx.run(progress_then_refuse, task_queue=QUEUE, retry=FAST, fallback_queues=[LOCAL])
+
+
+@aion.workflow
 async def run_mark_and_wait(ctx: aion.WorkflowContext, directory: str, tag: str) -> Any:
     return await ctx.run(mark_and_wait, directory, tag, task_queue=QUEUE)
 
@@ -156,6 +188,8 @@ app = types.SimpleNamespace(
         run_fallback,
         run_mark_and_wait,
         run_records,
+        run_count_on,
+        run_progress_then_local,
     ],
     activities=[
         echo,
@@ -167,5 +201,7 @@ app = types.SimpleNamespace(
         refuse_on_primary,
         mark_and_wait,
         record_run,
+        count_on,
+        progress_then_refuse,
     ],
 )

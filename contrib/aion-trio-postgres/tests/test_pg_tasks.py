@@ -192,6 +192,40 @@ async def test_a_remote_worker_process_runs_every_attempt_with_the_engines_retry
     assert len([r for r in rows if r[0] == "flaky"]) == 3
 
 
+def _heartbeat_markers(history: list[Event]) -> list[Any]:
+    return [
+        e.body.value.value()
+        for e in history
+        if isinstance(e.body, aion.MarkerRecorded) and e.body.name.startswith("heartbeat:")
+    ]
+
+
+async def test_a_remote_attempts_heartbeat_details_reach_the_next_attempt_remote_or_local(url: str) -> None:
+    """Heartbeat details of attempts on a worker subprocess travel with its heartbeats to the
+    engine, which records them (throttled) and gives them to the next attempt: on the worker
+    again (a retry), or in the engine's own process (a fallback hop to a local queue)."""
+    with worker_process(url, tasks_app.QUEUE) as proc:
+        async with remote_engine(url, queues=[tasks_app.QUEUE]) as (engine, _store):
+            counted = await engine.start(tasks_app.run_count_on, workflow_id="count")
+            hopped = await engine.start(tasks_app.run_progress_then_local, workflow_id="hop")
+            with trio.fail_after(20):
+                count_result = await counted.result()
+                hop_result = await hopped.result()
+            count_history = await engine.history("count")
+            hop_history = await engine.history("hop")
+    assert (count_result["start"], count_result["attempt"], count_result["pid"]) == (4, 3, proc.pid)
+    assert _heartbeat_markers(count_history)[:2] == [
+        {"attempt": 1, "details": 2},
+        {"attempt": 2, "details": 4},
+    ], "each remote attempt's last details are recorded, in the engine's history"
+    assert (hop_result["start"], hop_result["queue"], hop_result["pid"]) == (10, tasks_app.LOCAL, os.getpid())
+    assert _heartbeat_markers(hop_history)[0] == {"attempt": 1, "details": 10}
+    (task_details,) = query(
+        url, "SELECT heartbeat_details FROM activity_tasks WHERE workflow_id = 'count' AND attempt = 3"
+    )
+    assert task_details == ("6",), "attempt 3's row holds its own last details (4 + 2)"
+
+
 async def test_a_sigkilled_worker_attempt_is_reaped_and_rerun_as_the_same_attempt(
     url: str, tmp_path: Path
 ) -> None:
