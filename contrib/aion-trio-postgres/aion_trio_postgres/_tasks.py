@@ -596,6 +596,15 @@ class ActivityWorker:
             if outcome is None:
                 logger.info("activity task %d stopped: %s", running.task_id, running.stopped, extra=log)
                 return
+            if outcome.kind is OutcomeKind.ASYNC:
+                # Not on remote workers (yet): the engine would wait for a token nobody can use.
+                outcome = ActivityOutcome(
+                    error=ActivityError(
+                        cause=FailureCause.TERMINAL,
+                        type="AsyncCompletionUnsupported",
+                        message="aion_trio.complete_async() is not supported on remote task-queue workers",
+                    )
+                )
             with trio.CancelScope(shield=True):
                 if outcome.kind is OutcomeKind.WORKER_LOST:
                     await self.release([running.task_id])

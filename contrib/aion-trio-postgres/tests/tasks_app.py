@@ -115,6 +115,11 @@ async def progress_then_refuse() -> dict[str, Any]:
     return {"start": start, **_where()}
 
 
+@aion.activity
+async def goes_async() -> None:
+    aion.complete_async()
+
+
 FAST = aion.RetryPolicy(max_attempts=4, backoff=aion.Fixed(0.3))
 LOCAL = "local"
 
@@ -166,6 +171,15 @@ async def run_progress_then_local(ctx: aion.WorkflowContext) -> Any:
 
 
 @aion.workflow
+async def run_goes_async(ctx: aion.WorkflowContext) -> Any:
+    try:
+        await ctx.run(goes_async, task_queue=QUEUE, retry=FAST)
+    except aion.ActivityFailure as exc:
+        return [exc.type, exc.message]
+    return ["completed"]  # pragma: no cover
+
+
+@aion.workflow
 async def run_mark_and_wait(ctx: aion.WorkflowContext, directory: str, tag: str) -> Any:
     return await ctx.run(mark_and_wait, directory, tag, task_queue=QUEUE)
 
@@ -190,6 +204,7 @@ app = types.SimpleNamespace(
         run_records,
         run_count_on,
         run_progress_then_local,
+        run_goes_async,
     ],
     activities=[
         echo,
@@ -203,5 +218,6 @@ app = types.SimpleNamespace(
         record_run,
         count_on,
         progress_then_refuse,
+        goes_async,
     ],
 )

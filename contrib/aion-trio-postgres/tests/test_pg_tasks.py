@@ -203,14 +203,17 @@ def _heartbeat_markers(history: list[Event]) -> list[Any]:
 async def test_a_remote_attempts_heartbeat_details_reach_the_next_attempt_remote_or_local(url: str) -> None:
     """Heartbeat details of attempts on a worker subprocess travel with its heartbeats to the
     engine, which records them (throttled) and gives them to the next attempt: on the worker
-    again (a retry), or in the engine's own process (a fallback hop to a local queue)."""
+    again (a retry), or in the engine's own process (a fallback hop to a local queue).  An
+    activity calling complete_async() there fails at once: not supported on remote workers."""
     with worker_process(url, tasks_app.QUEUE) as proc:
         async with remote_engine(url, queues=[tasks_app.QUEUE]) as (engine, _store):
             counted = await engine.start(tasks_app.run_count_on, workflow_id="count")
             hopped = await engine.start(tasks_app.run_progress_then_local, workflow_id="hop")
+            unsupported = await engine.start(tasks_app.run_goes_async, workflow_id="async")
             with trio.fail_after(20):
                 count_result = await counted.result()
                 hop_result = await hopped.result()
+                async_result = await unsupported.result()
             count_history = await engine.history("count")
             hop_history = await engine.history("hop")
     assert (count_result["start"], count_result["attempt"], count_result["pid"]) == (4, 3, proc.pid)
@@ -220,6 +223,8 @@ async def test_a_remote_attempts_heartbeat_details_reach_the_next_attempt_remote
     ], "each remote attempt's last details are recorded, in the engine's history"
     assert (hop_result["start"], hop_result["queue"], hop_result["pid"]) == (10, tasks_app.LOCAL, os.getpid())
     assert _heartbeat_markers(hop_history)[0] == {"attempt": 1, "details": 10}
+    # complete_async() on a remote worker is refused at once (a final failure), never left waiting.
+    assert async_result[0] == "AsyncCompletionUnsupported"
     (task_details,) = query(
         url, "SELECT heartbeat_details FROM activity_tasks WHERE workflow_id = 'count' AND attempt = 3"
     )
