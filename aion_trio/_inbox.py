@@ -162,7 +162,10 @@ async def apply_command(
     ``inbox:N`` from ``command_id``), which the effect's event records: a command
     delivered again (its worker died after applying it, before the ack) finds
     its effect in history, records nothing and answers with the first outcome.
-    A query records nothing: delivered again, it is simply answered again.
+    A query records nothing: delivered again, it is simply answered again.  An
+    activity command (async completion) is not keyed by its request id: the
+    attempt's recorded outcome makes it safe to apply again (the same outcome
+    again is quiet; anything else is refused, recording nothing).
     """
     key = command.request_id
     if key is None and command_id is not None:

@@ -97,6 +97,12 @@ def test_a_token_outlives_a_sigkilled_engine_and_the_cli_completes_the_attempt(t
     result, history = trio.run(_finish, store)
     assert result == {"approved": True}
     assert _asked(store) == ["order-1"], "no engine ran the activity's code again"
+    went_async = [
+        e.body
+        for e in history
+        if isinstance(e.body, aion.MarkerRecorded) and e.body.name.startswith("async-completion:")
+    ]
+    assert len(went_async) == 1, "the CLI's engine waited for the token; it did not run the code again"
     completed = [e.body for e in history if isinstance(e.body, aion.ActivityCompleted)]
     assert [(b.attempt, b.result.value()) for b in completed] == [(1, {"approved": True})]
     assert not any(isinstance(e.body, aion.ActivityFailed) for e in history)

@@ -127,12 +127,38 @@ async def notary(ctx: aion.WorkflowContext) -> list[str]:
     return notes
 
 
-WORKFLOWS = [approval, two_ticks, nap_then_note, just_note, ticker, announcer, listener, tally, notary]
+TOKENS: list[str] = []
+
+
+@aion.activity(retry=aion.RetryPolicy(max_attempts=2, backoff=aion.Fixed(0.1)))
+async def hand_over() -> Any:
+    TOKENS.append(aion.activity_info().task_token)
+    aion.complete_async()
+
+
+@aion.workflow
+async def awaits_token(ctx: aion.WorkflowContext) -> Any:
+    return await ctx.run(hand_over)
+
+
+WORKFLOWS = [
+    approval,
+    two_ticks,
+    nap_then_note,
+    just_note,
+    ticker,
+    announcer,
+    listener,
+    tally,
+    notary,
+    awaits_token,
+]
 
 
 @pytest.fixture(autouse=True)
 def _clear_calls() -> None:
     CALLS.clear()
+    TOKENS.clear()
 
 
 @contextlib.asynccontextmanager
@@ -148,7 +174,7 @@ async def node(
     async with open_postgres_store(url, node=name, lease_ttl=ttl, renew_every=renew_every) as store:
         assert isinstance(store, PostgresClusterStore)
         async with aion.open_engine(
-            store, workflows=WORKFLOWS, activities=[note], config=config, observers=observers
+            store, workflows=WORKFLOWS, activities=[note, hand_over], config=config, observers=observers
         ) as engine:
             yield store, engine
 
@@ -867,6 +893,36 @@ async def test_an_update_reaches_the_owner_through_the_inbox_and_a_retry_is_not_
         assert [e.type for e in history].count("UpdateAccepted") == 2
         with pytest.raises(NotRunning):
             await b.update("tally", "add", 1)
+    assert_unforked(pg_url, schema)
+
+
+async def test_an_activity_completion_by_token_reaches_the_owner_through_the_inbox(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, a), node(url, "b") as (_, b):
+        await a.start(awaits_token, workflow_id="token")
+        assert await owner_of(pg_url, schema, "token") == "a"
+
+        async def handed_over(count: int) -> bool:
+            await trio.lowlevel.checkpoint()
+            return len(TOKENS) >= count
+
+        with trio.fail_after(20):
+            await eventually(lambda: handed_over(1))
+            # b does not own the workflow: each call goes to a through the inbox.
+            await b.fail_activity(TOKENS[0], "try again")
+            await eventually(lambda: handed_over(2))
+            with pytest.raises(aion.ActivityAttemptClosed, match="not open"):
+                await b.complete_activity(TOKENS[0], "stale")
+            await b.heartbeat_activity(TOKENS[1], {"progress": 1})
+            await b.complete_activity(TOKENS[1], "done")
+            assert await b.result("token") == "done"
+        history = await b.history("token")
+    trail = [(type(e.body).__name__, getattr(e.body, "attempt", None)) for e in history]
+    assert ("ActivityFailed", 1) in trail
+    assert ("ActivityCompleted", 2) in trail
     assert_unforked(pg_url, schema)
 
 
