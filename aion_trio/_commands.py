@@ -288,6 +288,7 @@ class ActivityCommand:
             raise ValueError(f"action must be one of {', '.join(ACTIVITY_ACTIONS)}, got {value!r}")
 
     def describe(self) -> str:
+        """One line naming what the command asks, for logs and errors."""
         return f"{self.action} an activity attempt of {self.workflow_id!r}"
 
 
