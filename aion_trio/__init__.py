@@ -229,6 +229,7 @@ from ._schedules import (
     schedule_tick_time as schedule_tick_time,
 )
 from ._store import (
+    BulkHistoryReads as BulkHistoryReads,
     CommandInbox as CommandInbox,
     EventStore as EventStore,
     FlowGrant as FlowGrant,

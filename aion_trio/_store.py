@@ -437,6 +437,32 @@ class RecoveryCounts(Protocol):
 
 
 @runtime_checkable
+class BulkHistoryReads(Protocol):
+    """Optional capability: the histories of many workflows in one call.
+
+    The engine's recovery reads every active workflow's history when it opens;
+    a store with this capability answers a batch of ids at once (one query per
+    batch, not one round trip per workflow).  A store without it is read one
+    workflow at a time through :meth:`EventStore.read_history`.
+
+    * ``read_histories(workflow_ids)``: a dict with one key per distinct id of
+      ``workflow_ids``, each holding what ``read_history(workflow_id)`` returns
+      (the whole history in ascending seq; ``[]`` for an unknown workflow).  A
+      sequence that is one str, or an id that is not a non-empty str, raises
+      ``TypeError``/``ValueError`` (:func:`~aion_trio.plugin.validate_workflow_ids`)
+      and reads nothing.  Each history is read whole at one moment; different
+      workflows' histories may be read at different moments (a store may split
+      a large batch).
+
+    Implemented by the object a store plugin's opener yields (next to
+    ``events`` and ``visibility``).  Every call is a checkpoint; same close
+    rules as :class:`EventStore`.
+    """
+
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]: ...
+
+
+@runtime_checkable
 class ClusterStore(Protocol):
     """Optional capability: several engines share one store, each workflow owned by one node.
 

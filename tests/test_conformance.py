@@ -33,6 +33,7 @@ import aion_trio
 from aion_trio._events import EVENT_TYPES
 from aion_trio.plugin import event_from_json, event_to_json
 from aion_trio.testing import (
+    BULK_HISTORY_READS_SCENARIOS,
     COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS,
     FLOW_STORE_SCENARIOS,
@@ -40,6 +41,7 @@ from aion_trio.testing import (
     RECOVERY_COUNTS_SCENARIOS,
     SCHEDULE_STORE_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS,
+    BulkHistoryReadsSuite,
     CommandInboxSuite,
     ConformanceError,
     EventStoreSuite,
@@ -52,6 +54,7 @@ from aion_trio.testing import (
     VisibilityStoreSuite,
     _samples,
     _suite as suite_module,
+    check_bulk_history_reads,
     check_command_inbox,
     check_event_store,
     check_flow_store,
@@ -109,6 +112,7 @@ async def test_memory_store_passes_the_ownership_and_inbox_checks() -> None:
     await check_recovery_counts(memory_keyed())
     await check_schedule_store(memory_keyed())
     await check_flow_store(memory_keyed())
+    await check_bulk_history_reads(memory_keyed())
 
 
 async def test_sqlite_store_passes_the_ownership_and_inbox_checks(tmp_path: Path) -> None:
@@ -117,6 +121,7 @@ async def test_sqlite_store_passes_the_ownership_and_inbox_checks(tmp_path: Path
     await check_recovery_counts(sqlite_keyed(tmp_path))
     await check_schedule_store(sqlite_keyed(tmp_path))
     await check_flow_store(sqlite_keyed(tmp_path))
+    await check_bulk_history_reads(sqlite_keyed(tmp_path))
 
 
 async def test_memory_store_passes_check_event_store() -> None:
@@ -253,7 +258,12 @@ class TestSqliteVisibilityStore(VisibilityStoreSuite):
 
 
 class TestMemoryOwnershipAndInbox(
-    OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite, ScheduleStoreSuite, FlowStoreSuite
+    OwnedStoreSuite,
+    CommandInboxSuite,
+    RecoveryCountsSuite,
+    ScheduleStoreSuite,
+    FlowStoreSuite,
+    BulkHistoryReadsSuite,
 ):
     @pytest.fixture
     def open_owned_store(self) -> Callable[[str], Any]:
@@ -261,6 +271,10 @@ class TestMemoryOwnershipAndInbox(
 
     @pytest.fixture
     def open_flow_store(self) -> Callable[[str], Any]:
+        return memory_keyed()
+
+    @pytest.fixture
+    def open_bulk_history_store(self) -> Callable[[str], Any]:
         return memory_keyed()
 
     @pytest.fixture
@@ -277,7 +291,12 @@ class TestMemoryOwnershipAndInbox(
 
 
 class TestSqliteOwnershipAndInbox(
-    OwnedStoreSuite, CommandInboxSuite, RecoveryCountsSuite, ScheduleStoreSuite, FlowStoreSuite
+    OwnedStoreSuite,
+    CommandInboxSuite,
+    RecoveryCountsSuite,
+    ScheduleStoreSuite,
+    FlowStoreSuite,
+    BulkHistoryReadsSuite,
 ):
     @pytest.fixture
     def open_owned_store(self, tmp_path: Path) -> Callable[[str], Any]:
@@ -285,6 +304,10 @@ class TestSqliteOwnershipAndInbox(
 
     @pytest.fixture
     def open_flow_store(self, tmp_path: Path) -> Callable[[str], Any]:
+        return sqlite_keyed(tmp_path)
+
+    @pytest.fixture
+    def open_bulk_history_store(self, tmp_path: Path) -> Callable[[str], Any]:
         return sqlite_keyed(tmp_path)
 
     @pytest.fixture
@@ -320,6 +343,7 @@ SUITES = [
     (RecoveryCountsSuite, RECOVERY_COUNTS_SCENARIOS, "recoveries"),
     (ScheduleStoreSuite, SCHEDULE_STORE_SCENARIOS, "schedules"),
     (FlowStoreSuite, FLOW_STORE_SCENARIOS, "flow"),
+    (BulkHistoryReadsSuite, BULK_HISTORY_READS_SCENARIOS, "histories"),
 ]
 
 

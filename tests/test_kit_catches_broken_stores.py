@@ -40,6 +40,7 @@ from aion_trio import (
 )
 from aion_trio.plugin import TimerEntry, this_host
 from aion_trio.testing import (
+    BULK_HISTORY_READS_SCENARIOS,
     COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS,
     FLOW_STORE_SCENARIOS,
@@ -50,6 +51,7 @@ from aion_trio.testing import (
     ConformanceError,
     EventStoreSuite,
     RecoveryCountsSuite,
+    check_bulk_history_reads,
     check_command_inbox,
     check_event_store,
     check_flow_store,
@@ -671,6 +673,13 @@ class ControlProxy:
     async def delete_schedule(self, schedule_id: str) -> bool:
         return bool(await self.inner.delete_schedule(schedule_id))
 
+    @property
+    def events(self) -> Any:
+        return self.inner.events
+
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        return dict(await self.inner.read_histories(workflow_ids))
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 
@@ -1178,6 +1187,68 @@ async def test_broken_schedule_stores_are_caught_by_their_scenario(
 
 def test_every_schedule_scenario_has_a_broken_store_it_catches() -> None:
     assert set(SCHEDULE_STORE_SCENARIOS) == {p.values[1] for p in SCHEDULE_CASES}
+
+
+class HistoriesLeaveOutUnknownIds(ControlProxy):
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        return {w: h for w, h in (await self.inner.read_histories(workflow_ids)).items() if h}
+
+
+class HistoriesFirstQueryOnly(ControlProxy):
+    """Answers only the ids its first query could bind, as a store that forgot to split a batch."""
+
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        return await self.inner.read_histories(list(workflow_ids)[:999])
+
+
+class HistoriesTakeOneStrAsIds(ControlProxy):
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        return await self.inner.read_histories([w for w in workflow_ids if w])
+
+
+class HistoriesNotACheckpoint(ControlProxy):
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        histories = _stored(self.inner).histories
+        return {w: list(histories.get(w, ())) for w in workflow_ids}
+
+
+class HistoriesSilentAfterClose(ControlProxy):
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.inner.aclose()
+
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            return {w: [] for w in workflow_ids}
+        return await self.inner.read_histories(workflow_ids)
+
+
+HISTORIES_CASES = [
+    pytest.param(HistoriesLeaveOutUnknownIds, "histories_read_many", id="leave-out-unknown-ids"),
+    pytest.param(HistoriesFirstQueryOnly, "histories_large_batch", id="first-query-only"),
+    pytest.param(HistoriesTakeOneStrAsIds, "histories_bad_ids_refused", id="one-str-taken-as-ids"),
+    pytest.param(HistoriesNotACheckpoint, "histories_every_method_is_a_checkpoint", id="not-a-checkpoint"),
+    pytest.param(HistoriesSilentAfterClose, "histories_use_after_close", id="histories-silent-after-close"),
+]
+
+
+@pytest.mark.parametrize(("broken", "scenario"), HISTORIES_CASES)
+async def test_broken_bulk_history_reads_are_caught_by_their_scenario(
+    broken: Callable[[Any], Any], scenario: str
+) -> None:
+    with pytest.raises(ConformanceError) as info:
+        await check_bulk_history_reads(keyed_factory_of(broken), scenarios=[scenario])
+    assert info.value.scenario == scenario
+    await check_bulk_history_reads(keyed_factory_of(ControlProxy), scenarios=[scenario])
+
+
+def test_every_bulk_history_read_scenario_has_a_broken_store_it_catches() -> None:
+    assert set(BULK_HISTORY_READS_SCENARIOS) == {p.values[1] for p in HISTORIES_CASES}
 
 
 RECOVERY_CASES = [

@@ -10,7 +10,7 @@ recorder here, and the engine's ``forget`` callback stops what else runs of it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import final
 
 import trio
@@ -140,6 +140,43 @@ class Recorders:
             self._epoch.spawn(ensure, recorder.workflow_id, name=f"wake:{recorder.workflow_id}")
         except EngineEpochClosed:
             pass  # shutting down: the next engine recovers it
+
+    async def load_many(
+        self,
+        workflow_ids: Sequence[str],
+        read: Callable[[list[str]], Awaitable[Mapping[str, Sequence[Event]]]],
+    ) -> int:
+        """Load the recorders of ``workflow_ids`` from one bulk read (``read(ids)``, a
+        :class:`~aion_trio.BulkHistoryReads` store's ``read_histories``); returns how many
+        it installed.  Ids already loaded or loading here are left alone; the others count
+        as loading while the read is in flight, as for :meth:`recorder_for`.  A failed read
+        installs nothing and is raised."""
+        ids = [w for w in dict.fromkeys(workflow_ids) if w not in self._recorders and w not in self._loading]
+        if not ids:
+            await trio.lowlevel.checkpoint()
+            return 0
+        done = trio.Event()
+        for workflow_id in ids:
+            self._loading[workflow_id] = done
+        try:
+            histories = await read(ids)
+            for workflow_id in ids:
+                self._recorders[workflow_id] = Recorder(
+                    workflow_id,
+                    self._events,
+                    self._epoch,
+                    self._clock,
+                    histories.get(workflow_id, ()),
+                    observers=self._observers,
+                    on_fenced=self._on_fenced,
+                    on_stale=self._on_stale,
+                )
+                self._changed(workflow_id)
+            return len(ids)
+        finally:
+            for workflow_id in ids:
+                del self._loading[workflow_id]
+            done.set()
 
     async def _recorder_for(self, workflow_id: str) -> Recorder:
         while True:

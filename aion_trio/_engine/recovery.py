@@ -45,7 +45,7 @@ from .._projections import (
 )
 from .._recorder import Recorder
 from .._registry import EvictedRun, Lease, Registry, Residency
-from .._store import ClusterStore, EventStore, VisibilityRow
+from .._store import BulkHistoryReads, ClusterStore, EventStore, VisibilityRow
 from .._transient import Transient
 from .config import EngineConfig
 from .dispatch import ActivityDispatch
@@ -112,8 +112,9 @@ class Recovery:
         Cluster mode: the active workflows this node owns (re-claimed) and the
         orphans it can claim now, not every active workflow of the store.
 
-        Lazy: the histories are read ``EngineConfig.recovery_concurrency`` at a time
-        before the sweep goes through them; a run parked on a timer with nothing else
+        The histories are read before the sweep goes through them: in batches from a store
+        with :class:`~aion_trio.BulkHistoryReads`, else ``EngineConfig.recovery_concurrency``
+        at a time.  Lazy: a run parked on a timer with nothing else
         outstanding is left evicted (its timers armed, not replayed) until something
         wakes it; the rest are replayed in the background.  A visibility row is
         written only where it differs from the stored one.
@@ -188,8 +189,27 @@ class Recovery:
                 nursery.start_soon(resume, workflow_id)
 
     async def _prefetch(self, active: list[str], sweep: _Sweep) -> None:
-        """Load the histories of ``active``, ``recovery_concurrency`` at a time.  A transient
-        fault is left for the sweep to retry; any other is kept for it to report."""
+        """Load the histories of ``active``: ``_HISTORY_BATCH`` per call from a store with
+        :class:`~aion_trio.BulkHistoryReads`, else ``recovery_concurrency`` reads at a time.
+        A transient fault is left for the sweep to retry; any other is kept for it to report
+        (a batch that failed otherwise is read again one workflow at a time, so the fault
+        is pinned on the workflow that has it)."""
+        store = self._hub.store
+        if not isinstance(store, BulkHistoryReads):
+            await self._prefetch_each(active, sweep)
+            return
+        for start in range(0, len(active), _HISTORY_BATCH):
+            batch = active[start : start + _HISTORY_BATCH]
+            try:
+                await self._recorders.load_many(batch, store.read_histories)
+            except BackendUnavailable:
+                continue
+            except Exception:
+                await self._prefetch_each(batch, sweep)
+
+    async def _prefetch_each(self, active: list[str], sweep: _Sweep) -> None:
+        """Load the histories of ``active`` one workflow per read, ``recovery_concurrency``
+        at a time."""
         limiter = trio.CapacityLimiter(self._config.recovery_concurrency)
 
         async def load(workflow_id: str) -> None:
@@ -388,6 +408,10 @@ class _Sweep:
     def known(self, workflow_id: str) -> VisibilityRow | None:
         """The stored row (``None``: none, or the rows could not be read: write it)."""
         return self.rows.get(workflow_id) if self.rows is not None else None
+
+
+#: Workflows per bulk history read at recovery (a store with ``BulkHistoryReads``).
+_HISTORY_BATCH = 500
 
 
 #: How long (Trio seconds) a background resume waits for one replay to park before it

@@ -77,6 +77,7 @@ from .._projections import (
 from .._store import (
     ADMITTED as ADMITTED,
     QUEUED as QUEUED,
+    BulkHistoryReads as BulkHistoryReads,
     ClusterStore as ClusterStore,
     CommandInbox as CommandInbox,
     EventStore as EventStore,

@@ -15,11 +15,12 @@ A store author proves a store correct without reading aion_trio's tests:
   whose factory takes a key (the same key reopens the same store), and those
   with :class:`~aion_trio.RecoveryCounts` ``check_recovery_counts(open_keyed)``, and
   those with :class:`~aion_trio.ScheduleStore` ``check_schedule_store(open_keyed)``;
-  those with :class:`~aion_trio.FlowStore` ``check_flow_store(open_keyed)``;
+  those with :class:`~aion_trio.FlowStore` ``check_flow_store(open_keyed)``, and
+  those with :class:`~aion_trio.BulkHistoryReads` ``check_bulk_history_reads(open_keyed)``;
 
 * with pytest: subclass :class:`EventStoreSuite` / :class:`VisibilityStoreSuite`
   (and :class:`OwnedStoreSuite` / :class:`CommandInboxSuite` /
-  :class:`RecoveryCountsSuite` / :class:`ScheduleStoreSuite`), whose ``test_<scenario>`` methods are the
+  :class:`RecoveryCountsSuite` / :class:`ScheduleStoreSuite` / :class:`BulkHistoryReadsSuite`), whose ``test_<scenario>`` methods are the
   scenarios (the checkers above run the same methods), provide the factory
   as a fixture and enable the plugin with
   ``pytest_plugins = ["aion_trio.testing.pytest_plugin"]``.
@@ -33,6 +34,7 @@ workflow code and reports, per run, a match or the first divergence
 from __future__ import annotations
 
 from ._checks import (
+    BULK_HISTORY_READS_SCENARIOS as BULK_HISTORY_READS_SCENARIOS,
     COMMAND_INBOX_SCENARIOS as COMMAND_INBOX_SCENARIOS,
     EVENT_STORE_SCENARIOS as EVENT_STORE_SCENARIOS,
     FLOW_STORE_SCENARIOS as FLOW_STORE_SCENARIOS,
@@ -40,6 +42,7 @@ from ._checks import (
     RECOVERY_COUNTS_SCENARIOS as RECOVERY_COUNTS_SCENARIOS,
     SCHEDULE_STORE_SCENARIOS as SCHEDULE_STORE_SCENARIOS,
     VISIBILITY_STORE_SCENARIOS as VISIBILITY_STORE_SCENARIOS,
+    check_bulk_history_reads as check_bulk_history_reads,
     check_command_inbox as check_command_inbox,
     check_event_store as check_event_store,
     check_flow_store as check_flow_store,
@@ -62,6 +65,7 @@ from ._replayer import (
     replay as replay,
 )
 from ._suite import (
+    BulkHistoryReadsSuite as BulkHistoryReadsSuite,
     CommandInboxSuite as CommandInboxSuite,
     EventStoreSuite as EventStoreSuite,
     FlowStoreSuite as FlowStoreSuite,

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from ._kit import OpenKeyedStore, OpenStore, select
 from ._suite import (
+    BulkHistoryReadsSuite,
     CommandInboxSuite,
     EventStoreSuite,
     FlowStoreSuite,
@@ -40,6 +41,8 @@ SCHEDULE_STORE_SCENARIOS: tuple[str, ...] = scenario_names(ScheduleStoreSuite)
 
 FLOW_STORE_SCENARIOS: tuple[str, ...] = scenario_names(FlowStoreSuite)
 """Names of the flow-store scenarios, in the order :func:`check_flow_store` runs them."""
+BULK_HISTORY_READS_SCENARIOS: tuple[str, ...] = scenario_names(BulkHistoryReadsSuite)
+"""Names of the bulk-history-read scenarios, in the order :func:`check_bulk_history_reads` runs them."""
 
 
 async def _run_suite(
@@ -139,3 +142,17 @@ async def check_flow_store(open_store: OpenKeyedStore, *, scenarios: Iterable[st
     ``scenarios`` selects from :data:`FLOW_STORE_SCENARIOS`.
     """
     await _run_suite(FlowStoreSuite, FLOW_STORE_SCENARIOS, open_store, scenarios, "flow store")
+
+
+async def check_bulk_history_reads(
+    open_store: OpenKeyedStore, *, scenarios: Iterable[str] | None = None
+) -> None:
+    """Check that a store keeps the optional :class:`~aion_trio.BulkHistoryReads` contract.
+
+    ``open_store`` is a keyed factory as for :func:`check_owned_store`, yielding the
+    store bundle (its ``events`` write the histories the scenarios read back);
+    ``scenarios`` selects from :data:`BULK_HISTORY_READS_SCENARIOS`.
+    """
+    await _run_suite(
+        BulkHistoryReadsSuite, BULK_HISTORY_READS_SCENARIOS, open_store, scenarios, "bulk history reads"
+    )

@@ -1,6 +1,6 @@
 """Conformance scenarios for the optional capabilities :class:`~aion_trio.OwnedStore`,
-:class:`~aion_trio.CommandInbox`, :class:`~aion_trio.RecoveryCounts` and
-:class:`~aion_trio.ScheduleStore`.
+:class:`~aion_trio.CommandInbox`, :class:`~aion_trio.RecoveryCounts`,
+:class:`~aion_trio.ScheduleStore` and :class:`~aion_trio.BulkHistoryReads`.
 
 These scenarios open stores through a *keyed* factory, ``open_store(key)``:
 the same key opens the same store again (a second handle at the same time, or
@@ -716,3 +716,73 @@ async def schedules_use_after_close(ctx: ScenarioContext) -> None:
             await store.create_schedule("s", "x")
         with ctx.expect_raises(trio.ClosedResourceError, "list_schedules() after aclose()"):
             await store.list_schedules()
+
+
+# --------------------------------------------------------------------------
+# Bulk history reads
+# --------------------------------------------------------------------------
+
+
+async def histories_read_many(ctx: ScenarioContext) -> None:
+    """read_histories gives one key per distinct id, each what read_history gives: the whole
+    history in ascending seq, [] for an unknown workflow."""
+    async with ctx.open() as store:
+        wide = s.batch("wide", 1, s.full_bodies())
+        await store.events.append("wide", wide, 0)
+        short_a = s.markers("short", 1, 2)
+        short_b = s.markers("short", 3, 3)
+        await store.events.append("short", short_a, 0)
+        await store.events.append("short", short_b, 2)
+        odd_id = "o'brien\"; DROP TABLE events; --žluť"
+        odd = s.markers(odd_id, 1, 1)
+        await store.events.append(odd_id, odd, 0)
+        read = await store.read_histories(["short", "never-written", "wide", odd_id, "short"])
+        ctx.expect(isinstance(read, dict), f"read_histories returned {short(read)}, expected a dict")
+        ctx.expect_equal(
+            sorted(read), sorted(["short", "never-written", "wide", odd_id]), "the keys of read_histories"
+        )
+        ctx.expect_equal(read["wide"], wide, "read_histories()['wide'] (every event type)")
+        ctx.expect_equal(read["short"], [*short_a, *short_b], "read_histories()['short'] (two appends)")
+        ctx.expect_equal(read[odd_id], odd, "a workflow id holding quotes and SQL text")
+        ctx.expect_equal(read["never-written"], [], "the history of an unknown workflow")
+        ctx.expect_equal(await store.read_histories([]), {}, "read_histories([])")
+
+
+async def histories_large_batch(ctx: ScenarioContext) -> None:
+    """A batch of more ids than one query may bind (stores split it) still answers every id."""
+    async with ctx.open() as store:
+        ids = [f"wf-{n:04d}" for n in range(1201)]
+        written = {workflow_id: s.markers(workflow_id, 1, 2) for workflow_id in ids[::97] + ids[-1:]}
+        for workflow_id, events in written.items():
+            await store.events.append(workflow_id, events, 0)
+        read = await store.read_histories(ids)
+        ctx.expect_equal(len(read), len(ids), f"how many histories read_histories of {len(ids)} ids gave")
+        for workflow_id in ids:
+            ctx.expect_equal(
+                read.get(workflow_id), written.get(workflow_id, []), f"read_histories()[{workflow_id!r}]"
+            )
+
+
+async def histories_bad_ids_refused(ctx: ScenarioContext) -> None:
+    """One str instead of a sequence is a TypeError, an empty id a ValueError."""
+    async with ctx.open() as store:
+        with ctx.expect_raises(TypeError, "read_histories('abc')"):
+            await store.read_histories("abc")
+        with ctx.expect_raises(ValueError, "read_histories(['ok', ''])"):
+            await store.read_histories(["ok", ""])
+
+
+async def histories_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
+    """read_histories is a Trio checkpoint, with ids and without."""
+    async with ctx.open() as store:
+        await store.events.append("a", s.markers("a", 1, 1), 0)
+        await ctx.expect_checkpoint("read_histories(['a', 'b'])", lambda: store.read_histories(["a", "b"]))
+        await ctx.expect_checkpoint("read_histories([])", lambda: store.read_histories([]))
+
+
+async def histories_use_after_close(ctx: ScenarioContext) -> None:
+    """After the store is closed, read_histories raises trio.ClosedResourceError."""
+    async with ctx.open() as store:
+        await store.aclose()
+        with ctx.expect_raises(trio.ClosedResourceError, "read_histories() after aclose()"):
+            await store.read_histories(["a"])

@@ -23,7 +23,7 @@ import trio.testing
 OpenStore = Callable[[], AbstractAsyncContextManager[Any]]
 """A zero-argument callable returning an async context manager that yields a fresh store."""
 
-Kind = Literal["event", "visibility", "owner", "inbox", "recoveries", "schedules", "flow"]
+Kind = Literal["event", "visibility", "owner", "inbox", "recoveries", "schedules", "flow", "histories"]
 
 OpenKeyedStore = Callable[[str], AbstractAsyncContextManager[Any]]
 """A one-argument callable: ``open_store(key)`` returns an async context manager yielding a
@@ -61,6 +61,7 @@ _FLOW_METHODS = (
     "flow_runs",
     "finish_flow_run",
 )
+_HISTORIES_METHODS = ("read_histories",)
 _METHODS: dict[str, tuple[str, ...]] = {
     "event": _EVENT_METHODS,
     "visibility": _VISIBILITY_METHODS,
@@ -69,6 +70,7 @@ _METHODS: dict[str, tuple[str, ...]] = {
     "recoveries": _RECOVERY_METHODS,
     "schedules": _SCHEDULE_METHODS,
     "flow": _FLOW_METHODS,
+    "histories": _HISTORIES_METHODS,
 }
 
 _repr = reprlib.Repr()
@@ -111,13 +113,14 @@ def _unwrap_store(kind: Kind, obj: object) -> Any:
     methods = _METHODS[kind]
     if all(callable(getattr(obj, m, None)) for m in methods):
         return obj
-    if kind in ("owner", "inbox", "recoveries", "schedules", "flow"):
+    if kind in ("owner", "inbox", "recoveries", "schedules", "flow", "histories"):
         missing = [m for m in methods if not callable(getattr(obj, m, None))]
         protocol = {
             "owner": "an OwnedStore",
             "inbox": "a CommandInbox",
             "schedules": "a ScheduleStore",
             "flow": "a FlowStore",
+            "histories": "a BulkHistoryReads store",
         }.get(kind, "a RecoveryCounts store")
         raise TypeError(
             f"open_store(key) yielded {short(obj)}, which is not {protocol} (it lacks {', '.join(missing)})"
@@ -150,11 +153,11 @@ class ScenarioContext:
     async def open(self, key: str = "main") -> AsyncIterator[Any]:
         """Open one fresh store through the author's factory (bundles are unwrapped).
 
-        For the keyed kinds (ownership, inbox, recoveries), the same ``key`` opens the same
+        For the keyed kinds (ownership, inbox, recoveries, schedules, histories), the same ``key`` opens the same
         store again within one scenario run.
         """
         try:
-            if self._kind in ("owner", "inbox", "recoveries", "schedules", "flow"):
+            if self._kind in ("owner", "inbox", "recoveries", "schedules", "flow", "histories"):
                 manager = self._open_store(f"{self._prefix}-{key}")
             else:
                 manager = self._open_store()

@@ -323,6 +323,30 @@ class FlowStoreSuite:
         await run_scenario("flow", fl.flow_use_after_close, open_flow_store)
 
 
+class BulkHistoryReadsSuite:
+    """Every bulk-history-read scenario (:data:`~aion_trio.testing.BULK_HISTORY_READS_SCENARIOS`)
+    as a ``test_<scenario>`` method, with an ``open_bulk_history_store`` keyed-factory fixture
+    (as for :class:`OwnedStoreSuite`; the store it yields has ``events`` too, to write the
+    histories it reads)."""
+
+    async def test_histories_read_many(self, open_bulk_history_store: OpenKeyedStore) -> None:
+        await run_scenario("histories", ctl.histories_read_many, open_bulk_history_store)
+
+    async def test_histories_large_batch(self, open_bulk_history_store: OpenKeyedStore) -> None:
+        await run_scenario("histories", ctl.histories_large_batch, open_bulk_history_store)
+
+    async def test_histories_bad_ids_refused(self, open_bulk_history_store: OpenKeyedStore) -> None:
+        await run_scenario("histories", ctl.histories_bad_ids_refused, open_bulk_history_store)
+
+    async def test_histories_every_method_is_a_checkpoint(
+        self, open_bulk_history_store: OpenKeyedStore
+    ) -> None:
+        await run_scenario("histories", ctl.histories_every_method_is_a_checkpoint, open_bulk_history_store)
+
+    async def test_histories_use_after_close(self, open_bulk_history_store: OpenKeyedStore) -> None:
+        await run_scenario("histories", ctl.histories_use_after_close, open_bulk_history_store)
+
+
 SUITES: dict[type, str] = {
     EventStoreSuite: "open_event_store",
     VisibilityStoreSuite: "open_visibility_store",
@@ -331,6 +355,7 @@ SUITES: dict[type, str] = {
     RecoveryCountsSuite: "open_recovery_counts",
     ScheduleStoreSuite: "open_schedule_store",
     FlowStoreSuite: "open_flow_store",
+    BulkHistoryReadsSuite: "open_bulk_history_store",
 }
 """Each suite and the name of the factory fixture its methods take."""
 

@@ -153,6 +153,15 @@ def open_schedule_store(request: pytest.FixtureRequest) -> Callable[[str], Abstr
 def open_flow_store(request: pytest.FixtureRequest) -> Callable[[str], AbstractAsyncContextManager[Any]]:
     """Fallback: a FlowStoreSuite subclass must override this with its keyed factory."""
     _missing(request, "open_flow_store", "FlowStoreSuite", "FlowStore (keyed: factory(key))")
+
+
+def open_bulk_history_store(
+    request: pytest.FixtureRequest,
+) -> Callable[[str], AbstractAsyncContextManager[Any]]:
+    """Fallback: a BulkHistoryReadsSuite subclass must override this with its keyed factory."""
+    _missing(
+        request, "open_bulk_history_store", "BulkHistoryReadsSuite", "BulkHistoryReads (keyed: factory(key))"
+    )
     raise AssertionError("unreachable")  # pragma: no cover
 
 

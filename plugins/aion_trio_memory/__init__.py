@@ -328,6 +328,15 @@ class MemoryStore:
             raise NotFound(f"no inbox command #{command_id} in {self._where()}")
         return found[1]
 
+    # -- bulk history reads (BulkHistoryReads) --------------------------------
+
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        await self._enter()
+        ids = validate_workflow_ids(workflow_ids)
+        histories = self._data.histories
+        # Slices are new lists: later appends never show through them.
+        return {workflow_id: list(histories.get(workflow_id, ())) for workflow_id in ids}
+
     # -- recovery counts -----------------------------------------------------
 
     async def count_recoveries(self, workflow_ids: Sequence[str]) -> dict[str, int]:

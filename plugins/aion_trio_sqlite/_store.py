@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import operator
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, cast, final
@@ -56,6 +58,10 @@ _ACTIVE = tuple(s.value for s in WorkflowStatus if is_active_status(s))
 _SQL_READ_HISTORY = (
     "SELECT seq, recorded_at, type, data FROM events WHERE workflow_id = ? AND seq >= ? ORDER BY seq"
 )
+_SQL_READ_HISTORIES = (
+    "SELECT workflow_id, seq, recorded_at, type, data FROM events WHERE workflow_id IN ({params})"
+    " ORDER BY workflow_id, seq"
+)
 _SQL_LIST_ACTIVE = (
     "SELECT workflow_id FROM workflows WHERE status IN (" + ", ".join("?" for _ in _ACTIVE) + ")"
     " ORDER BY workflow_id"
@@ -90,6 +96,28 @@ def _read_history(workflow_id: str, from_seq: int, location: str) -> ReadOp[list
     def run(conn: apsw.Connection) -> list[Event]:
         rows = conn.execute(_SQL_READ_HISTORY, (workflow_id, from_seq)).fetchall()
         return _codec.decode_events(workflow_id, rows, location)
+
+    return ReadOp(run)
+
+
+#: Ids per query of a bulk history read (well under SQLite's bound-parameter limit).
+_HISTORIES_PER_QUERY = 500
+
+
+def _read_histories(workflow_ids: list[str], location: str) -> ReadOp[dict[str, list[Event]]]:
+    """Every history of ``workflow_ids``: one query per ``_HISTORIES_PER_QUERY`` ids, in one
+    read transaction (one snapshot)."""
+
+    def run(conn: apsw.Connection) -> dict[str, list[Event]]:
+        out: dict[str, list[Event]] = {workflow_id: [] for workflow_id in workflow_ids}
+        with conn:  # one read transaction: every chunk sees the same snapshot
+            for start in range(0, len(workflow_ids), _HISTORIES_PER_QUERY):
+                chunk = workflow_ids[start : start + _HISTORIES_PER_QUERY]
+                sql = _SQL_READ_HISTORIES.format(params=", ".join("?" for _ in chunk))
+                rows = conn.execute(sql, chunk).fetchall()
+                for workflow_id, group in itertools.groupby(rows, key=operator.itemgetter(0)):
+                    out[workflow_id] = _codec.decode_events(workflow_id, [r[1:] for r in group], location)
+        return out
 
     return ReadOp(run)
 
@@ -355,6 +383,19 @@ class SqliteStore:
     async def command_outcome(self, command_id: int) -> CommandOutcome | None:
         await self._enter()
         return await self._backend.readers.submit(_control.outcome_read(command_id, self.path))
+
+    # -- bulk history reads (aion_trio.BulkHistoryReads) -----------------------
+
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        await self._enter()
+        try:
+            ids = validate_workflow_ids(workflow_ids)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        if not ids:
+            await trio.lowlevel.checkpoint()
+            return {}
+        return await self._backend.readers.submit(_read_histories(ids, self.events.location))
 
     # -- recovery counts (aion_trio.RecoveryCounts) ----------------------------
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
+import operator
 import sys
 import threading
 import time
@@ -102,6 +104,10 @@ _SQL_APPEND = (
 _SQL_CLAIM = "SELECT aion_claim(%s, %s, %s)"
 _SQL_READ_HISTORY = (
     "SELECT seq, recorded_at, type, data FROM events WHERE workflow_id = %s AND seq >= %s ORDER BY seq"
+)
+_SQL_READ_HISTORIES = (
+    "SELECT workflow_id, seq, recorded_at, type, data FROM events WHERE workflow_id = ANY(%s)"
+    " ORDER BY workflow_id, seq"
 )
 _SQL_LIST_ACTIVE = f"SELECT workflow_id FROM workflows WHERE status IN ({ACTIVE_LIST}) ORDER BY workflow_id"
 _SQL_LIST_WORKFLOWS = "SELECT workflow_id FROM workflows WHERE head > 0 ORDER BY workflow_id"
@@ -710,6 +716,30 @@ class PostgresStore:
             poll_interval=self.url.poll_interval,
             task_status=task_status,
         )
+
+    # -- bulk history reads (aion_trio.BulkHistoryReads) -----------------------
+
+    async def read_histories(self, workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        await self.events._enter()
+        try:
+            ids = validate_workflow_ids(workflow_ids)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        if not ids:
+            await trio.lowlevel.checkpoint()
+            return {}
+        location = self.events.location
+        # PostgreSQL text cannot hold NUL, so no workflow with one in its id exists.
+        stored = [workflow_id for workflow_id in ids if "\x00" not in workflow_id]
+
+        def run(conn: Conn) -> dict[str, list[Event]]:
+            out: dict[str, list[Event]] = {workflow_id: [] for workflow_id in ids}
+            rows = conn.execute(_SQL_READ_HISTORIES, (stored,)).fetchall()
+            for workflow_id, group in itertools.groupby(rows, key=operator.itemgetter(0)):
+                out[workflow_id] = _codec.decode_events(workflow_id, [r[1:] for r in group], location)
+            return out
+
+        return await self._backend.run("reading histories", run)
 
     # -- recovery counts (aion_trio.RecoveryCounts) ----------------------------
 

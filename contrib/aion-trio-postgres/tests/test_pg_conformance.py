@@ -15,6 +15,7 @@ from aion_trio_postgres import open_postgres_store
 from conftest import drop_schema, isolated_opener, new_schema_name
 
 from aion_trio.testing import (
+    BulkHistoryReadsSuite,
     EventStoreSuite,
     FlowStoreSuite,
     RecoveryCountsSuite,
@@ -77,6 +78,21 @@ class TestPostgresFlowStore(FlowStoreSuite):
     @pytest.fixture
     def open_flow_store(self, pg_url: str):  # type: ignore[no-untyped-def]
         """A keyed factory as for the recovery counts: one schema per key, all dropped after."""
+        schemas: dict[str, str] = {}
+
+        def open_keyed(key: str):  # type: ignore[no-untyped-def]
+            schema = schemas.setdefault(key, new_schema_name())
+            return open_postgres_store(f"{pg_url}?schema={schema}")
+
+        yield open_keyed
+        for schema in schemas.values():
+            drop_schema(pg_url, schema)
+
+
+class TestPostgresBulkHistoryReads(BulkHistoryReadsSuite):
+    @pytest.fixture
+    def open_bulk_history_store(self, pg_url: str):  # type: ignore[no-untyped-def]
+        """A keyed factory as for the schedules: one schema per key, all dropped after."""
         schemas: dict[str, str] = {}
 
         def open_keyed(key: str):  # type: ignore[no-untyped-def]
