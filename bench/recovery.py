@@ -2,7 +2,8 @@
 
 Usage::
 
-    python bench/recovery.py [--runs N] [--concurrency C] [--dir DIR] [--seconds S]
+    python bench/recovery.py [--runs N] [--concurrency C] [--lazy] [--old CHECKOUT] [--rounds R]
+                             [--dir DIR] [--seconds S]
 
 An engine subprocess (this file, ``--engine-process``) starts ``--runs``
 workflows on one SQLite file (FULL), each parked on a signal, and prints
@@ -15,19 +16,26 @@ the start of opening until the last one completed with the right result (and
 ``--lazy`` opens with ``EngineConfig(lazy_recovery=True)``: the runs are
 replayed in the background after ``open_engine`` returns, or when signalled.
 
-To compare two checkouts, run this file with each one's code on the path, e.g.
-``PYTHONPATH=/path/to/old python bench/recovery.py --runs 10000``: the
-subprocess inherits the environment.  ``--seconds S`` (tox's bench smoke) caps
-the runs at about ``S`` seconds' worth (20 runs per 0.1 s, at least 20).
-Prints one JSON line (``figures``) and the ``done`` line.
+``--old CHECKOUT`` measures two checkouts side by side in one run: this tree
+(``new``) and ``CHECKOUT`` (e.g. ``git archive main | tar -x -C /tmp/old``),
+each measurement a fresh subprocess with ``PYTHONPATH`` pointing at the tree
+measured (``plugins/`` included), ``--rounds`` rounds, the order flipping each
+round so both see the same machine drift; then a ``summary`` line with each
+side's median ``open_seconds`` and ``all_answered_seconds`` and the old/new
+ratio of ``open_seconds``.  Without ``--old``, this process measures the code
+it imports.  ``--seconds S`` (tox's bench smoke) caps the runs at about ``S``
+seconds' worth (20 runs per 0.1 s, at least 20) and does one round.
+Prints one JSON line (``figures``) per measurement and the ``done`` line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -130,6 +138,56 @@ def run(args: argparse.Namespace, directory: str) -> None:
     )
 
 
+HERE = str(Path(__file__).resolve().parent.parent)
+
+
+def measure_side(args: argparse.Namespace, directory: str, side: str, tree: str) -> dict[str, Any]:
+    """One measurement of ``tree``'s code in a fresh subprocess (this file, without ``--old``)."""
+    env = dict(os.environ)
+    paths = [tree, os.path.join(tree, "plugins"), os.path.join(tree, "contrib", "aion-trio-postgres")]
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--runs",
+        str(args.runs),
+        "--concurrency",
+        str(args.concurrency),
+        "--dir",
+        directory,
+        *(["--lazy"] if args.lazy else []),
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=directory)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} measurement failed:\n{done.stderr[-3000:]}")
+    for line in done.stdout.splitlines():
+        record: dict[str, Any] = json.loads(line)
+        if record.get("kind") == "figures":
+            if not record["code"].startswith(os.path.abspath(tree)):
+                raise RuntimeError(f"{side} measured {record['code']}, not the code of {tree}")
+            return {**record, "side": side}
+    raise RuntimeError(f"{side} measurement printed no figures:\n{done.stdout[-3000:]}")
+
+
+def compare(args: argparse.Namespace, directory: str) -> None:
+    sides = [("new", HERE), ("old", os.path.abspath(args.old))]
+    results: dict[str, list[dict[str, Any]]] = {"new": [], "old": []}
+    for r in range(args.rounds):
+        for side, tree in sides if r % 2 == 0 else sides[::-1]:
+            record = measure_side(args, directory, side, tree)
+            record["round"] = r
+            emit(record)
+            results[side].append(record)
+    summary: dict[str, Any] = {"kind": "summary", "runs": args.runs, "lazy_recovery": args.lazy}
+    for side, _ in sides:
+        for key in ("open_seconds", "all_answered_seconds", "max_rss_mib"):
+            summary[f"{side}_{key}"] = round(statistics.median(row[key] for row in results[side]), 3)
+    summary["open_old_over_new"] = round(
+        summary["old_open_seconds"] / max(summary["new_open_seconds"], 1e-9), 2
+    )
+    emit(summary)
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10_000, help="parked workflows (default 10,000)")
@@ -137,6 +195,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--lazy", action="store_true", help="EngineConfig(lazy_recovery=True) (a tree that has it)"
     )
+    parser.add_argument("--old", help="another checkout to measure beside this one")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds with --old (default 3)")
     parser.add_argument("--dir", help="parent of the scratch directory")
     parser.add_argument("--seconds", type=float, help="smoke run: about this many seconds' worth of runs")
     parser.add_argument("--engine-process", action="store_true", help=argparse.SUPPRESS)
@@ -144,6 +204,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.seconds is not None:
         args.runs = min(args.runs, max(20, int(args.seconds * 200)))
+        args.rounds = 1
     return args
 
 
@@ -151,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
     if args.engine_process:
         trio.run(engine_process, args.url, args.runs)
+        return
+    if args.old:
+        run_in_scratch("aion-recovery-", args.dir, lambda directory: compare(args, directory), emit)
         return
     run_in_scratch("aion-recovery-", args.dir, lambda directory: run(args, directory), emit)
 
