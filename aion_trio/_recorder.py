@@ -63,6 +63,9 @@ class Recorder:
         #: Called (no checkpoint) after each append that landed: set on a recorder the engine
         #: dropped (its run evicted), so an append through a copy a caller still held wakes it.
         self.after_append: Callable[[Recorder], None] | None = None
+        #: Set when the engine dropped this recorder (its run evicted): a holder that records
+        #: later asks the engine for the workflow's current recorder instead.
+        self.dropped = False
         self._store = store
         self._epoch = epoch
         self._clock = clock

@@ -4,7 +4,7 @@ fallback hops, recording outcomes)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,7 @@ from .._retry import ActivityOptions
 from .._transient import Transient
 from .awaiting import AttemptKey, AwaitingAttempts
 from .context import AttemptClock, current_attempt_clock, current_heartbeat_sink
-from .protocol import ActivityDispatcher, ActivityOutcome, ActivityRequest, OutcomeKind
+from .protocol import ActivityDispatcher, ActivityOutcome, ActivityRequest, OutcomeKind, RemoteAttempts
 from .records import RecordFailed, RecordOutcome, record_activity_event, record_outcome, record_retrying
 
 if TYPE_CHECKING:
@@ -109,12 +109,19 @@ class ActivityDriver:
         transient: Transient,
         admission: FlowPools | None = None,
         awaiting: AwaitingAttempts | None = None,
+        reacquire: Callable[[str], Awaitable[Recorder]] | None = None,
     ) -> None:
         self.recorder = recorder
         #: Where completions and heartbeats by task token reach an attempt (async completion).
         self.awaiting = awaiting if awaiting is not None else AwaitingAttempts()
         #: A resumed attempt awaiting async completion: when it started (its timeout counts from there).
         self._resumed_started_at: datetime | None = None
+        #: The engine's door to a workflow's current recorder (``Recorders.recorder_for``):
+        #: a record after the run was evicted (its recorder dropped) goes through it, which
+        #: makes the run resident again, so the record lands in the history it replays.
+        self.reacquire = reacquire
+        #: Whether an attempt is in flight on a remote worker now (``RemoteAttempts``).
+        self.waiting_remote = False
         #: Each attempt holds a slot of each of its pools while dispatched (``None``: unbounded).
         self.admission = admission
         self.dispatcher = dispatcher
@@ -134,12 +141,20 @@ class ActivityDriver:
 
     # -- records -------------------------------------------------------------
 
+    async def current_recorder(self) -> Recorder:
+        """The recorder a record goes through: the one this driver holds, or, once the
+        engine dropped it (the run was evicted), the workflow's current one (the wake)."""
+        if self.recorder.dropped and self.reacquire is not None:
+            self.recorder = await self.reacquire(self.request.workflow_id)
+        return self.recorder
+
     async def _required(self, body: EventBody) -> RecordOutcome:
         """A trail record the loop cannot continue without: retried on transient store
         failures like the settling record; any other store failure raises RecordFailed."""
         what = f"record {type(body).__name__}"  # the line's prefix names the activity
         try:
-            outcome = await record_retrying(self.recorder, self.request, body, self.transient, self.log, what)
+            recorder = await self.current_recorder()
+            outcome = await record_retrying(recorder, self.request, body, self.transient, self.log, what)
         except StoreError as exc:
             raise RecordFailed(f"{type(exc).__name__}: {exc}") from exc
         self._answer_token(body, outcome)
@@ -150,7 +165,7 @@ class ActivityDriver:
         request = (
             self.request if self.request.attempt == attempt else attrs.evolve(self.request, attempt=attempt)
         )
-        outcome = await record_outcome(self.recorder, request, body, self.transient, self.log)
+        outcome = await record_outcome(await self.current_recorder(), request, body, self.transient, self.log)
         self._answer_token(body, outcome)
         return outcome
 
@@ -191,7 +206,7 @@ class ActivityDriver:
         )
         try:
             outcome = await record_activity_event(
-                self.recorder, self.request.run_id, self.request.activity_id, body
+                await self.current_recorder(), self.request.run_id, self.request.activity_id, body
             )
         except StoreError as exc:
             logger.warning(
@@ -204,12 +219,13 @@ class ActivityDriver:
             logger.info("epoch closed before the advisory-exhaustion warning was recorded", extra=self.log)
 
     async def _settled_elsewhere(self) -> bool:
-        async with self.recorder.lock:
+        recorder = await self.current_recorder()
+        async with recorder.lock:
             try:
-                await self.recorder.current_history(keep_deferred=True)
+                await recorder.current_history(keep_deferred=True)
             except StoreError:
                 return False  # the guarded appends still refuse a post-terminal write
-            state = self.recorder.run_state(self.request.run_id)
+            state = recorder.run_state(self.request.run_id)
             return self.request.activity_id in state.settled or state.ended is not None
 
     # -- the deadline ----------------------------------------------------------
@@ -359,7 +375,7 @@ class ActivityDriver:
         """Dispatch the attempt holding an admission slot; while it waits for one, its
         ``timeout`` is stopped (the clock's queue time), ``schedule_to_close`` is not."""
         if self.admission is None or not self.admission.pools(request.task_queue, request.activity_type):
-            return await self.dispatcher.dispatch(request)
+            return await self._dispatch(request)
         async with self.admission.slots(
             request.task_queue,
             request.activity_type,
@@ -367,7 +383,17 @@ class ActivityDriver:
             priority=self.options.priority,
             who=(request.workflow_id, request.run_id, request.activity_id),
         ):
-            return await self.dispatcher.dispatch(request)
+            return await self._dispatch(request)
+
+    async def _dispatch(self, request: ActivityRequest) -> ActivityOutcome:
+        dispatcher = self.dispatcher
+        if not isinstance(dispatcher, RemoteAttempts) or not dispatcher.remote(request.task_queue):
+            return await dispatcher.dispatch(request)
+        self.waiting_remote = True
+        try:
+            return await dispatcher.dispatch(request)
+        finally:
+            self.waiting_remote = False
 
     # -- the loop ----------------------------------------------------------------
 
@@ -662,7 +688,8 @@ class _HeartbeatLog:
                 value=Payload.of({"attempt": self._attempt, "details": details.value()}),
             )
             try:
-                await record_activity_event(self._driver.recorder, request.run_id, request.activity_id, body)
+                recorder = await self._driver.current_recorder()
+                await record_activity_event(recorder, request.run_id, request.activity_id, body)
             except StoreError as exc:
                 logger.info("heartbeat details not recorded: %s", exc, extra=self._driver.log)
         finally:

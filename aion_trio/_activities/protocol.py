@@ -87,6 +87,19 @@ class ActivityDispatcher(Protocol):
 
 
 @runtime_checkable
+class RemoteAttempts(Protocol):
+    """Optional, on a dispatcher: whether the attempts of a task queue run in other processes.
+
+    While such an attempt is in flight, all this process holds of it is the wait for
+    its outcome, which the engine records through the workflow's current recorder: the
+    run awaiting it may be evicted meanwhile (the outcome's record makes it resident
+    again).  The PostgreSQL task dispatcher has it.
+    """
+
+    def remote(self, task_queue: str) -> bool: ...
+
+
+@runtime_checkable
 class DelegatingDispatcher(Protocol):
     """A dispatcher that hands some requests to the engine's in-process dispatcher.
 

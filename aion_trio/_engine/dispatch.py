@@ -78,6 +78,7 @@ class ActivityDispatch:
         held: HoldForRecovery,
         mark_stuck: Callable[[Lease, str], Awaitable[None]],
         permits: StorePermits | None = None,
+        reacquire: Callable[[str], Awaitable[Recorder]] | None = None,
     ) -> None:
         self.epoch = epoch
         self.config = config
@@ -90,6 +91,10 @@ class ActivityDispatch:
         self.mark_stuck = mark_stuck
         #: The running attempts' cancel scopes, by ``(workflow_id, run_id, activity_id)``.
         self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
+        #: Their drivers, by the same key (``waiting_remote``: the attempt is on a remote worker).
+        self._drivers: dict[tuple[str, str, int], ActivityDriver] = {}
+        #: ``Recorders.recorder_for``: a driver whose run was evicted records through it.
+        self.reacquire = reacquire
         #: The admission pool of activity attempts (``EngineConfig.max_inflight_activities``):
         #: an attempt beyond it waits for a slot, its own ``timeout`` stopped meanwhile.
         #: With the pools of the limits per activity type and per task queue
@@ -162,9 +167,11 @@ class ActivityDispatch:
             transient=self.transient,
             admission=self.pools,
             awaiting=self.awaiting,
+            reacquire=None if self.cluster_mode else self.reacquire,
         )
         with trio.CancelScope() as scope:
             self.inflight[key] = scope
+            self._drivers[key] = driver
             try:
                 await driver.run(resume=resume)
             except StoreError as exc:
@@ -189,6 +196,19 @@ class ActivityDispatch:
             finally:
                 if self.inflight.get(key) is scope:
                     del self.inflight[key]
+                if self._drivers.get(key) is driver:
+                    del self._drivers[key]
+
+    def holds_run(self, workflow_id: str) -> bool:
+        """Whether an attempt of ``workflow_id`` runs here (not merely awaits a remote worker's
+        outcome): its run must stay resident.  In cluster mode every attempt holds it."""
+        for key in self.inflight:
+            if key[0] != workflow_id:
+                continue
+            driver = self._drivers.get(key)
+            if self.cluster_mode or driver is None or driver.reacquire is None or not driver.waiting_remote:
+                return True
+        return False
 
     async def by_token(
         self,

@@ -126,6 +126,7 @@ class Recorders:
         is stopped).  Its waiters are woken, so they look again.  No checkpoint."""
         recorder = self._recorders.pop(workflow_id, None)
         if recorder is not None:
+            recorder.dropped = True
             recorder.after_append = self._appended_after_drop
             recorder.notify()
         self._changed(workflow_id)

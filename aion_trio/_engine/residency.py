@@ -48,7 +48,8 @@ class ResidencyService:
 
     ``revive(recorder, run)`` replays an evicted run from its history (the
     recovery path); ``inflight`` is the dispatch service's running attempts by
-    ``(workflow_id, run_id, activity_id)``; ``watching`` the event watches
+    ``(workflow_id, run_id, activity_id)``; ``holds_run(workflow_id)`` whether one of them
+    keeps the run resident (all but those awaiting a remote worker's outcome); ``watching`` the event watches
     (``ctx.get_event``) in flight by reading workflow; ``live_runs()`` how many
     runs' code executes here now.
     """
@@ -61,6 +62,7 @@ class ResidencyService:
         registry: Registry,
         recorders: Recorders,
         inflight: Mapping[tuple[str, str, int], object],
+        holds_run: Callable[[str], bool],
         watching: Mapping[str, int],
         live_runs: Callable[[], int],
         revive: Callable[[Recorder, EvictedRun], Awaitable[None]],
@@ -73,6 +75,7 @@ class ResidencyService:
         self._registry = registry
         self._recorders = recorders
         self._inflight = inflight
+        self._holds_run = holds_run
         self._watching = watching
         self._live_runs = live_runs
         self._revive = revive
@@ -219,7 +222,9 @@ class ResidencyService:
             return False
         if self._watching.get(workflow_id):
             return False
-        return not any(key[0] == workflow_id for key in self._inflight)
+        # An attempt awaiting a remote worker's outcome does not hold the run: the outcome
+        # is recorded through the workflow's current recorder, which replays it.
+        return not self._holds_run(workflow_id)
 
     def _evict(self, lease: Lease, reason: str) -> None:
         """Drop the run from memory (no checkpoint): only its registry entry stays."""

@@ -391,6 +391,7 @@ def build_core(
         cluster_mode=cluster_mode,
         held=lambda recorder, request, resume: recovery.held(recorder, request, resume),
         mark_stuck=runner.mark_stuck,
+        reacquire=recorders.recorder_for,
     )
     steps = StepRecorder(
         epoch=epoch,
@@ -446,6 +447,7 @@ def build_core(
         registry=registry,
         recorders=recorders,
         inflight=activity_dispatch.inflight,
+        holds_run=activity_dispatch.holds_run,
         watching=steps.watching,
         live_runs=lambda: runner.live_runs,
         revive=recovery.revive,

@@ -120,6 +120,16 @@ async def goes_async() -> None:
     aion.complete_async()
 
 
+async def wait_for_go(directory: str, tag: str) -> dict[str, Any]:
+    """Mark ``started``, then wait until the test creates ``go``."""
+    base = Path(directory)
+    (base / f"{tag}.started").write_text(str(os.getpid()))
+    while True:
+        if (base / f"{tag}.go").exists():
+            return _where()
+        await trio.sleep(0.02)
+
+
 FAST = aion.RetryPolicy(max_attempts=4, backoff=aion.Fixed(0.3))
 LOCAL = "local"
 
@@ -192,6 +202,13 @@ async def run_records(ctx: aion.WorkflowContext, directory: str, count: int) -> 
     return [await h for h in handles]
 
 
+@aion.workflow
+async def run_gated(ctx: aion.WorkflowContext, directory: str, tag: str) -> Any:
+    handle = ctx.start(wait_for_go, directory, tag, task_queue=QUEUE)
+    note = await ctx.wait_signal("note")
+    return [note, await handle]
+
+
 app = types.SimpleNamespace(
     workflows=[
         run_echo,
@@ -205,6 +222,7 @@ app = types.SimpleNamespace(
         run_count_on,
         run_progress_then_local,
         run_goes_async,
+        run_gated,
     ],
     activities=[
         echo,
@@ -219,5 +237,6 @@ app = types.SimpleNamespace(
         count_on,
         progress_then_refuse,
         goes_async,
+        wait_for_go,
     ],
 )

@@ -254,6 +254,52 @@ async def test_a_sigkilled_worker_attempt_is_reaped_and_rerun_as_the_same_attemp
     assert not (tmp_path / "crash.stopped").exists()  # SIGKILL: no cleanup ran
 
 
+async def _until(condition: Callable[[], bool], seconds: float = 15) -> None:
+    """Poll an engine's own state (the worker is another process) until it holds, bounded."""
+    with trio.fail_after(seconds):
+        while True:
+            if condition():
+                return
+            await trio.sleep(0.02)
+
+
+async def test_a_run_awaiting_a_remote_attempt_is_evicted_and_the_outcome_replays_it(
+    url: str, tmp_path: Path
+) -> None:
+    """A run whose only work in flight is an attempt on a remote worker is evicted when idle;
+    a signal replays it (and it is evicted again); the attempt's outcome, recorded through
+    the workflow's current recorder, replays it once more and it finishes.  One attempt ran."""
+    with worker_process(url, tasks_app.QUEUE) as worker:
+        async with (
+            open_postgres_store(url) as store,
+            open_task_dispatcher(store) as dispatcher,
+            aion.open_engine(
+                store,
+                workflows=tasks_app.app.workflows,
+                activities=tasks_app.app.activities,
+                dispatcher=dispatcher,
+                config=aion.EngineConfig(evict_after=0.2),
+            ) as engine,
+        ):
+            run = await engine.start(tasks_app.run_gated, str(tmp_path), "gated", workflow_id="gated")
+            await wait_for_file(tmp_path / "gated.started")
+            await _until(lambda: engine.statistics().evicted_runs == 1)
+            assert (await engine.describe("gated")).residency == "evicted"
+            await engine.signal("gated", "note", "hello")
+            # Replayed by the signal, parked again on the attempt, evicted again.
+            await _until(lambda: engine.statistics().evictions >= 2 and engine.statistics().evicted_runs == 1)
+            (tmp_path / "gated.go").write_text("go")
+            with trio.fail_after(20):
+                result = await run.result()
+            stats = engine.statistics()
+            history = await engine.history("gated")
+    assert result[0] == "hello"
+    assert (result[1]["pid"], result[1]["attempt"]) == (worker.pid, 1)
+    assert stats.reloads >= 2
+    assert trail(history) == [("ActivityStarted", 1), ("ActivityCompleted", 1)]
+    assert query(url, "SELECT attempt, status, lost_count FROM activity_tasks") == [(1, "done", 0)]
+
+
 async def _in_process_worker(
     url: str, nursery: trio.Nursery, stop: trio.Event, *, concurrency: int = 4, queues: tuple[str, ...] = ()
 ) -> str:
