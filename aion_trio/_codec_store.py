@@ -10,13 +10,29 @@ reach the engine untouched.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, final
 
 from ._codecs import CodecChain
 from ._events import Event
 from ._store import EventStore, Store, TimerEntry, VisibilityStore
+
+#: A store's ``BulkHistoryReads.read_histories``.
+BulkRead = Callable[[Sequence[str]], Awaitable[dict[str, list[Event]]]]
+
+
+def decoding_bulk_reads(read: BulkRead, chain: CodecChain) -> BulkRead:
+    """``read`` (a store's ``read_histories``) with every event decoded through ``chain``,
+    as :meth:`CodecEventStore.read_history` decodes one history."""
+
+    async def read_histories(workflow_ids: Sequence[str]) -> dict[str, list[Event]]:
+        decoded: dict[str, list[Event]] = {}
+        for workflow_id, stored in (await read(workflow_ids)).items():
+            decoded[workflow_id] = [await chain.decode_event(event) for event in stored]
+        return decoded
+
+    return read_histories
 
 
 @final

@@ -20,6 +20,7 @@ import trio
 
 from .. import _children as children
 from .._activities import ActivityRequest
+from .._codec_store import BulkRead
 from .._definitions import WorkflowDefinition
 from .._epoch import EngineEpoch
 from .._errors import BackendUnavailable, EngineEpochClosed, NotOwner
@@ -45,7 +46,7 @@ from .._projections import (
 )
 from .._recorder import Recorder
 from .._registry import EvictedRun, Lease, Registry, Residency
-from .._store import BulkHistoryReads, ClusterStore, EventStore, VisibilityRow
+from .._store import ClusterStore, EventStore, VisibilityRow
 from .._transient import Transient
 from .config import EngineConfig
 from .dispatch import ActivityDispatch
@@ -65,6 +66,7 @@ class Recovery:
         self,
         *,
         events: EventStore,
+        read_histories: BulkRead | None,
         cluster: ClusterStore | None,
         epoch: EngineEpoch,
         config: EngineConfig,
@@ -83,6 +85,9 @@ class Recovery:
         children_hub: ChildrenHub,
     ) -> None:
         self._events = events
+        #: Reads many histories in one call (the store's ``BulkHistoryReads``, through the
+        #: codec chain if any; ``None``: one read per workflow).
+        self._read_histories = read_histories
         self._cluster = cluster
         self._epoch = epoch
         self._config = config
@@ -194,14 +199,14 @@ class Recovery:
         A transient fault is left for the sweep to retry; any other is kept for it to report
         (a batch that failed otherwise is read again one workflow at a time, so the fault
         is pinned on the workflow that has it)."""
-        store = self._hub.store
-        if not isinstance(store, BulkHistoryReads):
+        read_histories = self._read_histories
+        if read_histories is None:
             await self._prefetch_each(active, sweep)
             return
         for start in range(0, len(active), _HISTORY_BATCH):
             batch = active[start : start + _HISTORY_BATCH]
             try:
-                await self._recorders.load_many(batch, store.read_histories)
+                await self._recorders.load_many(batch, read_histories)
             except BackendUnavailable:
                 continue
             except Exception:

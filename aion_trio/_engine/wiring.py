@@ -24,7 +24,7 @@ from .._activities import (
 from .._admission import StorePermits
 from .._clock import EngineClock, TrioClock
 from .._cluster import ClusterServices, LeaseGatedDispatcher
-from .._codec_store import CodecEventStore
+from .._codec_store import BulkRead, CodecEventStore, decoding_bulk_reads
 from .._completion import handle_run_exit
 from .._definitions import ActivityDefinition, ActivityLoop, WorkflowDefinition, index_definitions
 from .._epoch import EngineEpoch
@@ -36,6 +36,7 @@ from .._plugins import default_plugin_manager, open_store
 from .._registry import Registry
 from .._run_port import LeasePort
 from .._store import (
+    BulkHistoryReads,
     ClusterStore,
     CommandInbox,
     EventStore,
@@ -274,6 +275,16 @@ def flow_permits(
     return StorePermits(store, holder=holder, ttl=config.flow_permit_ttl, now=clock.now)
 
 
+def bulk_reads(store: Store, config: EngineConfig) -> BulkRead | None:
+    """The store's ``read_histories`` (``BulkHistoryReads``), decoding through the codec
+    chain as the event store's reads do; ``None``: the store reads one history at a time."""
+    if not isinstance(store, BulkHistoryReads):
+        return None
+    if config.codecs is None:
+        return store.read_histories
+    return decoding_bulk_reads(store.read_histories, config.codecs)
+
+
 def _gate_append(epoch: EngineEpoch, workflow_id: str) -> None:
     epoch.gate(workflow_id, None, "append encoded events")
 
@@ -424,6 +435,7 @@ def build_core(
     )
     recovery = Recovery(
         events=events,
+        read_histories=bulk_reads(store, config),
         cluster=cluster,
         epoch=epoch,
         config=config,

@@ -153,8 +153,10 @@ def open_schedule_store(request: pytest.FixtureRequest) -> Callable[[str], Abstr
 def open_flow_store(request: pytest.FixtureRequest) -> Callable[[str], AbstractAsyncContextManager[Any]]:
     """Fallback: a FlowStoreSuite subclass must override this with its keyed factory."""
     _missing(request, "open_flow_store", "FlowStoreSuite", "FlowStore (keyed: factory(key))")
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
+@pytest.fixture
 def open_bulk_history_store(
     request: pytest.FixtureRequest,
 ) -> Callable[[str], AbstractAsyncContextManager[Any]]:
