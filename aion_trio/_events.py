@@ -13,9 +13,9 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, ClassVar, TypeAlias, Union, final
+from typing import Any, ClassVar, TypeAlias, TypeVar, Union, final
 
 import attrs
 
@@ -812,6 +812,50 @@ _BODY_FIELD = attrs.fields(Event).body
 
 def is_terminal_body(body: EventBody) -> bool:
     return body.TERMINAL
+
+
+_Body = TypeVar("_Body", bound=EventBody)
+
+#: Per body type built by :func:`trusted`: its field names.
+_TRUSTED_FIELDS: dict[type[EventBody], frozenset[str]] = {}
+
+
+def trusted(cls: type[_Body], /, **fields: Any) -> _Body:
+    """A ``cls`` body built from values the engine derived from already-validated ones
+    (a recorded schedule's ids, an attempt it counted, a codec's payload), without
+    running the per-field validators: the engine's hot path.  Every field must be
+    given; a type with a converter is refused.  Values from a caller, a dispatcher or
+    the wire go through the class itself, which validates them."""
+    names = _TRUSTED_FIELDS.get(cls)
+    if names is None:
+        declared = attrs.fields(cls)
+        if any(field.converter is not None for field in declared):
+            raise TypeError(f"{cls.__name__} converts a field: build it with {cls.__name__}(...)")
+        names = _TRUSTED_FIELDS[cls] = frozenset(field.name for field in declared)
+    if fields.keys() != names:
+        raise TypeError(f"{cls.__name__} needs exactly the fields {sorted(names)}, got {sorted(fields)}")
+    body = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(body, name, value)
+    return body
+
+
+#: Per body type: whether it starts, reopens or ends (a terminal) a run; filled on first sight.
+_LIFECYCLE_KINDS: dict[type[EventBody], bool] = {}
+
+
+def has_lifecycle(events: Sequence[Event], start: int = 0) -> bool:
+    """Whether any of ``events[start:]`` starts, reopens or ends a run (what a wait for a
+    run's end wakes for).  One lookup per event by its body's type, no call per event."""
+    kinds = _LIFECYCLE_KINDS
+    for i in range(start, len(events)):
+        kind = type(events[i].body)
+        flag = kinds.get(kind)
+        if flag is None:
+            flag = kinds[kind] = kind.TERMINAL or issubclass(kind, (WorkflowStarted, WorkflowReopened))
+        if flag:
+            return True
+    return False
 
 
 def make_batch(

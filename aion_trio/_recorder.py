@@ -24,7 +24,7 @@ import trio
 from ._clock import EngineClock
 from ._epoch import EngineEpoch
 from ._errors import AionInternalError, NotOwner, SequenceConflict
-from ._events import Event, EventBody, WorkflowReopened, WorkflowStarted, make_batch
+from ._events import Event, EventBody, has_lifecycle, make_batch
 from ._logs import ContextLogger
 from ._projections import RunState
 from ._store import EventStore
@@ -361,7 +361,7 @@ class Recorder:
             self._changed = None
             changed.set()
         lifecycle = self._lifecycle
-        if lifecycle is not None and any(_is_lifecycle(e.body) for e in events):
+        if lifecycle is not None and has_lifecycle(events):
             self._lifecycle = None
             lifecycle.set()
 
@@ -390,10 +390,6 @@ class Recorder:
             changed.set()
         if lifecycle is not None:
             lifecycle.set()
-
-
-def _is_lifecycle(body: EventBody) -> bool:
-    return body.TERMINAL or isinstance(body, (WorkflowStarted, WorkflowReopened))
 
 
 @final

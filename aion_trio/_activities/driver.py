@@ -25,6 +25,7 @@ from .._events import (
     FailureCause,
     MarkerRecorded,
     WorkflowReopened,
+    trusted,
 )
 from .._ids import ASYNC_MARKER_PREFIX, HEARTBEAT_MARKER_PREFIX
 from .._logs import ContextLogger
@@ -466,13 +467,13 @@ class ActivityDriver:
                 state.attempt = trail[-1].attempt + 1
                 self._last_attempt = state.attempt
                 rec = await self._required(
-                    ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                    trusted(ActivityStarted, activity_id=self.request.activity_id, attempt=state.attempt)
                 )
                 if rec is not RecordOutcome.RECORDED:
                     return rec
             elif not trail:
                 rec = await self._required(
-                    ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                    trusted(ActivityStarted, activity_id=self.request.activity_id, attempt=state.attempt)
                 )
                 if rec is not RecordOutcome.RECORDED:
                     return rec
@@ -549,7 +550,7 @@ class ActivityDriver:
                 state.attempt += 1
                 self._last_attempt = state.attempt
                 outcome_ = await self._required(
-                    ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                    trusted(ActivityStarted, activity_id=self.request.activity_id, attempt=state.attempt)
                 )
                 if outcome_ is not RecordOutcome.RECORDED:
                     return outcome_
@@ -618,7 +619,7 @@ class ActivityDriver:
             state.attempt += 1
             self._last_attempt = state.attempt
             outcome_ = await self._required(
-                ActivityStarted(activity_id=self.request.activity_id, attempt=state.attempt)
+                trusted(ActivityStarted, activity_id=self.request.activity_id, attempt=state.attempt)
             )
             if outcome_ is not RecordOutcome.RECORDED:
                 return outcome_

@@ -40,9 +40,8 @@ from .._errors import (
 from .._events import (
     Event,
     UpdateCompleted,
-    WorkflowReopened,
-    WorkflowStarted,
     WorkflowStatus,
+    has_lifecycle,
 )
 from .._ids import (
     check_text,
@@ -467,7 +466,7 @@ class Engine:
                 current = latest_run_id(history)
                 if current is None:
                     raise WorkflowNotFound(workflow_id)
-            if not checked or any(_ends_or_starts(e) for e in history[checked:]):
+            if not checked or has_lifecycle(history, checked):
                 checked = len(history)
                 position = follow_chain(history, current, follow_continue_as_new=follow_continue_as_new)
                 if position.state is ChainState.NOT_STARTED:
@@ -993,11 +992,6 @@ class Engine:
 def serve_inbox(engine: Engine, drainer: InboxDrainer) -> None:
     """Route ``engine.drain_inbox`` to ``drainer`` (``open_engine`` builds it after recovery)."""
     engine._inbox = drainer
-
-
-def _ends_or_starts(event: Event) -> bool:
-    body = event.body
-    return body.TERMINAL or isinstance(body, (WorkflowStarted, WorkflowReopened))
 
 
 def _filter(filter: VisibilityFilter | None, criteria: Mapping[str, Any]) -> VisibilityFilter:

@@ -62,6 +62,52 @@ _NOT_OPEN = {
 
 
 @final
+class InflightAttempts:
+    """The running activity attempts' cancel scopes, by ``(workflow_id, run_id, activity_id)``,
+    indexed by workflow: whether a workflow has one, and a run's, cost the same at any
+    number of attempts in flight (a run's release and end ask for each)."""
+
+    __slots__ = ("_by_workflow",)
+
+    def __init__(self) -> None:
+        self._by_workflow: dict[str, dict[tuple[str, int], trio.CancelScope]] = {}
+
+    def get(self, key: tuple[str, str, int]) -> trio.CancelScope | None:
+        scopes = self._by_workflow.get(key[0])
+        return None if scopes is None else scopes.get((key[1], key[2]))
+
+    def add(self, key: tuple[str, str, int], scope: trio.CancelScope) -> None:
+        self._by_workflow.setdefault(key[0], {})[(key[1], key[2])] = scope
+
+    def discard(self, key: tuple[str, str, int], scope: trio.CancelScope) -> None:
+        """Forget ``key`` if ``scope`` is still the one held for it."""
+        scopes = self._by_workflow.get(key[0])
+        if scopes is not None and scopes.get((key[1], key[2])) is scope:
+            del scopes[(key[1], key[2])]
+            if not scopes:
+                del self._by_workflow[key[0]]
+
+    def holds(self, workflow_id: str) -> bool:
+        """Whether an attempt of any run of ``workflow_id`` is in flight."""
+        return workflow_id in self._by_workflow
+
+    def keys_of(self, workflow_id: str) -> list[tuple[str, str, int]]:
+        """The keys of the attempts in flight for ``workflow_id``."""
+        scopes = self._by_workflow.get(workflow_id)
+        return [] if scopes is None else [(workflow_id, run, activity) for run, activity in scopes]
+
+    def of_workflow(self, workflow_id: str, run_id: str | None = None) -> list[trio.CancelScope]:
+        """The scopes of the attempts in flight for ``workflow_id`` (only ``run_id``'s if given)."""
+        scopes = self._by_workflow.get(workflow_id)
+        if scopes is None:
+            return []
+        return [scope for (run, _), scope in scopes.items() if run_id is None or run == run_id]
+
+    def __len__(self) -> int:
+        return sum(len(scopes) for scopes in self._by_workflow.values())
+
+
+@final
 class ActivityDispatch:
     """Dispatches a run's activities and tracks their running attempts."""
 
@@ -90,7 +136,7 @@ class ActivityDispatch:
         self.held = held
         self.mark_stuck = mark_stuck
         #: The running attempts' cancel scopes, by ``(workflow_id, run_id, activity_id)``.
-        self.inflight: dict[tuple[str, str, int], trio.CancelScope] = {}
+        self.inflight = InflightAttempts()
         #: Their drivers, by the same key (``waiting_remote``: the attempt is on a remote worker).
         self._drivers: dict[tuple[str, str, int], ActivityDriver] = {}
         #: ``Recorders.recorder_for``: a driver whose run was evicted records through it.
@@ -170,7 +216,7 @@ class ActivityDispatch:
             reacquire=None if self.cluster_mode else self.reacquire,
         )
         with trio.CancelScope() as scope:
-            self.inflight[key] = scope
+            self.inflight.add(key, scope)
             self._drivers[key] = driver
             try:
                 await driver.run(resume=resume)
@@ -194,17 +240,14 @@ class ActivityDispatch:
                 else:
                     await self.mark_stuck(lease, reason)
             finally:
-                if self.inflight.get(key) is scope:
-                    del self.inflight[key]
+                self.inflight.discard(key, scope)
                 if self._drivers.get(key) is driver:
                     del self._drivers[key]
 
     def holds_run(self, workflow_id: str) -> bool:
         """Whether an attempt of ``workflow_id`` runs here (not merely awaits a remote worker's
         outcome): its run must stay resident.  In cluster mode every attempt holds it."""
-        for key in self.inflight:
-            if key[0] != workflow_id:
-                continue
+        for key in self.inflight.keys_of(workflow_id):
             driver = self._drivers.get(key)
             if self.cluster_mode or driver is None or driver.reacquire is None or not driver.waiting_remote:
                 return True
@@ -259,10 +302,10 @@ class ActivityDispatch:
 
     def cancel_inflight(self, workflow_id: str, run_id: str) -> int:
         """Cancel the running dispatches of a run (its terminal already settled them)."""
-        keys = [k for k in self.inflight if k[0] == workflow_id and k[1] == run_id]
-        for key in keys:
-            self.inflight[key].cancel()
-        return len(keys)
+        scopes = self.inflight.of_workflow(workflow_id, run_id)
+        for scope in scopes:
+            scope.cancel()
+        return len(scopes)
 
     async def redispatch_unsettled(self, recorder: Recorder, run_id: str) -> int:
         """Recovery: drive every scheduled, unsettled activity of the run from its recorded trail."""

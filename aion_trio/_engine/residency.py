@@ -38,6 +38,7 @@ from .._projections import is_active, run_segment
 from .._recorder import Recorder
 from .._registry import EvictedRun, Lease, Registry, Residency
 from .config import EngineConfig
+from .dispatch import InflightAttempts
 from .log import logger
 from .recorders import Recorders
 
@@ -61,7 +62,7 @@ class ResidencyService:
         epoch: EngineEpoch,
         registry: Registry,
         recorders: Recorders,
-        inflight: Mapping[tuple[str, str, int], object],
+        inflight: InflightAttempts,
         holds_run: Callable[[str], bool],
         watching: Mapping[str, int],
         live_runs: Callable[[], int],
@@ -267,7 +268,7 @@ class ResidencyService:
             or recorder.deferred
             or workflow_id in self._reviving
             or any(lease.task is not None or lease.query_waiters for lease in leases)
-            or any(key[0] == workflow_id for key in self._inflight)
+            or self._inflight.holds(workflow_id)
             or self._watching.get(workflow_id)
         ):
             return None

@@ -16,7 +16,7 @@ children, marking a run stuck) it is given.
 from __future__ import annotations
 
 import collections
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, final
 
@@ -80,6 +80,7 @@ from .._recorder import Recorder
 from .._registry import Lease, Residency
 from .._transient import RetryAbandoned, Transient
 from .config import EngineConfig
+from .dispatch import InflightAttempts
 from .log import logger
 from .window import ScheduleWindow, schedule_bodies
 
@@ -128,7 +129,7 @@ class StepRecorder:
         transient: Transient,
         cluster_mode: bool,
         window: ScheduleWindow,
-        inflight: MutableMapping[tuple[str, str, int], trio.CancelScope],
+        inflight: InflightAttempts,
         children_hub: ChildrenHub,
         loaded_recorder: Callable[[str], Recorder | None],
         dispatch: Callable[[Recorder, ActivityRequest], None],

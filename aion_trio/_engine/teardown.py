@@ -87,9 +87,8 @@ class RunTeardown:
             self._registry.remove(workflow_id, lease.run_id)
             if lease.cancel_scope is not None:
                 lease.cancel_scope.cancel()
-        for key, scope in list(self._dispatch.inflight.items()):
-            if key[0] == workflow_id:
-                scope.cancel()
+        for scope in self._dispatch.inflight.of_workflow(workflow_id):
+            scope.cancel()
         self._registry.take_evicted(workflow_id)
         self._timers.drop_workflow(workflow_id)
         self._stuck.pop(workflow_id, None)

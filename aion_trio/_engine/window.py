@@ -19,7 +19,7 @@ import trio
 from .._clock import EngineClock
 from .._epoch import EngineEpoch
 from .._errors import BackendUnavailable, EngineEpochClosed, StoreError, WorkflowFenced
-from .._events import ActivityScheduled, ActivityStarted, input_digest
+from .._events import ActivityScheduled, ActivityStarted, input_digest, trusted
 from .._ports import RunAborted, ScheduleActivity
 from .._projections import RunState
 from .._recorder import Recorder
@@ -30,8 +30,11 @@ from .log import logger
 
 def schedule_bodies(p: ScheduleActivity) -> tuple[ActivityScheduled, ActivityStarted]:
     """A newly started activity's first records: scheduled, and its first attempt started."""
+    # Built without re-validating: the ordinal is the engine's count, the name a checked
+    # definition's, the payloads the codec's and the resolved options', the queue checked there.
     return (
-        ActivityScheduled(
+        trusted(
+            ActivityScheduled,
             activity_id=p.ordinal,
             activity_type=p.definition.name,
             input=p.input,
@@ -39,7 +42,7 @@ def schedule_bodies(p: ScheduleActivity) -> tuple[ActivityScheduled, ActivitySta
             options=p.options,
             input_digest=input_digest(p.input),
         ),
-        ActivityStarted(activity_id=p.ordinal, attempt=1),
+        trusted(ActivityStarted, activity_id=p.ordinal, attempt=1),
     )
 
 
