@@ -808,6 +808,9 @@ class Event:
 
 
 _BODY_FIELD = attrs.fields(Event).body
+_WORKFLOW_ID_FIELD = attrs.fields(Event).workflow_id
+_SEQ_FIELD = attrs.fields(Event).seq
+_RECORDED_AT_FIELD = attrs.fields(Event).recorded_at
 
 
 def is_terminal_body(body: EventBody) -> bool:
@@ -859,25 +862,42 @@ def has_lifecycle(events: Sequence[Event], start: int = 0) -> bool:
 
 
 def make_batch(
-    workflow_id: str, first_seq: int, recorded_at: datetime, bodies: list[EventBody] | tuple[EventBody, ...]
+    workflow_id: str,
+    first_seq: int,
+    recorded_at: datetime,
+    bodies: list[EventBody] | tuple[EventBody, ...],
+    *,
+    checked_id: bool = False,
 ) -> list[Event]:
     """Envelope ``bodies`` with contiguous seqs starting at ``first_seq``.
 
-    The envelope is validated once for the batch, then each event is built
-    without re-running the per-field validators (the batch's hot path).
+    The envelope is validated once for the batch (the workflow id only unless
+    ``checked_id``: a recorder checks its own when it is made), each body's type
+    is checked, then every event is built without re-running the per-field
+    validators (the hot path of every append).
     """
     if not bodies:
         return []
-    first = Event(workflow_id=workflow_id, seq=first_seq, recorded_at=recorded_at, body=bodies[0])
-    out = [first]
-    for i, body in enumerate(bodies[1:], start=1):
-        _body_validator(None, _BODY_FIELD, body)
-        event = object.__new__(Event)
-        object.__setattr__(event, "workflow_id", workflow_id)
-        object.__setattr__(event, "seq", first_seq + i)
-        object.__setattr__(event, "recorded_at", recorded_at)
-        object.__setattr__(event, "body", body)
+    if not checked_id:
+        _workflow_id_validator(None, _WORKFLOW_ID_FIELD, workflow_id)
+    if type(first_seq) is not int or first_seq < 1:
+        _positive(None, _SEQ_FIELD, first_seq)
+    if type(recorded_at) is not datetime or recorded_at.utcoffset() is None:
+        _require_aware(None, _RECORDED_AT_FIELD, recorded_at)
+    out = []
+    new = object.__new__
+    put = object.__setattr__
+    seq = first_seq
+    for body in bodies:
+        if type(body) not in _BODY_TYPES:
+            _body_validator(None, _BODY_FIELD, body)
+        event = new(Event)
+        put(event, "workflow_id", workflow_id)
+        put(event, "seq", seq)
+        put(event, "recorded_at", recorded_at)
+        put(event, "body", body)
         out.append(event)
+        seq += 1
     return out
 
 

@@ -25,6 +25,7 @@ from ._clock import EngineClock
 from ._epoch import EngineEpoch
 from ._errors import AionInternalError, NotOwner, SequenceConflict
 from ._events import Event, EventBody, has_lifecycle, make_batch
+from ._ids import validate_workflow_id
 from ._logs import ContextLogger
 from ._projections import RunState
 from ._store import EventStore
@@ -51,7 +52,8 @@ class Recorder:
         on_fenced: Callable[[Recorder, NotOwner], None] | None = None,
         on_stale: Callable[[Recorder, SequenceConflict], None] | None = None,
     ) -> None:
-        self.workflow_id = workflow_id
+        #: Checked once here: every batch this recorder envelopes carries it unchecked.
+        self.workflow_id = validate_workflow_id(workflow_id)
         #: Called (synchronously, no checkpoint) when the store refuses an append with
         #: ``NotOwner``: the one place a fenced workflow is noticed (cluster mode).
         self.on_fenced = on_fenced
@@ -261,10 +263,12 @@ class Recorder:
         if self._deferred:
             events = self._deferred_events()
             events.extend(
-                make_batch(self.workflow_id, self._head + 1 + len(events), recorded_at, list(bodies))
+                make_batch(
+                    self.workflow_id, self._head + 1 + len(events), recorded_at, list(bodies), checked_id=True
+                )
             )
         else:
-            events = make_batch(self.workflow_id, self._head + 1, recorded_at, list(bodies))
+            events = make_batch(self.workflow_id, self._head + 1, recorded_at, list(bodies), checked_id=True)
         if not events:
             return events
         self._pending = events
@@ -343,7 +347,9 @@ class Recorder:
     def _deferred_events(self) -> list[Event]:
         events: list[Event] = []
         for at, bodies in self._deferred:
-            events.extend(make_batch(self.workflow_id, self._head + 1 + len(events), at, bodies))
+            events.extend(
+                make_batch(self.workflow_id, self._head + 1 + len(events), at, bodies, checked_id=True)
+            )
         self._pending_deferred = len(self._deferred)
         return events
 

@@ -304,6 +304,8 @@ def _encode_attrs(value: Any) -> dict[str, Any]:
 
 
 _TEXT_ENCODERS: dict[type, Callable[[Any], str]] = {}
+#: The same, for the event body types only (checked once, then looked up by type alone).
+_BODY_TEXT_ENCODERS: dict[type, Callable[[Any], str]] = {}
 
 
 def _compile_text_encoder(cls: type) -> Callable[[Any], str]:
@@ -315,14 +317,17 @@ def _compile_text_encoder(cls: type) -> Callable[[Any], str]:
     from ``attrs.fields`` (identifiers) and every key is embedded with ``repr``.
     """
     codecs = _codecs(cls)
-    namespace: dict[str, Any] = {}
-    for i, codec in enumerate(codecs.values()):
-        namespace[f"f{i}"] = codec.text or codec.to_text
+    namespace: dict[str, Any] = {"ej": _encode_json}
+    texts: list[str] = []
+    for i, (name, codec) in enumerate(codecs.items()):
+        namespace[f"f{i}"] = text = codec.text or codec.to_text
+        inline = _INLINE_TEXT.get(text)
+        texts.append(f"f{i}(v.{name})" if inline is None else inline.replace("READ", f"v.{name}"))
     keys = [_encode_str(name) + ":" for name in codecs]
     if any(codec.omit_none or codec.omit_empty for codec in codecs.values()):
         lines = ["def encode(v):", "    parts = []"]
         for i, (name, codec) in enumerate(codecs.items()):
-            append = f"parts.append({keys[i]!r} + f{i}(v.{name}))"
+            append = f"parts.append({keys[i]!r} + {texts[i]})"
             if codec.omit_none:
                 lines.append(f"    if v.{name} is not None: {append}")
             elif codec.omit_empty:
@@ -332,11 +337,19 @@ def _compile_text_encoder(cls: type) -> Callable[[Any], str]:
         lines.append('    return "{" + ",".join(parts) + "}"')
     else:
         # Every key always present: one concatenation.
-        pieces = [f"{('{' if i == 0 else ',') + keys[i]!r} + f{i}(v.{name})" for i, name in enumerate(codecs)]
+        pieces = [f"{('{' if i == 0 else ',') + keys[i]!r} + {texts[i]}" for i in range(len(codecs))]
         lines = ["def encode(v):", "    return " + (" + ".join(pieces) or "'{'") + " + '}'"]
     exec("\n".join(lines), namespace)
     encode: Callable[[Any], str] = namespace["encode"]
     return encode
+
+
+#: Text functions a compiled encoder writes inline, as an expression of the field's value
+#: (``READ``, read once): no call per field for the commonest kinds.
+_INLINE_TEXT: dict[Callable[[Any], str], str] = {
+    _int_text: "(int.__repr__(x) if type(x := READ) is int else ej(x))",
+    _payload_text: "READ.json",
+}
 
 
 def _attrs_text(value: Any) -> str:
@@ -403,10 +416,13 @@ def body_data_json(body: EventBody) -> tuple[str, str]:
     Payloads are already JSON text, so they are spliced in as they are rather
     than parsed and re-serialised (the hot path of every append).
     """
-    name = type(body).__name__
-    if EVENT_TYPES.get(name) is not type(body):
-        raise TypeError(f"{type(body).__qualname__} is not an event body type")
-    return name, _attrs_text(body)
+    cls = type(body)
+    encode = _BODY_TEXT_ENCODERS.get(cls)
+    if encode is None:
+        if EVENT_TYPES.get(cls.__name__) is not cls:
+            raise TypeError(f"{cls.__qualname__} is not an event body type")
+        encode = _BODY_TEXT_ENCODERS[cls] = _TEXT_ENCODERS.get(cls) or _compile_text_encoder(cls)
+    return cls.__name__, encode(body)
 
 
 def body_from_data_json(type_name: object, data_text: str | bytes) -> EventBody:

@@ -19,6 +19,7 @@ from aion_trio._events import (
     WorkflowReopened,
     WorkflowStarted,
     has_lifecycle,
+    make_batch,
     trusted,
 )
 from aion_trio._payload import Payload
@@ -78,3 +79,30 @@ def test_has_lifecycle_finds_starts_reopens_and_terminals_from_an_offset() -> No
     assert has_lifecycle([*step, _event(5, WorkflowCompleted(result=Payload.of(1)))])
     assert has_lifecycle([*step, _event(5, WorkflowReopened(run_id=RUN, reopened_activity_ids=(0,)))], 3)
     assert not has_lifecycle([*step, _event(5, WorkflowCompleted(result=Payload.of(1)))], 4)
+
+
+def test_make_batch_builds_what_the_envelope_would_and_still_checks_seq_time_and_bodies() -> None:
+    bodies = [
+        ActivityScheduled(activity_id=0, activity_type="a", input=Payload.of(None)),
+        ActivityStarted(activity_id=0, attempt=1),
+    ]
+    for checked in (False, True):
+        batch = make_batch("wf", 4, AT, bodies, checked_id=checked)
+        assert batch == [
+            Event(workflow_id="wf", seq=4, recorded_at=AT, body=bodies[0]),
+            Event(workflow_id="wf", seq=5, recorded_at=AT, body=bodies[1]),
+        ]
+        with pytest.raises(ValueError, match="seq must be an int >= 1"):
+            make_batch("wf", 0, AT, bodies, checked_id=checked)
+        with pytest.raises(ValueError, match="seq must be an int >= 1"):
+            make_batch("wf", True, AT, bodies, checked_id=checked)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="timezone-aware"):
+            make_batch("wf", 1, AT.replace(tzinfo=None), bodies, checked_id=checked)
+        with pytest.raises(TypeError, match="must be a datetime"):
+            make_batch("wf", 1, "2026-01-01", bodies, checked_id=checked)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="event body types"):
+            make_batch("wf", 1, AT, [bodies[0], "body"], checked_id=checked)  # type: ignore[list-item]
+    # The id is the one field a recorder vouches for (it checks its own when made).
+    with pytest.raises(ValueError, match="workflow_id must not be empty"):
+        make_batch("", 1, AT, bodies)
+    assert make_batch("", 1, AT, bodies, checked_id=True)[0].seq == 1

@@ -57,3 +57,13 @@ async def test_a_cancelled_caller_raises_at_hold_even_if_the_lock_is_free() -> N
         assert scope.cancelled_caught
         assert not entered
         assert not recorder.lock.locked()
+
+
+async def test_a_recorder_checks_its_workflow_id_once_when_made() -> None:
+    # Its batches carry the id unchecked (make_batch(checked_id=True)): a bad id is refused here.
+    async with aion.open_store("memory://") as store, trio.open_nursery() as nursery:
+        with pytest.raises(ValueError, match="workflow_id must not be empty"):
+            Recorder("", store.events, EngineEpoch(nursery), TrioClock.start())
+        with pytest.raises(TypeError, match="workflow_id must be str"):
+            Recorder(7, store.events, EngineEpoch(nursery), TrioClock.start())  # type: ignore[arg-type]
+        assert (await _recorder(store, nursery)).workflow_id == "w"
