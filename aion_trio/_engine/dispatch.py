@@ -103,9 +103,6 @@ class InflightAttempts:
             return []
         return [scope for (run, _), scope in scopes.items() if run_id is None or run == run_id]
 
-    def __len__(self) -> int:
-        return sum(len(scopes) for scopes in self._by_workflow.values())
-
 
 @final
 class ActivityDispatch:
