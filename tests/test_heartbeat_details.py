@@ -97,8 +97,13 @@ async def test_an_engine_restarted_mid_retry_hands_over_the_recorded_details(
     async with aion.open_engine(url, workflows=[counter], activities=[resumable]) as engine:
         await engine.start(counter, "resumable", workflow_id="r")
         with trio.fail_after(LIMIT):
-            while not any(isinstance(e.body, aion.ActivityFailed) for e in await engine.history("r")):
+            history = await engine.history("r")
+            while not any(isinstance(e.body, aion.ActivityFailed) for e in history):
                 await trio.testing.wait_all_tasks_blocked()
+                history = await engine.history("r")
+        assert _heartbeats(history) == [{"attempt": 1, "details": 7}], (
+            "the attempt's last details were recorded before its failure"
+        )
     assert SEEN == [0]
     async with aion.open_engine(url, workflows=[counter], activities=[resumable]) as engine:
         with trio.fail_after(LIMIT):

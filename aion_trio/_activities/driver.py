@@ -646,9 +646,11 @@ class ActivityDriver:
 class _HeartbeatLog:
     """An attempt's heartbeat details: the latest is kept for the next attempt (in this
     driver) and recorded as a ``heartbeat:N`` marker, at most once per interval while the
-    attempt runs and once more when it ends without a result, so a driver resumed after a
-    crash gives the next attempt what was recorded.  Recording is best effort: a store
-    error leaves the details in memory only."""
+    attempt runs (in the background) and once more when it ends without a result, so a
+    driver resumed after a crash gives the next attempt what was recorded.  The end's
+    record waits for one under way and comes before the attempt's outcome is recorded: the
+    last details are durable before the failure that hands them over.  Recording is best
+    effort: a store error leaves the details in memory only."""
 
     def __init__(self, driver: ActivityDriver, attempt: int) -> None:
         self._driver = driver
@@ -657,41 +659,50 @@ class _HeartbeatLog:
         self._interval = HEARTBEAT_RECORD_INTERVAL if timeout is None else 0.8 * timeout
         self._recorded_at = -math.inf
         self._unrecorded: Payload | None = None
-        self._recording = False
+        self._in_flight: trio.Event | None = None
+        """Set when the background record under way is done (``None``: none is)."""
 
     def beat(self, details: Payload) -> None:
         self._driver.heartbeat_details = details
         self._unrecorded = details
-        if self._recording or trio.current_time() - self._recorded_at < self._interval:
+        if self._in_flight is not None or trio.current_time() - self._recorded_at < self._interval:
             return
         try:
-            self._driver.recorder.epoch.spawn(self._record, name="record heartbeat details")
+            self._driver.recorder.epoch.spawn(self._record_in_background, name="record heartbeat details")
         except EngineEpochClosed:
             return
-        self._recording = True
+        self._in_flight = trio.Event()
 
     async def finished(self, outcome: ActivityOutcome) -> ActivityOutcome:
-        if outcome.result is None and self._unrecorded is not None and not self._recording:
-            await self._record()
+        if outcome.result is None:
+            if self._in_flight is not None:
+                # Its details may be the last ones: they land (or are refused) first.
+                await self._in_flight.wait()
+            if self._unrecorded is not None:
+                await self._record()
         return outcome
 
-    async def _record(self) -> None:
-        self._recording = True
+    async def _record_in_background(self) -> None:
         try:
-            details = self._unrecorded
-            if details is None:
-                return
-            self._unrecorded = None
-            self._recorded_at = trio.current_time()
-            request = self._driver.request
-            body = MarkerRecorded(
-                name=f"{HEARTBEAT_MARKER_PREFIX}{request.activity_id}",
-                value=Payload.of({"attempt": self._attempt, "details": details.value()}),
-            )
-            try:
-                recorder = await self._driver.current_recorder()
-                await record_activity_event(recorder, request.run_id, request.activity_id, body)
-            except StoreError as exc:
-                logger.info("heartbeat details not recorded: %s", exc, extra=self._driver.log)
+            await self._record()
         finally:
-            self._recording = False
+            done, self._in_flight = self._in_flight, None
+            if done is not None:
+                done.set()
+
+    async def _record(self) -> None:
+        details = self._unrecorded
+        if details is None:
+            return
+        self._unrecorded = None
+        self._recorded_at = trio.current_time()
+        request = self._driver.request
+        body = MarkerRecorded(
+            name=f"{HEARTBEAT_MARKER_PREFIX}{request.activity_id}",
+            value=Payload.of({"attempt": self._attempt, "details": details.value()}),
+        )
+        try:
+            recorder = await self._driver.current_recorder()
+            await record_activity_event(recorder, request.run_id, request.activity_id, body)
+        except StoreError as exc:
+            logger.info("heartbeat details not recorded: %s", exc, extra=self._driver.log)
