@@ -2,8 +2,12 @@
 ("nodes") on one schema.
 
 Leases are judged by the database clock.  A test that needs a lease to run
-out opens the node with a short ``lease_ttl`` and renewal off, then waits
-until the *database* says the lease has expired (it asks, it does not guess).
+out opens the node with the default (long) ``lease_ttl`` and renewal off, so the
+lease is surely live for as long as the test needs it to be, however slow the
+machine; then it ends the lease on purpose, setting its expiry to the database's
+now, and checks that the *database* says it has expired (it asks, it does not
+guess).  The node itself is not told: it still believes its lease live, as a
+paused process does.
 After each scenario the history is checked in SQL: contiguous seqs from 1,
 owner epochs never decreasing along it, and no event written by the fenced
 node after the claim.
@@ -86,6 +90,14 @@ def assert_history_never_forked(url: str, schema: str, workflow_id: str) -> None
     assert count == max_seq == head
 
 
+async def expire_lease(url: str, schema: str, node: str) -> None:
+    """End ``node``'s lease now by the database clock (as if its renewals had stopped a
+    ``lease_ttl`` ago), then confirm that the database sees it expired."""
+    text = "UPDATE nodes SET lease_expires_at = clock_timestamp() WHERE node_id = %s RETURNING 1"
+    assert await trio.to_thread.run_sync(query, url, schema, text, (node,)) == [(1,)]
+    await wait_until_lease_expired(url, schema, node)
+
+
 async def wait_until_lease_expired(url: str, schema: str, node: str) -> None:
     """Sleep (real time) until the database clock is past ``node``'s lease, then confirm it."""
     text = (
@@ -116,7 +128,7 @@ def node_url(pg_url: str, schema: str, node: str, **options: Any) -> str:
 async def test_a_claim_after_lease_expiry_fences_the_old_owner(pg_url: str, schema: str) -> None:
     """B claims a workflow A owns once A's lease has expired by the database clock; A's next
     append raises WorkflowFenced (a NotOwner) and writes nothing; the history never forks."""
-    async with open_postgres_store(node_url(pg_url, schema, "A", lease_ttl=0.5), renew_every=None) as a:
+    async with open_postgres_store(node_url(pg_url, schema, "A"), renew_every=None) as a:
         await a.events.append("wf", markers("wf", 1, 2, "A"), 0)
         assert a.events.held_epoch("wf") == 1
         async with open_postgres_store(node_url(pg_url, schema, "B")) as b:
@@ -126,7 +138,7 @@ async def test_a_claim_after_lease_expiry_fences_the_old_owner(pg_url: str, sche
             assert refused.value.shard == refused.value.workflow_id == "wf"
             assert history_rows(pg_url, schema, "wf") == [(1, 1, "A"), (2, 1, "A")]
 
-            await wait_until_lease_expired(pg_url, schema, "A")
+            await expire_lease(pg_url, schema, "A")
             await b.events.append("wf", markers("wf", 3, 1, "B"), 2)
             assert b.events.held_epoch("wf") == 2
 
@@ -154,11 +166,11 @@ async def test_racing_appends_of_old_and_new_owner_never_fork(pg_url: str, schem
     """After the claim, the fenced node and the new owner append concurrently many times:
     every append of the fenced one is refused, every one of the owner lands, in order."""
     async with (
-        open_postgres_store(node_url(pg_url, schema, "A", lease_ttl=0.5), renew_every=None) as a,
+        open_postgres_store(node_url(pg_url, schema, "A"), renew_every=None) as a,
         open_postgres_store(node_url(pg_url, schema, "B")) as b,
     ):
         await a.events.append("wf", markers("wf", 1, 1, "A"), 0)
-        await wait_until_lease_expired(pg_url, schema, "A")
+        await expire_lease(pg_url, schema, "A")
         await b.events.claim("wf")
         refused: list[type[BaseException]] = []
 
