@@ -123,7 +123,10 @@ async def _replay(app: App, histories: list[History]) -> ReplayReport:
     chain = app.codecs
     if chain is not None:
         # Histories exported without the codec hold its envelopes: decode them first.
-        histories = [History(h.source, [await chain.decode_event(e) for e in h.events]) for h in histories]
+        decoded = []
+        for history in histories:  # not a nested comprehension: Python 3.10 refuses an await there
+            decoded.append(History(history.source, [await chain.decode_event(e) for e in history.events]))
+        histories = decoded
     return await replay(app.workflows, histories, activities=app.activities)
 
 
