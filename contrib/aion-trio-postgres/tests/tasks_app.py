@@ -120,6 +120,7 @@ async def goes_async() -> None:
     aion.complete_async()
 
 
+@aion.activity
 async def wait_for_go(directory: str, tag: str) -> dict[str, Any]:
     """Mark ``started``, then wait until the test creates ``go``."""
     base = Path(directory)
