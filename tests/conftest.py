@@ -153,3 +153,25 @@ def store_url(tmp_path: Path) -> Iterator[Callable[[], str]]:
             aion_trio_memory.forget(url.removeprefix("memory://"))
         elif kind == "postgres":
             _drop_postgres_schema(url)
+
+
+#: Stores the flow-control tests run on: memory and SQLite, plus the selected store in the
+#: PostgreSQL engine set (AION_TRIO_TEST_STORE=postgres).
+FLOW_KINDS = ["memory", "sqlite"] + (
+    ["selected"] if os.environ.get("AION_TRIO_TEST_STORE") == "postgres" else []
+)
+
+
+@pytest.fixture(params=FLOW_KINDS)
+def flow_url(
+    request: pytest.FixtureRequest, tmp_path: Path, store_url: Callable[[], str]
+) -> Iterator[Callable[[], str]]:
+    """A fresh store URL of each kind; opening it again finds the same data."""
+    if request.param == "selected":
+        url = store_url()
+        yield lambda: url
+        return
+    name = f"flow-{uuid.uuid4().hex}"
+    url = f"memory://{name}" if request.param == "memory" else f"sqlite:///{tmp_path / 'flow.db'}"
+    yield lambda: url
+    aion_trio_memory.forget(name)

@@ -12,35 +12,13 @@ attempts admitted by priority (lower first, FIFO within), the wait visible in
 from __future__ import annotations
 
 import itertools
-import os
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import trio
 import trio.testing
 
 import aion_trio as aion
-import aion_trio_memory
-
-# The PostgreSQL engine set (AION_TRIO_TEST_STORE=postgres) adds the selected store.
-KINDS = ["memory", "sqlite"] + (["selected"] if os.environ.get("AION_TRIO_TEST_STORE") == "postgres" else [])
-
-
-@pytest.fixture(params=KINDS)
-def flow_url(
-    request: pytest.FixtureRequest, tmp_path: Path, store_url: Callable[[], str]
-) -> Iterator[Callable[[], str]]:
-    """A fresh store URL of each kind; opening it again finds the same data."""
-    if request.param == "selected":
-        url = store_url()
-        yield lambda: url
-        return
-    name = f"flow-{uuid.uuid4().hex}"
-    url = f"memory://{name}" if request.param == "memory" else f"sqlite:///{tmp_path / 'flow.db'}"
-    yield lambda: url
-    aion_trio_memory.forget(name)
 
 
 class Probe:
