@@ -251,6 +251,7 @@ class WorkflowContext:
         task_queue: str | None = UNSET,
         fallback_queues: Sequence[str] | None = UNSET,
         advisory: bool = UNSET,
+        priority: int = UNSET,
     ) -> ActivityHandle[R]: ...
 
     @overload
@@ -265,6 +266,7 @@ class WorkflowContext:
         task_queue: str | None = UNSET,
         fallback_queues: Sequence[str] | None = UNSET,
         advisory: bool = UNSET,
+        priority: int = UNSET,
     ) -> ActivityHandle[R]: ...
 
     @overload
@@ -279,6 +281,7 @@ class WorkflowContext:
         task_queue: str | None = UNSET,
         fallback_queues: Sequence[str] | None = UNSET,
         advisory: bool = UNSET,
+        priority: int = UNSET,
     ) -> ActivityHandle[Any]: ...
 
     def start(
@@ -292,11 +295,17 @@ class WorkflowContext:
         task_queue: str | None = UNSET,
         fallback_queues: Sequence[str] | None = UNSET,
         advisory: bool = UNSET,
+        priority: int = UNSET,
     ) -> ActivityHandle[Any]:
         """Schedule an activity; returns a handle at once (await it later).
 
         Keyword options override the activity's own, which override the
         engine's defaults; the resolved options are recorded with the command.
+        ``priority`` orders this attempt among those waiting for a flow-control
+        slot (lower first, then in order of arrival; docs/flow-control.md).  Replay
+        compares an activity's type and arguments, never its options: history
+        recorded under other options (another ``timeout``, ``priority``...) replays
+        unchanged, and its attempts keep the options recorded with them.
         Type checkers check ``args`` against the activity's parameters and give
         the handle its result type (an ``async def``'s awaited value).
         """
@@ -307,15 +316,17 @@ class WorkflowContext:
         # does not fit raises here, and the run fails like on any exception.
         definition.check_arguments(args)
         call_layer: dict[str, Any] = {}
-        if not (
-            retry is UNSET
-            and timeout is UNSET
-            and schedule_to_close is UNSET
-            and heartbeat_timeout is UNSET
-            and task_queue is UNSET
-            and fallback_queues is UNSET
-            and advisory is UNSET
-        ):
+        passed = (
+            retry,
+            timeout,
+            schedule_to_close,
+            heartbeat_timeout,
+            task_queue,
+            fallback_queues,
+            advisory,
+            priority,
+        )
+        if any(option is not UNSET for option in passed):
             call_layer = explicit(
                 retry=retry,
                 timeout=timeout,
@@ -324,6 +335,7 @@ class WorkflowContext:
                 task_queue=task_queue,
                 fallback_queues=fallback_queues,
                 advisory=advisory,
+                priority=priority,
             )
             if call_layer:
                 call_layer = check_layer(call_layer, f"ctx.start({definition.name})")

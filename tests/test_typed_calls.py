@@ -29,6 +29,7 @@ EXPECTED = [
     'note: Revealed type is "str"',
     'note: Revealed type is "bytes"',
     'note: Revealed type is "aion_trio._handles.ActivityHandle[str]"',
+    'note: Revealed type is "aion_trio._handles.ActivityHandle[str]"',
     'note: Revealed type is "str"',
     'note: Revealed type is "list[str]"',
     'note: Revealed type is "aion_trio._handles.ChildHandle[list[str]]"',

@@ -35,6 +35,8 @@ async def checkout(ctx: aion.WorkflowContext, order_id: int, note: str = "") -> 
     reveal_type(label)
     handle = ctx.start(charge, order_id, 1)
     reveal_type(handle)
+    urgent = ctx.start(charge, order_id, 1, priority=-1, timeout=10)
+    reveal_type(urgent)
     reveal_type(await handle)
     parcels = await ctx.child(ship, order_id)
     reveal_type(parcels)
