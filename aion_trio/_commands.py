@@ -20,7 +20,13 @@ from typing import Any, ClassVar, Union, final
 import attrs
 
 from ._errors import CommandDecodeError, EventDecodeError
-from ._events import OMIT_NONE, FrozenSearchAttributes, SearchValue, validate_search_attributes
+from ._events import (
+    OMIT_NONE,
+    FrozenSearchAttributes,
+    SearchValue,
+    WorkflowStatus,
+    validate_search_attributes,
+)
 from ._ids import validate_request_id, validate_workflow_id
 from ._payload import NULL, Payload
 from ._wire import loads_strict, record_from_wire, record_to_wire, register_wire_record
@@ -47,6 +53,23 @@ class IdReusePolicy(enum.Enum):
 
 #: The ``id_reuse`` values a start command may carry (an :class:`IdReusePolicy`'s value).
 ID_REUSE_VALUES = tuple(policy.value for policy in IdReusePolicy)
+
+
+def reuse_decision(policy: IdReusePolicy, status: WorkflowStatus) -> bool | None:
+    """What ``policy`` says of a start under an id whose latest run has ``status``:
+    ``True`` start a new run, ``False`` refuse, ``None`` use the existing run.
+
+    The one decision ``Engine.start`` (and signal-with-start) and ``Engine.enqueue``
+    (at enqueue and again at admission) apply."""
+    if policy is IdReusePolicy.USE_EXISTING:
+        return None
+    if policy is IdReusePolicy.REJECT_DUPLICATE:
+        return False
+    if status in (WorkflowStatus.RUNNING, WorkflowStatus.CONTINUED_AS_NEW):
+        return False
+    if policy is IdReusePolicy.ALLOW_IF_FAILED:
+        return status in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT)
+    return True
 
 
 def _workflow_id(instance: object, attribute: attrs.Attribute[str], value: str) -> None:

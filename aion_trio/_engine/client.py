@@ -193,6 +193,7 @@ class Engine:
         workflow_id: str | None = None,
         search_attributes: Mapping[str, Any] | None = None,
         timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
     ) -> QueuedHandle:
         """Put a run of ``workflow`` into the workflow queue ``queue`` (one of
         ``EngineConfig.workflow_queues``); it starts, through :meth:`start`, once its
@@ -205,6 +206,16 @@ class Engine:
         :class:`QueueDeduplicated` (naming that run's workflow id) and writes nothing.
         Bad input (an unknown queue or workflow, arguments that cannot be encoded, a
         missing or needless ``partition_key``) raises before anything is written.
+
+        ``id_reuse`` (with a ``workflow_id``) means what it means for :meth:`start`, and
+        applies twice: now, against the workflow as it is (a refusal raises
+        :class:`WorkflowAlreadyStarted` and writes nothing; ``USE_EXISTING`` returns a
+        handle of the existing run, ``created`` false, and writes nothing), and again at
+        admission, when the run starts: if the id was taken meanwhile and the policy
+        refuses, the entry ends without a run and gives its place back, and its
+        handle's ``result()`` raises :class:`WorkflowAlreadyStarted`
+        (``USE_EXISTING``: the entry ends, its handle gives the existing run's result).
+        The policy is stored with the entry, so it survives a restart.
         """
         return await self.queues.enqueue(
             workflow,
@@ -216,6 +227,7 @@ class Engine:
             workflow_id=workflow_id,
             search_attributes=search_attributes,
             timeout=timeout,
+            id_reuse=id_reuse,
         )
 
     @property

@@ -21,7 +21,7 @@ import trio
 from .. import _children as children
 from .._activities import TaskToken, command_outcome
 from .._admission import AdmissionPool
-from .._commands import ActivityCommand, IdReusePolicy
+from .._commands import ActivityCommand, IdReusePolicy, reuse_decision
 from .._completion import forget_retired, teardown_bodies
 from .._contain import is_structural
 from .._context import RunActivation
@@ -233,7 +233,7 @@ class LocalCommands:
             if existing_run is not None:
                 status = workflow_status(history)
                 assert status is not None
-                reuse = _reuse_allowed(id_reuse, status)
+                reuse = reuse_decision(id_reuse, status)
                 if reuse is None:
                     return Started(wid, existing_run)
                 if not reuse:
@@ -387,7 +387,7 @@ class LocalCommands:
             return Started(wid, existing_run)
         if existing_run is not None:
             assert status is not None
-            if not _reuse_allowed(id_reuse, status):
+            if not reuse_decision(id_reuse, status):
                 raise WorkflowAlreadyStarted(wid, existing_run, status.value, id_reuse.value)
         run_id = new_run_id()
         await core.runner.start_run_locked(
@@ -953,16 +953,3 @@ def _recorded(
         extra={"workflow_id": workflow_id, "run_id": found.run_id, "request_id": request_id},
     )
     return found
-
-
-def _reuse_allowed(policy: IdReusePolicy, status: WorkflowStatus) -> bool | None:
-    """True: start a new run; False: refuse; None: return the existing run."""
-    if policy is IdReusePolicy.USE_EXISTING:
-        return None
-    if policy is IdReusePolicy.REJECT_DUPLICATE:
-        return False
-    if status in (WorkflowStatus.RUNNING, WorkflowStatus.CONTINUED_AS_NEW):
-        return False
-    if policy is IdReusePolicy.ALLOW_IF_FAILED:
-        return status in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT)
-    return True

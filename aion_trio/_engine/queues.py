@@ -1,15 +1,17 @@
 """Workflow queues: ``engine.enqueue`` and the service admitting queued runs (docs/flow-control.md).
 
 A queued run is an entry of the store's :class:`~aion_trio.FlowStore` (what to
-start, its priority, partition and dedup id).  The service admits entries under
-the queue's :class:`~aion_trio.FlowLimit` (the store decides, atomically, which
-ones) and starts each admitted run through ``Engine.start`` — the one start
-path — under the workflow id fixed at enqueue and one request id, so starting
-it twice (two nodes, or again after a crash) starts it once.  An admitted entry
-holds its queue's place until its workflow is closed.  Every pass also looks at
-the admitted entries: one whose workflow closed is removed, one whose workflow
-was never started (the engine died between admission and start) is started now,
-so a crash never leaves a queue blocked.
+start and under which id reuse policy, its priority, partition and dedup id).
+The service admits entries under the queue's :class:`~aion_trio.FlowLimit` (the
+store decides, atomically, which ones) and starts each admitted run through
+``Engine.start`` — the one start path — under the workflow id fixed at enqueue
+and one request id (``queue:QUEUE:SEQ``), so starting it twice (two nodes, or
+again after a crash) starts it once.  An admitted entry holds its queue's place
+until its run is closed; one whose start the id reuse policy refuses (or, under
+``use_existing``, attaches to a run it did not start) ends at once.  Every pass
+also looks at the admitted entries: one whose run closed is removed, one whose
+run was never started (the engine died between admission and start) is started
+now, so a crash never leaves a queue blocked.
 """
 
 from __future__ import annotations
@@ -25,18 +27,21 @@ import trio
 
 from .._admission import FlowLimit
 from .._codecs import CodecChain
-from .._commands import IdReusePolicy
+from .._commands import IdReusePolicy, reuse_decision
 from .._definitions import WorkflowDefinition
 from .._errors import (
     FlowControlUnsupported,
     QueueDeduplicated,
     StoreError,
     UnknownQueue,
+    WorkflowAlreadyStarted,
     WorkflowFailure,
     WorkflowNotFound,
 )
-from .._events import WorkflowStatus
+from .._events import Event
+from .._ids import validate_workflow_id
 from .._payload import Payload, PayloadCodec
+from .._projections import is_active, latest_run_id, recorded_request, workflow_status
 from .._retry import duration_seconds
 from .._store import ADMITTED, FlowStore, QueuedRun
 from .log import logger
@@ -58,7 +63,7 @@ class QueueClient(Protocol):
         request_id: str | None = ...,
     ) -> Any: ...
 
-    async def describe(self, workflow_id: str) -> Any: ...
+    async def history(self, workflow_id: str) -> list[Event]: ...
 
     async def result(
         self, workflow_id: str, *, run_id: str | None = ..., follow_continue_as_new: bool = ...
@@ -68,23 +73,47 @@ class QueueClient(Protocol):
 @final
 class QueuedHandle:
     """What ``engine.enqueue`` returns: the run's ``workflow_id`` and ``queue``, and
-    :meth:`result`, which waits for the run to be admitted, started and ended."""
+    :meth:`result`, which waits for the run to be admitted, started and ended.
 
-    def __init__(self, queues: WorkflowQueues, queue: str, workflow_id: str) -> None:
+    ``created`` is true when the enqueue put an entry into the queue; false when,
+    under ``IdReusePolicy.USE_EXISTING``, it found the workflow existing and wrote
+    nothing (the handle then stands for that workflow's latest run).
+    """
+
+    def __init__(
+        self,
+        queues: WorkflowQueues,
+        queue: str,
+        workflow_id: str,
+        *,
+        seq: int | None,
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
+    ) -> None:
         self._queues = queues
         self.queue = queue
         self.workflow_id = workflow_id
+        self.created = seq is not None
+        #: The entry's ``seq`` (its start's request id is ``queue:QUEUE:SEQ``); ``None``: none written.
+        self._seq = seq
+        self._id_reuse = id_reuse
 
     async def result(self) -> Any:
-        """The run's result once it ran (it may wait in its queue first)."""
-        while True:
-            try:
-                return await self._queues.client.result(self.workflow_id)
-            except WorkflowNotFound:
-                await self._queues.started_or_poll(self.workflow_id)
+        """The run's result once it ran (it may wait in its queue first).
+
+        Raises :class:`WorkflowAlreadyStarted` if the entry's id reuse policy refused
+        its start at admission (the workflow id was taken meanwhile: nothing started).
+        """
+        run_id = None if self._seq is None else await self._queues.run_of(self, self._seq, self._id_reuse)
+        return await self._queues.client.result(self.workflow_id, run_id=run_id)
 
     def __repr__(self) -> str:
-        return f"<QueuedHandle {self.workflow_id!r} in queue {self.queue!r}>"
+        existing = "" if self.created else " (existing)"
+        return f"<QueuedHandle {self.workflow_id!r} in queue {self.queue!r}{existing}>"
+
+
+def _request_id(queue: str, seq: int) -> str:
+    """The request id an entry's start carries: a start repeated (two nodes, a restart) is one."""
+    return f"queue:{queue}:{seq}"
 
 
 @final
@@ -137,6 +166,7 @@ class WorkflowQueues:
         workflow_id: str | None = None,
         search_attributes: Mapping[str, Any] | None = None,
         timeout: timedelta | float | None = None,  # noqa: ASYNC109 - a durable workflow deadline
+        id_reuse: IdReusePolicy = IdReusePolicy.ALLOW_DUPLICATE,
     ) -> QueuedHandle:
         if queue not in self.queues:
             raise UnknownQueue(queue, sorted(self.queues))
@@ -153,6 +183,10 @@ class WorkflowQueues:
             )
         if dedup_id is not None and not (isinstance(dedup_id, str) and dedup_id):
             raise ValueError(f"enqueue(dedup_id=...) must be a non-empty str, got {dedup_id!r}")
+        if not isinstance(id_reuse, IdReusePolicy):
+            raise TypeError(f"enqueue(id_reuse=...) must be an IdReusePolicy, got {id_reuse!r}")
+        if workflow_id is not None:
+            validate_workflow_id(workflow_id)
         definition = self.workflow_definition(workflow)
         store = self._flow_store()
         wid = workflow_id if workflow_id is not None else str(uuid.uuid4())
@@ -166,8 +200,22 @@ class WorkflowQueues:
                 "args": arguments.json,
                 "search_attributes": dict(search_attributes) if search_attributes else None,
                 "timeout": None if timeout is None else duration_seconds(timeout, "enqueue(timeout=...)"),
+                # Applied again at admission: the id may be taken between now and then.
+                "id_reuse": id_reuse.value,
             }
         )
+        if workflow_id is not None:
+            # The policy first applies now: a refused enqueue writes nothing.
+            history = await self._history(wid)
+            status = workflow_status(history)
+            if status is not None:
+                run_id = latest_run_id(history)
+                assert run_id is not None
+                decision = reuse_decision(id_reuse, status)
+                if decision is None:
+                    return QueuedHandle(self, queue, wid, seq=None)
+                if not decision:
+                    raise WorkflowAlreadyStarted(wid, run_id, status.value, id_reuse.value)
         entry, created = await store.enqueue_flow_run(
             QueuedRun(
                 queue=queue,
@@ -183,7 +231,47 @@ class WorkflowQueues:
                 raise QueueDeduplicated(queue, dedup_id, entry.workflow_id)
             raise QueueDeduplicated(queue, entry.dedup_id or "", entry.workflow_id)
         self._wake.set()
-        return QueuedHandle(self, queue, wid)
+        return QueuedHandle(self, queue, wid, seq=entry.seq, id_reuse=id_reuse)
+
+    async def _history(self, workflow_id: str) -> list[Event]:
+        try:
+            return await self.client.history(workflow_id)
+        except WorkflowNotFound:
+            return []
+
+    async def _held(self, queue: str, workflow_id: str, seq: int) -> bool:
+        """Whether the entry ``seq`` is still in its queue (queued or admitted)."""
+        return any(
+            e.workflow_id == workflow_id and e.seq == seq for e in await self._flow_store().flow_runs(queue)
+        )
+
+    async def run_of(self, handle: QueuedHandle, seq: int, id_reuse: IdReusePolicy) -> str | None:
+        """The run the entry ``seq`` started, once it started; ``None`` for the run it was
+        attached to at admission (``use_existing``: the workflow's latest).  Raises
+        :class:`WorkflowAlreadyStarted` if its policy refused its start at admission."""
+        wid = handle.workflow_id
+        request_id = _request_id(handle.queue, seq)
+        while True:
+            history = await self._history(wid)
+            found = recorded_request(history, request_id)
+            if found is not None:
+                return found.run_id
+            # The id holds another run: the entry may have ended at admission without a
+            # start of its own.  Its start is recorded before its entry is removed, so once
+            # the entry is gone the history read after shows that start, if it happened.
+            if history and not await self._held(handle.queue, wid, seq):
+                history = await self._history(wid)
+                found = recorded_request(history, request_id)
+                if found is not None:
+                    return found.run_id
+                if id_reuse is IdReusePolicy.USE_EXISTING:
+                    return None
+                status = workflow_status(history)
+                run_id = latest_run_id(history)
+                if status is None or run_id is None:
+                    raise WorkflowNotFound(wid)  # deleted meanwhile
+                raise WorkflowAlreadyStarted(wid, run_id, status.value, id_reuse.value)
+            await self.started_or_poll(wid)
 
     async def started_or_poll(self, workflow_id: str) -> None:
         """Wait until this engine started ``workflow_id``, or one poll interval."""
@@ -222,12 +310,13 @@ class WorkflowQueues:
         return math.inf if retry_after is None else retry_after
 
     async def _reconcile(self, store: FlowStore, entry: QueuedRun) -> None:
-        try:
-            description = await self.client.describe(entry.workflow_id)
-        except WorkflowNotFound:
-            await self._start(entry)  # admitted, never started: the engine died in between
-            return
-        if description.status is WorkflowStatus.RUNNING:
+        history = await self._history(entry.workflow_id)
+        if recorded_request(history, _request_id(entry.queue, entry.seq)) is None:
+            # Admitted, never started (the engine died in between): start it now (its
+            # id reuse policy decides, as at any admission).  A run of the same id that
+            # it did not start is not its own.
+            await self._start(entry)
+        elif is_active(history):
             self._watch(entry)
         else:
             await store.finish_flow_run(entry.queue, entry.workflow_id)
@@ -241,14 +330,23 @@ class WorkflowQueues:
             )
         args = self.codec.decode(arguments)
         try:
-            await self.client.start(
+            # Entries written before the policy was stored start as they always did.
+            id_reuse = IdReusePolicy(data.get("id_reuse", IdReusePolicy.ALLOW_DUPLICATE.value))
+            handle = await self.client.start(
                 data["workflow"],
                 *args,
                 workflow_id=entry.workflow_id,
+                id_reuse=id_reuse,
                 search_attributes=data.get("search_attributes"),
                 timeout=data.get("timeout"),
-                request_id=f"queue:{entry.queue}:{entry.seq}",
+                request_id=_request_id(entry.queue, entry.seq),
             )
+        except WorkflowAlreadyStarted as refused:
+            # The id was taken between enqueue and admission and the policy refuses a new
+            # run: the entry ends (its handle raises this) rather than hold its place.
+            logger.info("workflow queue %r: %s; the entry ends", entry.queue, refused)
+            await self._end_unstarted(entry)
+            return
         except Exception as exc:
             logger.warning(
                 "workflow queue %r: could not start %r (retried on the next pass): %s",
@@ -257,8 +355,18 @@ class WorkflowQueues:
                 exc,
             )
             return
+        if not handle.created:
+            # use_existing found a run it did not start: the entry ends, its handle follows that run.
+            await self._end_unstarted(entry)
+            return
         self._started.pop(entry.workflow_id, trio.Event()).set()
         self._watch(entry)
+
+    async def _end_unstarted(self, entry: QueuedRun) -> None:
+        """An admitted entry that started no run of its own: give its place back now."""
+        await self._flow_store().finish_flow_run(entry.queue, entry.workflow_id)
+        self._started.pop(entry.workflow_id, trio.Event()).set()
+        self._wake.set()
 
     def _watch(self, entry: QueuedRun) -> None:
         if entry.workflow_id in self._watched:
