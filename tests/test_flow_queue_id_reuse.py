@@ -256,3 +256,22 @@ async def test_an_entry_admitted_but_never_started_is_started_even_if_its_id_has
                 await trio.sleep(1)
             assert await engine.result("x") == "queued"
     assert began.count("queued") == 1
+
+
+async def test_an_id_held_by_an_entry_of_the_queue_is_refused_as_a_duplicate_entry(
+    flow_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    """The id's run was started by an entry of this queue that still holds its place: the
+    queue refuses the second entry (``QueueDeduplicated``), queued or running alike."""
+    async with engine_on(flow_url()) as engine:
+        with trio.fail_after(600):
+            first = await engine.enqueue(job, "block", True, queue="serial", workflow_id="x")
+            await until_blocked_on_release()
+            waiting = await engine.enqueue(job, "waiting", queue="serial", workflow_id="y")
+            for workflow_id in ("x", "y"):  # running, queued
+                with pytest.raises(aion.QueueDeduplicated) as info:
+                    await engine.enqueue(job, "again", queue="serial", workflow_id=workflow_id)
+                assert info.value.workflow_id == workflow_id
+            release.set()
+            assert [await first.result(), await waiting.result()] == ["block", "waiting"]
+    assert "again" not in began

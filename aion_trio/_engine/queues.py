@@ -215,6 +215,11 @@ class WorkflowQueues:
                 if decision is None:
                     return QueuedHandle(self, queue, wid, seq=None)
                 if not decision:
+                    # A run this queue's own entry started still holds the id: that is
+                    # the queue's refusal (as for an entry still queued, below).
+                    for held in await store.flow_runs(queue):
+                        if held.workflow_id == wid:
+                            raise QueueDeduplicated(queue, held.dedup_id or "", wid)
                     raise WorkflowAlreadyStarted(wid, run_id, status.value, id_reuse.value)
         entry, created = await store.enqueue_flow_run(
             QueuedRun(
