@@ -280,9 +280,14 @@ class AdmissionPool:
                         if not told and waiting is not None:
                             waiting.queued()
                             told = True
-                        entry.event = trio.Event()
-                        with trio.move_on_after(retry):
+                        if entry.event.is_set():
+                            entry.event = trio.Event()
+                        if retry == math.inf:  # one cheap park: woken by the release
                             await entry.event.wait()
+                        else:
+                            with trio.move_on_after(retry):
+                                await entry.event.wait()
+                    self.held += 1  # before the next head is woken: it must see the slot taken
                 if scope.cancelled_caught:
                     raise AdmissionTimeout(self.name, self.capacity or 0, self.timeout or 0.0, self.setting)
             finally:
@@ -291,8 +296,10 @@ class AdmissionPool:
                 else:
                     self._heap.remove(entry)
                     heapq.heapify(self._heap)
-                self._wake()  # the next head may go now (or wait its turn)
-            self.held += 1
+                if self._free():
+                    # The next head may go now (or wait its turn for a permit); with no
+                    # slot left it is not woken: the next release wakes it.
+                    self._wake()
             if told and waiting is not None:
                 waiting.started()
         try:
