@@ -148,17 +148,19 @@ def _command(
 class _ReplayAwareLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     """``ctx.logger``: silent while the run replays, with workflow fields attached."""
 
-    def __init__(self, logger: logging.Logger, ctx: WorkflowContext) -> None:
+    def __init__(self, logger: logging.Logger, replay: Replay) -> None:
         super().__init__(logger, {})
-        self._ctx = ctx
+        # The replay, not the context: the context holds this adapter, and a cycle
+        # between the two would leave every finished run to the cycle collector.
+        self._replay = replay
 
     def isEnabledFor(self, level: int) -> bool:
-        return not self._ctx.is_replaying and self.logger.isEnabledFor(level)
+        return self._replay.caught_up and self.logger.isEnabledFor(level)
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         extra = dict(kwargs.get("extra") or {})
-        extra.setdefault("workflow_id", self._ctx.workflow_id)
-        extra.setdefault("run_id", self._ctx.run_id)
+        extra.setdefault("workflow_id", self._replay.workflow_id)
+        extra.setdefault("run_id", self._replay.run_id)
         kwargs["extra"] = extra
         return msg, kwargs
 
@@ -189,7 +191,7 @@ class WorkflowContext:
         # Built on first use (most runs never ask): the same seed, so the same sequence.
         self._rng: random.Random | None = None
         self.logger: logging.LoggerAdapter = _ReplayAwareLogger(  # type: ignore[type-arg]
-            logging.getLogger(f"aion_trio.workflow.{self._port.workflow_type}"), self
+            logging.getLogger(f"aion_trio.workflow.{self._port.workflow_type}"), replay
         )
 
     # -- identity ----------------------------------------------------------
