@@ -44,6 +44,67 @@ emit = emitter("admission")
 TICK = 0.005
 
 
+class LoopProfile:
+    """A Trio instrument (``--profile``): the longest task steps by task name, and the
+    batches of task steps the loop ran between two I/O waits (one batch is one stall
+    of every timer: its length is what the ticker sees)."""
+
+    def __init__(self) -> None:
+        self.step_began = 0.0
+        self.batch_began: float | None = None
+        self.batch_steps = 0
+        self.batch_names: dict[str, float] = {}
+        self.by_name: dict[str, list[float]] = {}  # name -> [steps, seconds, longest]
+        self.batches: list[tuple[float, int, dict[str, float]]] = []
+        self.summary_at_end: dict[str, Any] = {}
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.batch_began = time.perf_counter()
+        self.batch_steps = 0
+        self.batch_names = {}
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self.batch_began is not None:
+            self.batches.append((time.perf_counter() - self.batch_began, self.batch_steps, self.batch_names))
+        self.batch_began = None
+
+    def before_task_step(self, task: Any) -> None:
+        self.step_began = time.perf_counter()
+
+    def after_task_step(self, task: Any) -> None:
+        took = time.perf_counter() - self.step_began
+        name = task.name.rsplit(".", 1)[-1]
+        figures = self.by_name.setdefault(name, [0, 0.0, 0.0])
+        figures[0] += 1
+        figures[1] += took
+        figures[2] = max(figures[2], took)
+        self.batch_steps += 1
+        self.batch_names[name] = self.batch_names.get(name, 0.0) + took
+
+    def summary(self) -> dict[str, Any]:
+        longest = sorted(self.batches, key=lambda b: b[0], reverse=True)[:8]
+        durations = sorted(b[0] for b in self.batches) or [0.0]
+        return {
+            "batches": len(self.batches),
+            "batch_p99_ms": round(percentile(durations, 0.99) * 1000, 1),
+            "longest_batches": [
+                {
+                    "ms": round(took * 1000, 1),
+                    "steps": steps,
+                    "top_ms": {
+                        k: round(v * 1000, 1)
+                        for k, v in sorted(names.items(), key=lambda kv: kv[1], reverse=True)[:4]
+                    },
+                }
+                for took, steps, names in longest
+            ],
+            "tasks_by_seconds": {
+                name: {"steps": int(f[0]), "s": round(f[1], 2), "longest_ms": round(f[2] * 1000, 1)}
+                for name, f in sorted(self.by_name.items(), key=lambda kv: kv[1][1], reverse=True)[:10]
+            },
+        }
+
+
 def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, Any]:
     import attrs
     import trio
@@ -53,7 +114,9 @@ def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, An
     fields = {f.name for f in attrs.fields(aion.EngineConfig)}
     record: dict[str, Any] = {"kind": "lag", "mode": mode, "store": args.store}
     settings: dict[str, Any] = {"loop_stall_warning": None}
-    if "max_inflight_starts" in fields:
+    if mode == "floor":
+        pass  # the harness alone: the engine is opened, but the burst never calls it
+    elif "max_inflight_starts" in fields:
         limit = args.limit if mode == "limited" else None
         settings.update(max_inflight_starts=limit, max_inflight_activities=limit)
         record["limit"] = limit
@@ -97,6 +160,8 @@ def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, An
             await trio.sleep(TICK)
             lags.append(max(0.0, time.perf_counter() - due))
 
+    profile = LoopProfile() if args.profile else None
+
     async def main() -> None:
         started_all: list[float] = []
 
@@ -111,9 +176,20 @@ def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, An
                 await trio.sleep(TICK * 4)
                 began = time.perf_counter()
                 gc.callbacks.append(gc_timer)
+                if profile is not None:
+                    profile.__init__()  # type: ignore[misc]  # the burst only, not the warm-up
 
                 async def one(i: int) -> None:
                     nonlocal returned
+                    if mode == "floor":
+                        # The same task, spawn and bookkeeping with a no-op for the
+                        # engine's start and result: what the harness costs alone.
+                        await trio.lowlevel.checkpoint()
+                        returned += 1
+                        if returned == starts:
+                            started_all.append(time.perf_counter())
+                        await trio.lowlevel.checkpoint()
+                        return
                     handle = await engine.start(short, i, workflow_id=f"burst-{i}")
                     returned += 1
                     if returned == starts:
@@ -126,6 +202,8 @@ def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, An
                         nursery.start_soon(one, i)
                 finished = time.perf_counter()
                 gc.callbacks.remove(gc_timer)
+                if profile is not None:
+                    profile.summary_at_end = profile.summary()
                 stop.set()
         lags.sort()
         record.update(
@@ -147,7 +225,9 @@ def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, An
             gc_cpu_seconds=round(sum(map(sum, cpu_by_generation)), 2),
         )
 
-    trio.run(main)
+    trio.run(main, instruments=[profile] if profile is not None else [])
+    if profile is not None:
+        record["profile"] = profile.summary_at_end
     return record
 
 
@@ -158,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=int, default=20_000)
     parser.add_argument("--limit", type=int, default=64, help="the limits of the 'limited' mode")
     parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")
-    parser.add_argument("--modes", default="unlimited,limited", help="comma-separated modes to run")
+    parser.add_argument("--modes", default="floor,unlimited,limited", help="comma-separated modes to run")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instrument the loop: the longest batches of task steps and the costliest tasks",
+    )
     parser.add_argument(
         "--config", default="{}", help="JSON: more EngineConfig settings (e.g. the gc settings)"
     )
