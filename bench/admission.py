@@ -13,9 +13,15 @@ line per mode:
 - ``unlimited``: no admission limits (the engine before ``EngineConfig``'s
   ``max_inflight_starts`` / ``max_inflight_activities``, or both set to ``None``);
 - ``limited``: ``max_inflight_starts`` and ``max_inflight_activities`` set
-  (``--limit``); on a checkout without them the line says ``unsupported``.
+  (``--limit``); on a checkout without them the line says ``unsupported``;
+- ``floor``: the same burst (20,000 tasks spawned in one loop, each run once in
+  one Trio batch) with a no-op in place of ``engine.start`` and ``result``: what
+  the harness costs the loop alone, so that the engine's share shows beside it.
 
-Figures: lag p50/p99/max in ms, the time until every start returned and until
+Figures: lag p50/p99/max in ms; the same from the Trio thread's CPU time
+(``cpu_lag_*``: its CPU time over each tick beyond the tick, about the lag the
+burst would cause on an idle machine, since the wall lag also counts the turns
+of other processes on a shared one); the time until every start returned and until
 every workflow finished, starts/s, and the cycle collector's longest pause and
 total time during the burst (``gc.callbacks``), the collections and longest
 pause by generation, also in the collecting thread's CPU time (``thread_time``:
@@ -50,7 +56,7 @@ class LoopProfile:
     of every timer: its length is what the ticker sees)."""
 
     def __init__(self) -> None:
-        self.step_began = 0.0
+        self.step_began = time.perf_counter()
         self.batch_began: float | None = None
         self.batch_steps = 0
         self.batch_names: dict[str, float] = {}
@@ -154,11 +160,17 @@ def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, An
             by_generation[info["generation"]].append(pauses[-1])
             cpu_by_generation[info["generation"]].append(time.thread_time() - gc_began[1])
 
+    cpu_lags: list[float] = []
+
     async def ticker(stop: trio.Event) -> None:
         while not stop.is_set():
             due = time.perf_counter() + TICK
+            cpu = time.thread_time()
             await trio.sleep(TICK)
             lags.append(max(0.0, time.perf_counter() - due))
+            # The Trio thread's own CPU time over the tick, beyond the tick: about the
+            # lag on an idle machine (the wall lag also counts other processes' turns).
+            cpu_lags.append(max(0.0, time.thread_time() - cpu - TICK))
 
     profile = LoopProfile() if args.profile else None
 
@@ -206,11 +218,15 @@ def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, An
                     profile.summary_at_end = profile.summary()
                 stop.set()
         lags.sort()
+        cpu_lags.sort()
         record.update(
             starts=starts,
             lag_p50_ms=round(percentile(lags, 0.50) * 1000, 1),
             lag_p99_ms=round(percentile(lags, 0.99) * 1000, 1),
             lag_max_ms=round(lags[-1] * 1000, 1),
+            cpu_lag_p50_ms=round(percentile(cpu_lags, 0.50) * 1000, 1),
+            cpu_lag_p99_ms=round(percentile(cpu_lags, 0.99) * 1000, 1),
+            cpu_lag_max_ms=round(cpu_lags[-1] * 1000, 1),
             ticks=len(lags),
             all_started_s=round(started_all[0] - began, 2),
             all_finished_s=round(finished - began, 2),
