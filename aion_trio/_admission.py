@@ -266,8 +266,10 @@ class AdmissionPool:
             entry = _Waiter(priority, next(self._order))
             heapq.heappush(self._heap, entry)
             told = False
+            # No cancel scope at all without a timeout: a waiting start costs its park only.
+            bounded = None if self.timeout is None else trio.move_on_after(self.timeout)
             try:
-                with trio.move_on_after(math.inf if self.timeout is None else self.timeout) as scope:
+                with bounded if bounded is not None else contextlib.nullcontext():
                     while True:
                         if self._heap[0] is entry and self._free() and not self._permit_busy:
                             got, permit, retry = await self._ask_permit()
@@ -288,7 +290,7 @@ class AdmissionPool:
                             with trio.move_on_after(retry):
                                 await entry.event.wait()
                     self.held += 1  # before the next head is woken: it must see the slot taken
-                if scope.cancelled_caught:
+                if bounded is not None and bounded.cancelled_caught:
                     raise AdmissionTimeout(self.name, self.capacity or 0, self.timeout or 0.0, self.setting)
             finally:
                 if self._heap[0] is entry:
