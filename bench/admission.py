@@ -227,6 +227,11 @@ def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, An
             cpu_lag_p50_ms=round(percentile(cpu_lags, 0.50) * 1000, 1),
             cpu_lag_p99_ms=round(percentile(cpu_lags, 0.99) * 1000, 1),
             cpu_lag_max_ms=round(cpu_lags[-1] * 1000, 1),
+            lag_p999_ms=round(percentile(lags, 0.999) * 1000, 1),
+            cpu_lag_p999_ms=round(percentile(cpu_lags, 0.999) * 1000, 1),
+            # Ticks late by more than the goal's 50 ms: each one a stall of every timer.
+            stalls_over_50ms=sum(lag > 0.05 for lag in lags),
+            cpu_stalls_over_50ms=sum(lag > 0.05 for lag in cpu_lags),
             ticks=len(lags),
             all_started_s=round(started_all[0] - began, 2),
             all_finished_s=round(finished - began, 2),
