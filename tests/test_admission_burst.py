@@ -10,9 +10,10 @@ every timer of the engine.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -20,11 +21,11 @@ import trio
 import trio.testing
 
 import aion_trio as aion
-from aion_trio._admission import AdmissionPool
+from aion_trio.events import Event
 
 
 class Scheduled(trio.abc.Instrument):
-    """Counts how often each watched task was scheduled to run (woken)."""
+    """Records each time a watched task was scheduled to run (woken)."""
 
     def __init__(self) -> None:
         self.watched: dict[trio.lowlevel.Task, str] = {}
@@ -36,66 +37,99 @@ class Scheduled(trio.abc.Instrument):
             self.woken.append(name)
 
 
-async def test_a_release_wakes_only_the_waiter_it_admits_in_arrival_order() -> None:
-    pool = AdmissionPool("starts", 1)
+class GatedEvents:
+    """An event store whose append of workflow ``w`` waits until ``gates[w]`` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.gates: dict[str, trio.Event] = {}
+        self.appended: list[str] = []  # workflow ids, as their appends reached the store
+
+    @property
+    def started(self) -> list[str]:
+        """The workflows in the order their first append (the start) reached the store."""
+        return list(dict.fromkeys(self.appended))
+
+    async def append(self, workflow_id: str, events: Sequence[Event], expected_seq: int) -> None:
+        self.appended.append(workflow_id)
+        gate = self.gates.get(workflow_id)
+        if gate is not None:
+            await gate.wait()
+        await self.inner.append(workflow_id, events, expected_seq)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class GatedStore:
+    def __init__(self, inner: Any) -> None:
+        self.events = GatedEvents(inner.events)
+        self.visibility = inner.visibility
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+@aion.workflow(name="burst_quick")
+async def quick(ctx: aion.WorkflowContext) -> str:
+    return ctx.workflow_id
+
+
+@contextlib.asynccontextmanager
+async def burst(
+    limit: int, holders: list[str], waiters: list[str]
+) -> AsyncIterator[tuple[GatedEvents, Scheduled, trio.Nursery]]:
+    """An engine with ``max_inflight_starts=limit``: ``holders`` start first and hold their
+    slots (their appends wait on their gates), then ``waiters`` queue, in that order."""
+    config = aion.EngineConfig(max_inflight_starts=limit)
     scheduled = Scheduled()
-    admitted: list[str] = []
-    release = {name: trio.Event() for name in ("holder", "w0", "w1", "w2")}
+    async with aion.open_store("memory://") as inner:
+        store = GatedStore(inner)
+        for name in (*holders, *waiters):
+            store.events.gates[name] = trio.Event()
+        async with aion.open_engine(store, workflows=[quick], config=config) as engine:
 
-    async def hold(name: str) -> None:
-        scheduled.watched[trio.lowlevel.current_task()] = name
-        async with pool.slot():
-            admitted.append(name)
-            await release[name].wait()
+            async def start(workflow_id: str) -> None:
+                scheduled.watched[trio.lowlevel.current_task()] = workflow_id
+                await engine.start(quick, workflow_id=workflow_id)
 
-    trio.lowlevel.add_instrument(scheduled)
-    try:
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                for name in ("holder", "w0", "w1", "w2"):
-                    nursery.start_soon(hold, name)
-                    await trio.testing.wait_all_tasks_blocked()
-                assert (admitted, pool.held, pool.waiting) == (["holder"], 1, 3)
-                scheduled.woken.clear()
-                for name, following in (("holder", "w0"), ("w0", "w1"), ("w1", "w2")):
-                    release[name].set()
-                    await trio.testing.wait_all_tasks_blocked()
-                    # The releaser ran on; of the waiters only the one admitted woke, once.
-                    assert [w for w in scheduled.woken if w != name] == [following]
-                    assert admitted[-1] == following
-                    assert pool.held == 1
-                    scheduled.woken.clear()
-                release["w2"].set()
-    finally:
-        trio.lowlevel.remove_instrument(scheduled)
-    assert admitted == ["holder", "w0", "w1", "w2"]
-    assert (pool.held, pool.waiting) == (0, 0)
+            trio.lowlevel.add_instrument(scheduled)
+            try:
+                with trio.fail_after(10):
+                    async with trio.open_nursery() as nursery:
+                        for name in (*holders, *waiters):
+                            nursery.start_soon(start, name)
+                            await trio.testing.wait_all_tasks_blocked()
+                        assert store.events.started == holders
+                        scheduled.woken.clear()
+                        yield store.events, scheduled, nursery
+                        for gate in store.events.gates.values():
+                            gate.set()
+            finally:
+                trio.lowlevel.remove_instrument(scheduled)
 
 
-async def test_two_releases_at_once_admit_two_waiters() -> None:
-    pool = AdmissionPool("starts", 2)
-    admitted: list[str] = []
-    release = {name: trio.Event() for name in ("h0", "h1", "w0", "w1", "w2")}
-
-    async def hold(name: str) -> None:
-        async with pool.slot():
-            admitted.append(name)
-            await release[name].wait()
-
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            for name in ("h0", "h1", "w0", "w1", "w2"):
-                nursery.start_soon(hold, name)
-                await trio.testing.wait_all_tasks_blocked()
-            release["h0"].set()
-            release["h1"].set()
+async def test_a_start_admitted_from_the_queue_wakes_no_other_waiting_start() -> None:
+    waiters = ["w0", "w1", "w2"]
+    async with burst(1, ["holder"], waiters) as (events, scheduled, _):
+        for name, admitted in (("holder", "w0"), ("w0", "w1"), ("w1", "w2")):
+            events.gates[name].set()
             await trio.testing.wait_all_tasks_blocked()
-            # The first admitted wakes the next while a slot is still free.
-            assert admitted == ["h0", "h1", "w0", "w1"]
-            assert (pool.held, pool.waiting) == (2, 1)
-            for name in ("w0", "w1", "w2"):
-                release[name].set()
-    assert (pool.held, pool.waiting) == (0, 0)
+            # The slot went to the next start in arrival order (it now waits at its own
+            # append); no start behind it was woken to find the slot taken.
+            assert events.started[-1] == admitted
+            behind = waiters[waiters.index(admitted) + 1 :]
+            assert [w for w in scheduled.woken if w in behind] == []
+            scheduled.woken.clear()
+
+
+async def test_two_slots_freed_at_once_admit_two_waiting_starts() -> None:
+    async with burst(2, ["h0", "h1"], ["w0", "w1", "w2"]) as (events, _, _):
+        events.gates["h0"].set()
+        events.gates["h1"].set()
+        await trio.testing.wait_all_tasks_blocked()
+        # The first admitted passes the turn on while a slot is still free.
+        assert events.started == ["h0", "h1", "w0", "w1"]
 
 
 @pytest.fixture
