@@ -105,6 +105,27 @@ def _first_of(kinds: list[type], wanted: Iterable[type]) -> int | None:
 _SHORT = 64
 
 
+def _of_types(
+    events: Sequence[Event], wanted: Iterable[type], kinds: list[type] | None = None
+) -> list[Event]:
+    """The events of ``events`` whose body type is one of ``wanted``, in order.
+
+    A fold that only looks at a few rare types (timers, search attributes) finds
+    them by C-speed searches of ``kinds`` (the body types of ``events``, built here
+    if not given) instead of walking a long history event by event in Python.
+    """
+    if kinds is None:
+        if len(events) <= _SHORT:
+            chosen = frozenset(wanted)
+            return [event for event in events if type(event.body) in chosen]
+        kinds = _kinds(events)
+    positions: list[int] = []
+    for kind in wanted:
+        positions += _positions(kinds, kind)
+    positions.sort()
+    return [events[i] for i in positions]
+
+
 def run_segment(events: Sequence[Event], run_id: str) -> list[Event]:
     """That run's events: from its ``WorkflowStarted`` up to (not including) the next one.
 
@@ -151,6 +172,56 @@ def latest_run_id(events: Sequence[Event]) -> str | None:
     """The id of the workflow's latest run (``None`` for an empty history)."""
     ids = run_ids(events)
     return ids[-1] if ids else None
+
+
+@final
+@attrs.frozen
+class LatestRun:
+    """What recovery and the visibility row ask of a workflow's latest run, from one pass.
+
+    Each field is what its projection gives (``run_id``: :func:`latest_run_id`,
+    ``segment``: :func:`run_segment` of it, ``status``: :func:`workflow_status`,
+    ``terminal``: :func:`current_lease_terminal` of the segment); ``kinds`` are the
+    segment's body types, for further folds over it (:func:`search_attributes_of`,
+    :func:`outstanding_timers`) without another walk of a long history.
+    """
+
+    run_id: str
+    segment: list[Event]
+    status: WorkflowStatus
+    terminal: Event | None
+    kinds: list[type] = attrs.field(repr=False, eq=False)
+
+
+def latest_run(events: Sequence[Event]) -> LatestRun | None:
+    """The workflow's latest run (``None`` if no run started): the body types of the
+    history are listed once, and every answer is searched for in that list."""
+    kinds = _kinds(events)
+    starts = _positions(kinds, WorkflowStarted)
+    if not starts:
+        return None
+    last = starts[-1]
+    run_id: str = events[last].body.run_id  # type: ignore[attr-defined]
+    # run_segment: the first start of that id, up to the next start.
+    for n, i in enumerate(starts):
+        if events[i].body.run_id == run_id:  # type: ignore[attr-defined]
+            end = starts[n + 1] if n + 1 < len(starts) else len(events)
+            break
+    segment = list(events[i:end])
+    segment_kinds = kinds[i:end]
+    # The last lifecycle event is at or after the last start (a lifecycle event itself).
+    tail = kinds[last:]
+    tail.reverse()
+    found = _first_of(tail, _STATUS_BY_LIFECYCLE)
+    assert found is not None  # the start at ``last`` is one
+    status = _STATUS_BY_LIFECYCLE[tail[found]]
+    reverse = segment_kinds[::-1]
+    opener = _first_of(reverse, (*TERMINAL_TYPES, *_LEASE_OPENERS))
+    terminal = None
+    if opener is not None:
+        event = segment[len(segment) - 1 - opener]
+        terminal = event if event.body.TERMINAL else None
+    return LatestRun(run_id=run_id, segment=segment, status=status, terminal=terminal, kinds=segment_kinds)
 
 
 _STATUS_BY_TERMINAL: Mapping[type, WorkflowStatus] = {
@@ -394,19 +465,17 @@ class OutstandingTimer:
     fire_at: datetime
 
 
-def outstanding_timers(segment: Sequence[Event]) -> list[OutstandingTimer]:
+def outstanding_timers(segment: Sequence[Event], kinds: list[type] | None = None) -> list[OutstandingTimer]:
     """Timers started in this segment and neither fired nor cancelled, by fire time.
 
-    A ``WorkflowReopened`` re-arms timers retired by a cancel teardown.
+    A ``WorkflowReopened`` re-arms timers retired by a cancel teardown.  ``kinds``:
+    the segment's body types, if the caller has them (:attr:`LatestRun.kinds`).
     """
     started: dict[str, datetime] = {}
     done: set[str] = set()
     teardown: set[str] = set()
-    relevant = _TIMER_FOLD_TYPES
-    for event in segment:
+    for event in _of_types(segment, _TIMER_FOLD_TYPES, kinds):
         body = event.body
-        if type(body) not in relevant:
-            continue
         if isinstance(body, TimerStarted):
             started[body.timer_id] = body.fire_at
             done.discard(body.timer_id)
@@ -560,11 +629,15 @@ def search_attributes(events: Sequence[Event], run_id: str | None = None) -> dic
     rid = run_id if run_id is not None else latest_run_id(events)
     if rid is None:
         return {}
+    return search_attributes_of(run_segment(events, rid))
+
+
+def search_attributes_of(segment: Sequence[Event], kinds: list[type] | None = None) -> dict[str, SearchValue]:
+    """The search attributes of the run whose segment is ``segment`` (``kinds``: its body
+    types, if the caller has them): its start's, then each upsert in order."""
     attrs_now: dict[str, SearchValue] = {}
-    for event in run_segment(events, rid):
+    for event in _of_types(segment, _SEARCH_FOLD_TYPES, kinds):
         body = event.body
-        if type(body) not in _SEARCH_FOLD_TYPES:
-            continue
         if isinstance(body, WorkflowStarted):
             attrs_now.update(body.search_attributes)
         elif isinstance(body, SearchAttributesUpserted):

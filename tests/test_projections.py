@@ -54,7 +54,12 @@ from aion_trio import (
     WorkflowTimedOut,
 )
 from aion_trio._chain import ChainPosition, ChainState, follow_chain, settled_result, successor_run_id
-from aion_trio._projections import RunState, activity_settled_or_run_ended
+from aion_trio._projections import (
+    RunState,
+    activity_settled_or_run_ended,
+    latest_run,
+    search_attributes_of,
+)
 from aion_trio.events import WorkflowCancelled
 from aion_trio.projections import (
     AttemptRecord,
@@ -1253,3 +1258,88 @@ def test_scans_of_long_histories_agree_with_a_walk(
         assert current_lease_terminal(segment) is _walk_terminal(segment)
     assert current_lease_terminal(events) is _walk_terminal(events)
     assert status_after(previous, events) == _walk_status(previous, events)
+
+
+_LATEST_RUN_BODIES = _SCAN_BODIES | st.sampled_from(
+    [
+        TimerStarted(timer_id="named:t1", fire_at=T0),
+        TimerStarted(timer_id="named:t2", fire_at=T0 + timedelta(seconds=1)),
+        TimerFired(timer_id="named:t1"),
+        TimerCancelled(timer_id="named:t2", cause=TimerCancelCause.CANCEL_TEARDOWN),
+        TimerCancelled(timer_id="named:t1", cause=TimerCancelCause.WORKFLOW_INTENT),
+        SearchAttributesUpserted(attributes={"b": "x"}),
+        start(rid(1), search_attributes={"a": 0, "b": "y"}),
+    ]
+)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies=st.lists(_LATEST_RUN_BODIES, max_size=300), long=st.booleans())
+def test_latest_run_answers_as_each_projection_does(bodies: list[EventBody], long: bool) -> None:
+    # Recovery and the visibility row ask these of one pass over the history (issue 17).
+    if long:
+        bodies = bodies * (1 + 70 // (len(bodies) or 1))
+    events = [Event(workflow_id=WF, seq=i + 1, recorded_at=T0, body=b) for i, b in enumerate(bodies)]
+    latest = latest_run(events)
+    run_id = latest_run_id(events)
+    if run_id is None:
+        assert latest is None
+        return
+    assert latest is not None
+    assert latest.run_id == run_id
+    assert latest.segment == run_segment(events, run_id) == _walk_segment(events, run_id)
+    assert latest.status is workflow_status(events)
+    assert latest.terminal is current_lease_terminal(latest.segment)
+    assert latest.kinds == [type(e.body) for e in latest.segment]
+    # The folds over the segment give the same answers with its kinds as without them.
+    assert search_attributes_of(latest.segment, latest.kinds) == search_attributes(events, run_id)
+    assert outstanding_timers(latest.segment, latest.kinds) == outstanding_timers(latest.segment)
+
+
+async def test_a_visibility_row_lists_a_long_historys_body_types_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each projection the row used to call listed the body types of the whole history
+    # again (eight passes over a 30,001-event history at every recovery).
+    import trio
+
+    import aion_trio as aion
+    import aion_trio._projections as projections
+    from aion_trio._engine.config import EngineConfig
+    from aion_trio._engine.visibility import VisibilityRows
+    from aion_trio._epoch import EngineEpoch
+
+    bodies: list[EventBody] = [start(rid(1), search_attributes={"a": 1})]
+    for aid in range(200):
+        bodies += [
+            sched(aid),
+            ActivityStarted(activity_id=aid, attempt=1),
+            ActivityCompleted(activity_id=aid, result=NULL, attempt=1),
+        ]
+    bodies += [SearchAttributesUpserted(attributes={"b": "x"}), TimerStarted(timer_id="named:t", fire_at=T0)]
+    events = [Event(workflow_id=WF, seq=i + 1, recorded_at=T0, body=b) for i, b in enumerate(bodies)]
+    listed: list[int] = []
+    original = projections._kinds
+
+    def counting(events: Sequence[Event]) -> list[type]:
+        listed.append(len(events))
+        return original(events)
+
+    async def history_of(workflow_id: str) -> Sequence[Event]:
+        return events
+
+    monkeypatch.setattr(projections, "_kinds", counting)
+    async with aion.open_store("memory://long-history-row") as store, trio.open_nursery() as nursery:
+        rows = VisibilityRows(
+            visibility=store.visibility,
+            epoch=EngineEpoch(nursery),
+            config=EngineConfig(),
+            cluster=None,
+            history_of=history_of,
+            stuck_reason=lambda workflow_id: None,
+        )
+        await rows.write(WF, events)
+        assert listed == [len(events)]
+        (row,) = await store.visibility.list(aion.VisibilityFilter())
+    assert (row.workflow_id, row.run_id, row.status) == (WF, rid(1), WorkflowStatus.RUNNING)
+    assert dict(row.search_attributes) == {"a": 1, "b": "x"}

@@ -36,14 +36,7 @@ from .._hub import ChildrenHub, RecoveryHub
 from .._ids import deadline_timer_id
 from .._observe import ObserverHub, RecoveryFinished, RunRecovered
 from .._poison import RecoveryGuard, poison_reason
-from .._projections import (
-    current_lease_terminal,
-    latest_run_id,
-    outstanding_timers,
-    run_segment,
-    unsettled_activities,
-    workflow_status,
-)
+from .._projections import latest_run, outstanding_timers, unsettled_activities
 from .._recorder import Recorder
 from .._registry import EvictedRun, Lease, Registry, Residency
 from .._store import ClusterStore, EventStore, VisibilityRow
@@ -304,11 +297,10 @@ class Recovery:
         replayed (its lease installed, its task spawned)."""
         workflow_id = recorder.workflow_id
         history = recorder.history
-        run_id = latest_run_id(history)
-        status = workflow_status(history)
-        if run_id is None or status is None:
+        latest = latest_run(history)  # one pass over a long history for all of these
+        if latest is None:
             return
-        segment = run_segment(history, run_id)
+        run_id, status, segment = latest.run_id, latest.status, latest.segment
         start = segment[0].body
         assert isinstance(start, WorkflowStarted)
         runner = self._runner
@@ -339,7 +331,7 @@ class Recovery:
                 # Parked on a timer with nothing else outstanding: armed, not replayed.
                 self._timers.schedule_indexed(
                     (timer.fire_at, workflow_id, run_id, timer.timer_id)
-                    for timer in outstanding_timers(segment)
+                    for timer in outstanding_timers(segment, latest.kinds)
                 )
                 self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type))
                 self._recorders.drop(workflow_id)
@@ -382,12 +374,12 @@ class Recovery:
                     )
                 )
             await self._dispatch.redispatch_unsettled(recorder, run_id)
-            for timer in outstanding_timers(segment):
+            for timer in outstanding_timers(segment, latest.kinds):
                 await self._timers.arm(workflow_id, run_id, timer.timer_id, timer.fire_at)
             await children.repair_children(self._children_hub, recorder, run_id)
             await children.close_if_orphaned(self._children_hub, recorder, run_id)
         elif status is WorkflowStatus.CONTINUED_AS_NEW:
-            terminal = current_lease_terminal(segment)
+            terminal = latest.terminal
             if terminal is not None and isinstance(terminal.body, WorkflowContinuedAsNew):
                 lease = runner.new_lease(recorder, run_id, start.workflow_type)
                 lease.residency = Residency.SUSPENDED

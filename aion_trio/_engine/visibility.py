@@ -17,14 +17,7 @@ import trio
 from .._epoch import EngineEpoch
 from .._errors import EngineEpochClosed, StoreError
 from .._events import Event, WorkflowFailed, WorkflowStarted, WorkflowStatus
-from .._projections import (
-    current_lease_terminal,
-    failure,
-    latest_run_id,
-    run_segment,
-    search_attributes,
-    workflow_status,
-)
+from .._projections import failure, latest_run, search_attributes_of
 from .._store import ClusterStore, VisibilityFilter, VisibilityRow, VisibilityStore
 from .config import EngineConfig
 from .log import logger
@@ -90,21 +83,21 @@ class VisibilityRows:
         self._primed = cluster is not None
 
     def row(self, workflow_id: str, history: Sequence[Event]) -> VisibilityRow | None:
-        run_id = latest_run_id(history)
-        if run_id is None:
+        latest = latest_run(history)  # one pass over a long history, not one per field
+        if latest is None:
             return None
-        segment = run_segment(history, run_id)
+        segment = latest.segment
         start = segment[0]
         assert isinstance(start.body, WorkflowStarted)
-        status = workflow_status(history) or WorkflowStatus.RUNNING
-        terminal = current_lease_terminal(segment)
+        status = latest.status
+        terminal = latest.terminal
         # Only a failed run has a failure to summarise (it looks for the terminal again).
         failed = (
             failure(segment) if terminal is not None and isinstance(terminal.body, WorkflowFailed) else None
         )
         return VisibilityRow(
             workflow_id=workflow_id,
-            run_id=run_id,
+            run_id=latest.run_id,
             workflow_type=start.body.workflow_type,
             status=status,
             start_time=start.recorded_at,
@@ -112,7 +105,7 @@ class VisibilityRows:
             task_queue=start.body.task_queue,
             failed_step=failed.failed_step if failed else None,
             failure_reason=failed.reason if failed else None,
-            search_attributes=search_attributes(history, run_id),
+            search_attributes=search_attributes_of(segment, latest.kinds),
             stuck_reason=self._stuck_reason(workflow_id) if status is WorkflowStatus.RUNNING else None,
         )
 
