@@ -477,7 +477,7 @@ def events_from_rows(
     append = out.append
     decoders = _DATA_DECODERS
     new = object.__new__
-    set_field = object.__setattr__
+    set_workflow_id, set_seq, set_recorded_at, set_body = _EVENT_SETTERS
     checked = False
     last_raw: Any = _MISSING
     at = _EPOCH  # replaced by the first row's (``last_raw`` matches no stored value)
@@ -501,10 +501,10 @@ def events_from_rows(
                 body = body_from_data_json(type_name, data)
             if checked and type(seq) is int and seq > 0 and at.tzinfo is timezone.utc:
                 event = new(Event)
-                set_field(event, "workflow_id", workflow_id)
-                set_field(event, "seq", seq)
-                set_field(event, "recorded_at", at)
-                set_field(event, "body", body)
+                set_workflow_id(event, workflow_id)
+                set_seq(event, seq)
+                set_recorded_at(event, at)
+                set_body(event, body)
             else:
                 event = Event(workflow_id=workflow_id, seq=seq, recorded_at=at, body=body)
                 checked = True
@@ -636,6 +636,30 @@ def _compile_data_decoder(cls: type) -> Callable[[str], EventBody | None]:
     return decoder
 
 
+def _field_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    """``set(obj, value)``: store field ``name`` of a ``cls`` built without ``__init__``.
+
+    A slotted class's field is set through its slot's descriptor directly (no lookup
+    of the name on each call, as ``object.__setattr__`` makes); otherwise as
+    ``object.__setattr__`` sets it (a frozen class refuses ``setattr``).
+    """
+    for base in cls.__mro__:
+        slot = base.__dict__.get(name)
+        if slot is not None:
+            if isinstance(slot, types.MemberDescriptorType):
+                setter: Callable[[Any, Any], None] = slot.__set__
+                return setter
+            break
+    return _setattr_of(name)
+
+
+def _setattr_of(name: str) -> Callable[[Any, Any], None]:
+    def set_field(obj: Any, value: Any) -> None:
+        object.__setattr__(obj, name, value)
+
+    return set_field
+
+
 def _value_type(tp: Any) -> Any:
     """``X`` for a field annotated ``X | None``, else the annotation itself."""
     if typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp):
@@ -653,7 +677,6 @@ def _construction(cls: type, value_types: list[Any], namespace: dict[str, Any]) 
     so the general path builds the body through ``__init__`` and raises its error.
     """
     namespace["new"] = object.__new__
-    namespace["set_field"] = object.__setattr__
     lines = []
     for k, field in enumerate(attrs.fields(cls)):
         validator = field.validator
@@ -669,10 +692,15 @@ def _construction(cls: type, value_types: list[Any], namespace: dict[str, Any]) 
             namespace[f"field{k}"] = field
             lines.append(f"    v{k}(None, field{k}, a{k})")
     lines.append("    o = new(cls)")
-    lines += [f"    set_field(o, {field.name!r}, a{k})" for k, field in enumerate(attrs.fields(cls))]
+    for k, field in enumerate(attrs.fields(cls)):
+        namespace[f"s{k}"] = _field_setter(cls, field.name)
+        lines.append(f"    s{k}(o, a{k})")
     lines.append("    return o")
     return lines
 
+
+#: The setters of an ``Event``'s fields, in the order ``events_from_rows`` stores them.
+_EVENT_SETTERS = tuple(_field_setter(Event, name) for name in ("workflow_id", "seq", "recorded_at", "body"))
 
 _ENVELOPE_KEYS = frozenset({"workflow_id", "seq", "recorded_at", "type", "data"})
 

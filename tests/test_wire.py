@@ -838,3 +838,22 @@ def test_bad_data_in_the_compact_layout_fails_as_the_general_path_does(
 
 def test_the_table_of_data_errors_covers_the_compiled_checks() -> None:
     assert len(_DATA_ERRORS) > 30
+
+
+def test_compiled_decoders_set_slotted_fields_through_their_slots() -> None:
+    # The hot loop stores each field through its slot's descriptor, not a name lookup per call.
+    from aion_trio._events import EVENT_TYPES
+    from aion_trio._wire import _field_setter
+
+    for cls in [*EVENT_TYPES.values(), Event]:
+        for field in attrs.fields(cls):
+            slot = next(base.__dict__[field.name] for base in cls.__mro__ if field.name in base.__dict__)
+            assert _field_setter(cls, field.name) == slot.__set__, (cls, field.name)
+
+    @attrs.frozen(slots=False)
+    class Plain:
+        value: int
+
+    plain = Plain.__new__(Plain)
+    _field_setter(Plain, "value")(plain, 3)  # a frozen class without slots: as object.__setattr__ sets it
+    assert plain == Plain(3)
