@@ -146,7 +146,19 @@ def _is_plain(value: Any, depth: int = 0) -> bool:
     if depth >= 200:
         return False
     if kind is list:
-        return all(_is_plain(item, depth + 1) for item in value)
+        # The common payload (a call's arguments) is a short list of scalars: those are
+        # checked here, without a call per item.
+        for item in value:
+            kind = type(item)
+            if kind is str or item is None or kind is bool:
+                continue
+            if kind is int:
+                if item.bit_length() > _MAX_INT_BITS:
+                    return False
+                continue
+            if not _is_plain(item, depth + 1):
+                return False
+        return True
     if kind is dict:
         return all(type(key) is str and _is_plain(item, depth + 1) for key, item in value.items())
     return False
@@ -181,6 +193,8 @@ def _find_unencodable(value: Any, path: str) -> str | None:
 def _dumps(data: Any, what: str) -> tuple[str, int]:
     """Compact JSON text of checked ``data`` and its UTF-8 size."""
     text = _encode(data)
+    if text.isascii():  # one byte per character: nothing to encode to count them
+        return text, len(text)
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:

@@ -371,3 +371,38 @@ def test_value_of_text_with_extra_data_fails_as_json_loads_does() -> None:
     for text in ("[1] [2]", "1 2", '{"a":1}x'):
         with pytest.raises(json.JSONDecodeError, match="Extra data"):
             Payload.trusted(text).value()
+
+
+def test_a_list_of_scalars_is_checked_in_one_call_and_encodes_as_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A call's arguments (encoded on every replayed step) are checked without a call per item.
+    import aion_trio._payload as payload_module
+
+    calls: list[object] = []
+    original = payload_module._is_plain
+
+    def counting(value: Any, depth: int = 0) -> bool:
+        calls.append(value)
+        return original(value, depth)
+
+    monkeypatch.setattr(payload_module, "_is_plain", counting)
+    codec = PayloadCodec()
+    args = [1, "é", None, True, 2**64]
+    payload = codec.encode(args)
+    assert calls == [args]
+    assert payload.json == json.dumps(args, separators=(",", ":"), ensure_ascii=False)
+    # Nested or not-plain items still take the checked way: a tuple inside is listed, a
+    # float is checked for finiteness, an int too large for JSON text is refused.
+    assert codec.encode([1, (2, 3), 0.5]).json == "[1,[2,3],0.5]"
+    with pytest.raises(PayloadNotSerializable, match=r"\[1\]"):
+        codec.encode([1, float("nan")])
+    with pytest.raises(PayloadNotSerializable, match="too large"):
+        codec.encode([1, 2**15_000])
+    # The size counts UTF-8 bytes: an ASCII text's length, or the encoded length.
+    small = PayloadCodec(warn_bytes=5, max_bytes=5)
+    assert small.encode("abc").json == '"abc"'  # 5 characters, 5 bytes
+    with pytest.raises(PayloadTooLarge):
+        small.encode("éé")  # 4 characters, 6 bytes
+    with pytest.raises(PayloadTooLarge):
+        small.encode(["ab"])  # 6 characters
