@@ -636,7 +636,7 @@ def _compile_data_decoder(cls: type) -> Callable[[str], EventBody | None]:
     return decoder
 
 
-def _field_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+def field_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
     """``set(obj, value)``: store field ``name`` of a ``cls`` built without ``__init__``.
 
     A slotted class's field is set through its slot's descriptor directly (no lookup
@@ -693,14 +693,14 @@ def _construction(cls: type, value_types: list[Any], namespace: dict[str, Any]) 
             lines.append(f"    v{k}(None, field{k}, a{k})")
     lines.append("    o = new(cls)")
     for k, field in enumerate(attrs.fields(cls)):
-        namespace[f"s{k}"] = _field_setter(cls, field.name)
+        namespace[f"s{k}"] = field_setter(cls, field.name)
         lines.append(f"    s{k}(o, a{k})")
     lines.append("    return o")
     return lines
 
 
 #: The setters of an ``Event``'s fields, in the order ``events_from_rows`` stores them.
-_EVENT_SETTERS = tuple(_field_setter(Event, name) for name in ("workflow_id", "seq", "recorded_at", "body"))
+_EVENT_SETTERS = tuple(field_setter(Event, name) for name in ("workflow_id", "seq", "recorded_at", "body"))
 
 _ENVELOPE_KEYS = frozenset({"workflow_id", "seq", "recorded_at", "type", "data"})
 

@@ -843,17 +843,17 @@ def test_the_table_of_data_errors_covers_the_compiled_checks() -> None:
 def test_compiled_decoders_set_slotted_fields_through_their_slots() -> None:
     # The hot loop stores each field through its slot's descriptor, not a name lookup per call.
     from aion_trio._events import EVENT_TYPES
-    from aion_trio._wire import _field_setter
+    from aion_trio._wire import field_setter
 
     for cls in [*EVENT_TYPES.values(), Event]:
         for field in attrs.fields(cls):
             slot = next(base.__dict__[field.name] for base in cls.__mro__ if field.name in base.__dict__)
-            assert _field_setter(cls, field.name) == slot.__set__, (cls, field.name)
+            assert field_setter(cls, field.name) == slot.__set__, (cls, field.name)
 
     @attrs.frozen(slots=False)
     class Plain:
         value: int
 
     plain = Plain.__new__(Plain)
-    _field_setter(Plain, "value")(plain, 3)  # a frozen class without slots: as object.__setattr__ sets it
+    field_setter(Plain, "value")(plain, 3)  # a frozen class without slots: as object.__setattr__ sets it
     assert plain == Plain(3)
