@@ -15,7 +15,9 @@ surfaces as :class:`~aion_trio.BackendUnavailable`.  ``pool_size`` (default
 4) is both the connection pool's maximum and the number of worker threads the
 store uses at once (a store with a ``node`` keeps one connection and thread
 more, for its lease renewals alone, so a busy node still renews on time); ``pool_timeout`` (seconds, default 30) bounds the wait
-for a pooled connection.  ``node`` and ``lease_ttl`` (seconds, default 30)
+for a pooled connection.  ``append_batch`` (default 32, 1 to 64) is the most
+appends written in one call when they queue for a worker slot together (1:
+every append alone; see *Ownership and fencing*).  ``node`` and ``lease_ttl`` (seconds, default 30)
 turn on per-workflow ownership (below).  Every other option goes to libpq
 (``sslmode``, ``application_name``, ``connect_timeout``, which defaults to
 10 seconds here); libpq refuses unknown ones, and so does the parser.
@@ -71,7 +73,14 @@ transaction checks the fence (:class:`~aion_trio.WorkflowFenced`), then the expe
 seq (:class:`~aion_trio.SequenceConflict`), and writes the events (each
 stamped with the epoch), the workflow row and the timer rows the batch causes.
 A node whose workflow was claimed by another gets ``WorkflowFenced`` on its next
-append and writes nothing, so a history never forks.  A store opened without
+append and writes nothing, so a history never forks.  Appends that queue for
+a worker slot together are written by the first slot to come free, up to
+``append_batch`` of them in one call of ``aion_append_batch`` (migration 9):
+one round trip and one transaction, each append an ``aion_append`` in a
+subtransaction of its own, so each is all or nothing on its own and a refused
+one reaches only its caller.  An append cancelled before its batch was taken
+raised ``trio.Cancelled`` and wrote nothing; once taken, it is written and its
+call returns normally.  A store opened without
 ``node`` does no claiming and refuses to append to workflows a node owns.
 
 Cluster mode

@@ -58,6 +58,10 @@ class HangWatch:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # When the watcher wakes next (monotonic; inf: it waits for a call).  Every call's
+        # deadline is its start plus one bound, so a new call is never due before the calls
+        # already watched: the watcher is woken only when it waits for none.
+        self._wake_at = float("inf")
 
     @contextlib.contextmanager
     def watching(self, conn: Any, doing: str) -> Iterator[list[bool]]:
@@ -67,14 +71,17 @@ class HangWatch:
             yield abandoned
             return
         key = next(self._ids)
+        deadline = time.monotonic() + self.bound
         with self._cond:
-            self._calls[key] = (time.monotonic() + self.bound, conn, doing)
+            self._calls[key] = (deadline, conn, doing)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._run, name=f"aion hang watch {self.location}", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if deadline < self._wake_at:
+                self._wake_at = deadline
+                self._cond.notify()
         try:
             yield abandoned
         finally:
@@ -94,6 +101,7 @@ class HangWatch:
                     self.abandoned += 1
                 if not overdue:
                     soonest = min((entry[0] for entry in self._calls.values()), default=None)
+                    self._wake_at = float("inf") if soonest is None else soonest
                     self._cond.wait(None if soonest is None else soonest - now)
                     continue
             for _key, (_deadline, conn, doing) in overdue:

@@ -135,6 +135,49 @@ END
 $fn$
 """
 
+_APPEND_BATCH_FUNCTION = """
+CREATE FUNCTION aion_append_batch(
+    p_node text, p_incarnation bigint,
+    p_workflow_ids text[], p_expected bigint[], p_epochs bigint[], p_statuses text[],
+    p_event_ends integer[], p_recorded_at timestamptz[], p_types text[], p_data text[],
+    p_timer_ends integer[], p_timer_ids text[], p_timer_fire_at timestamptz[],
+    p_dropped_ends integer[], p_dropped_timers text[]
+) RETURNS TABLE (epoch bigint, state text, message text, detail text) LANGUAGE plpgsql AS $fn$
+-- Several appends in one transaction (one round trip, one commit), each all or
+-- nothing on its own: item i is aion_append of its slice of the flat arrays
+-- (events p_event_ends[i-1]+1 .. p_event_ends[i], likewise the timers), run in a
+-- subtransaction, so a refused item (fenced, sequence conflict) writes nothing
+-- and the others commit.  One row per item, in order: the epoch, or the error.
+DECLARE
+    e0 integer := 0;
+    t0 integer := 0;
+    d0 integer := 0;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_workflow_ids), 0) LOOP
+        BEGIN
+            epoch := aion_append(
+                p_workflow_ids[i], p_expected[i], p_node, p_incarnation, p_epochs[i],
+                p_recorded_at[e0 + 1 : p_event_ends[i]], p_types[e0 + 1 : p_event_ends[i]],
+                p_data[e0 + 1 : p_event_ends[i]], p_statuses[i],
+                p_timer_ids[t0 + 1 : p_timer_ends[i]], p_timer_fire_at[t0 + 1 : p_timer_ends[i]],
+                p_dropped_timers[d0 + 1 : p_dropped_ends[i]]);
+            state := NULL;
+            message := NULL;
+            detail := NULL;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+                detail = PG_EXCEPTION_DETAIL;
+            epoch := NULL;
+        END;
+        RETURN NEXT;
+        e0 := p_event_ends[i];
+        t0 := p_timer_ends[i];
+        d0 := p_dropped_ends[i];
+    END LOOP;
+END
+$fn$
+"""
+
 ACTIVE_LIST = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
 """The active statuses as SQL text: code constants (never user values)."""
 
@@ -254,6 +297,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " dedup_id text, state text NOT NULL, data text NOT NULL, UNIQUE (queue, workflow_id))",
         "CREATE INDEX flow_runs_by_order ON flow_runs (queue, priority, seq)",
     ),
+    # 9: appends that arrive together share one round trip and one commit
+    # (aion_append_batch: each item its own subtransaction around aion_append).
+    (_APPEND_BATCH_FUNCTION,),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
+import math
 import operator
 import sys
 import threading
@@ -19,7 +21,7 @@ import psycopg
 import psycopg_pool
 import trio
 
-from aion_trio import ActivityOutcome, ActivityRequest
+from aion_trio import ActivityOutcome, ActivityRequest, AionInternalError
 from aion_trio.plugin import (
     BackendUnavailable,
     Command,
@@ -57,6 +59,7 @@ from aion_trio.plugin import (
 )
 
 from . import _codec, _flow
+from ._batch import AppendQueue, PendingAppend
 from ._hangwatch import HangWatch, hang_bound
 from ._listen import Listener
 from ._mapping import backend_error, cause
@@ -100,6 +103,11 @@ _SQL_SCHEDULES = "SELECT schedule_id, version, data FROM schedules ORDER BY sche
 _SQL_APPEND = (
     "SELECT aion_append(%s, %s, %s, %s, %s, %s::timestamptz[], %s::text[], %s::text[], %s,"
     " %s::text[], %s::timestamptz[], %s::text[])"
+)
+_SQL_APPEND_BATCH = (
+    "SELECT epoch, state, message, detail FROM aion_append_batch(%s, %s, %s::text[], %s::bigint[],"
+    " %s::bigint[], %s::text[], %s::integer[], %s::timestamptz[], %s::text[], %s::text[], %s::integer[],"
+    " %s::text[], %s::timestamptz[], %s::integer[], %s::text[])"
 )
 _SQL_CLAIM = "SELECT aion_claim(%s, %s, %s)"
 _SQL_READ_HISTORY = (
@@ -234,6 +242,8 @@ class _Backend:
     pool: psycopg_pool.ConnectionPool[Any]
     limiter: trio.CapacityLimiter
     """The store's calls at once (``pool_size``)."""
+    held: trio.CapacityLimiter
+    """No limit: for a call whose caller already holds a slot of ``limiter`` (a batch of appends)."""
     lease_limiter: trio.CapacityLimiter
     """The node lease's renewals, one at a time on the pool's one connection beyond
     ``pool_size``: a renewal never waits behind the store's other calls."""
@@ -361,20 +371,128 @@ def _check_aware(name: str, value: object) -> datetime | ValueError:
 # --------------------------------------------------------------------------
 
 
-def _append_error(
-    exc: psycopg.Error, workflow_id: str, expected_seq: int, first_seq: int
+def _refusal(
+    item: PendingAppend, state: str | None, primary: str, detail: str | None, original: BaseException
 ) -> Exception | None:
-    """The typed refusal the append function raised, or ``None`` for any other error."""
-    if exc.sqlstate == SQLSTATE_SEQUENCE_CONFLICT:
-        found = int(exc.diag.message_detail or "0")
-        return cause(SequenceConflict(workflow_id, expected_seq, found), exc)
-    if exc.sqlstate == SQLSTATE_NOT_OWNER:
-        return cause(WorkflowFenced(workflow_id, exc.diag.message_primary or ""), exc)
-    if isinstance(exc, psycopg.DataError):
+    """The typed refusal the append function raised for ``item``, or ``None`` for any other error."""
+    if state == SQLSTATE_SEQUENCE_CONFLICT:
+        return cause(SequenceConflict(item.workflow_id, item.expected_seq, int(detail or "0")), original)
+    if state == SQLSTATE_NOT_OWNER:
+        return cause(WorkflowFenced(item.workflow_id, primary), original)
+    if state is not None and state.startswith("22"):  # data exception: a value it cannot hold
         return cause(
-            StoreEncodeError(workflow_id, first_seq, f"PostgreSQL cannot store this batch: {exc}"), exc
+            StoreEncodeError(
+                item.workflow_id, item.first_seq, f"PostgreSQL cannot store this batch: {primary}"
+            ),
+            original,
         )
     return None
+
+
+def _append_one(conn: Conn, *, node: NodeLease | None, item: PendingAppend) -> int:
+    """One append on its own: one call of ``aion_append``."""
+    batch = item.encoded
+    params = (
+        item.workflow_id,
+        item.expected_seq,
+        None if node is None else node.node_id,
+        None if node is None else node.incarnation,
+        item.epoch,
+        batch.recorded_at,
+        batch.types,
+        batch.data,
+        item.status,
+        batch.timer_ids,
+        batch.timer_fire_at,
+        batch.dropped_timers,
+    )
+    try:
+        row = conn.execute(_SQL_APPEND, params).fetchone()
+    except psycopg.Error as exc:
+        refusal = _refusal(
+            item, exc.sqlstate, exc.diag.message_primary or str(exc), exc.diag.message_detail, exc
+        )
+        if refusal is not None:
+            raise refusal from exc
+        raise
+    except UnicodeError as exc:
+        raise StoreEncodeError(
+            item.workflow_id, item.first_seq, f"PostgreSQL cannot store this batch: {exc}"
+        ) from exc
+    assert row is not None
+    return int(row[0])
+
+
+def _append_many(
+    conn: Conn, node: NodeLease | None, items: Sequence[PendingAppend], location: str
+) -> list[int | Exception]:
+    """Several appends in one call of ``aion_append_batch`` (one transaction, each item a
+    subtransaction), in workflow id order (stable: one workflow's appends keep their order),
+    so two batches lock the workflow rows they share in the same order.  Returns each item's
+    epoch or typed error, in the order of ``items``."""
+    order = sorted(range(len(items)), key=lambda i: items[i].workflow_id)
+    ids: list[str] = []
+    expected: list[int] = []
+    epochs: list[int | None] = []
+    statuses: list[str | None] = []
+    event_ends: list[int] = []
+    timer_ends: list[int] = []
+    dropped_ends: list[int] = []
+    recorded_at: list[datetime] = []
+    types: list[str] = []
+    data: list[str] = []
+    timer_ids: list[str] = []
+    timer_fire_at: list[datetime] = []
+    dropped: list[str] = []
+    for i in order:
+        item = items[i]
+        batch = item.encoded
+        ids.append(item.workflow_id)
+        expected.append(item.expected_seq)
+        epochs.append(item.epoch)
+        statuses.append(item.status)
+        recorded_at += batch.recorded_at
+        types += batch.types
+        data += batch.data
+        timer_ids += batch.timer_ids
+        timer_fire_at += batch.timer_fire_at
+        dropped += batch.dropped_timers
+        event_ends.append(len(types))
+        timer_ends.append(len(timer_ids))
+        dropped_ends.append(len(dropped))
+    params = (
+        None if node is None else node.node_id,
+        None if node is None else node.incarnation,
+        ids,
+        expected,
+        epochs,
+        statuses,
+        event_ends,
+        recorded_at,
+        types,
+        data,
+        timer_ends,
+        timer_ids,
+        timer_fire_at,
+        dropped_ends,
+        dropped,
+    )
+    rows = conn.execute(_SQL_APPEND_BATCH, params).fetchall()
+    if len(rows) != len(items):
+        raise AionInternalError(f"{location}: aion_append_batch returned {len(rows)} rows for {len(items)}")
+    out: list[int | Exception] = [0] * len(items)
+    for i, (epoch, state, message, detail) in zip(order, rows, strict=True):
+        item = items[i]
+        if state is None:
+            out[i] = int(epoch)
+            continue
+        try:
+            original: psycopg.Error = psycopg.errors.lookup(state)(message)
+        except KeyError:
+            original = psycopg.DatabaseError(message)
+        refusal = _refusal(item, state, message or "", detail, original)
+        out[i] = refusal if refusal is not None else backend_error(original, location, "appending events")
+    return out
 
 
 @final
@@ -399,6 +517,11 @@ class PostgresEventStore(_Facade):
     _closed: bool = attrs.field(default=False, init=False)
     _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
     _timer_order: _InCallOrder = attrs.field(factory=_InCallOrder, init=False)
+    _appends: AppendQueue = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        backend = self._backend
+        self._appends = AppendQueue(backend.limiter, self._write_appends, backend.url.append_batch)
 
     @property
     def node(self) -> NodeLease | None:
@@ -420,7 +543,9 @@ class PostgresEventStore(_Facade):
         and the expected seq (:class:`~aion_trio.SequenceConflict`) and writes
         the events, the workflow row and the timer rows the batch causes
         (``TimerStarted`` upserts, ``TimerFired``/``TimerCancelled`` removes).
-        ``BackendUnavailable`` means the outcome is unknown.
+        ``BackendUnavailable`` means the outcome is unknown.  Appends that queue
+        for a worker slot together share one call and one transaction, each on
+        its own (a subtransaction); see the package docstring.
         """
         await self._enter()
         try:
@@ -429,41 +554,53 @@ class PostgresEventStore(_Facade):
         except Exception as exc:
             await _refuse(exc)
         status = status_after(None, events)
-        node = self._backend.node
-        params = (
-            workflow_id,
-            expected_seq,
-            None if node is None else node.node_id,
-            None if node is None else node.incarnation,
-            self._epochs.get(workflow_id),
-            batch.recorded_at,
-            batch.types,
-            batch.data,
-            None if status is None else status.value,
-            batch.timer_ids,
-            batch.timer_fire_at,
-            batch.dropped_timers,
+        item = PendingAppend(
+            workflow_id=workflow_id,
+            expected_seq=expected_seq,
+            first_seq=events[0].seq,
+            epoch=self._epochs.get(workflow_id),
+            status=None if status is None else status.value,
+            encoded=batch,
         )
-        first_seq = events[0].seq
-
-        def run(conn: Conn) -> int:
-            try:
-                row = conn.execute(_SQL_APPEND, params).fetchone()
-            except psycopg.Error as exc:
-                refusal = _append_error(exc, workflow_id, expected_seq, first_seq)
-                if refusal is not None:
-                    raise refusal from exc
-                raise
-            except UnicodeError as exc:
-                raise StoreEncodeError(
-                    workflow_id, first_seq, f"PostgreSQL cannot store this batch: {exc}"
-                ) from exc
-            assert row is not None
-            return int(row[0])
-
-        epoch = await self._backend.run("appending events", run)
-        if node is not None:
+        epoch = await self._appends.submit(item)
+        if self._backend.node is not None:
             self._remember(workflow_id, epoch)
+
+    async def _write_appends(self, items: list[PendingAppend]) -> None:
+        """Write a batch taken from the append queue (its caller holds a worker slot):
+        alone, or together in one call; set every item's outcome, never raise."""
+        backend = self._backend
+        node = backend.node
+        location = self.location
+        if len(items) > 1:
+            try:
+                outcomes = await backend.run(
+                    "appending events",
+                    lambda conn: _append_many(conn, node, items, location),
+                    limiter=backend.held,
+                )
+            except (BackendUnavailable, trio.ClosedResourceError) as exc:
+                # Nothing known of any of them: each caller gets its own copy to raise.
+                for item in items:
+                    item.outcome = cause(type(exc)(*exc.args), exc)
+                return
+            except Exception:
+                # The batch as a whole was refused (a value one item holds that the server
+                # cannot take): each on its own, so the error reaches only its own caller.
+                pass
+            else:
+                for item, outcome in zip(items, outcomes, strict=True):
+                    item.outcome = outcome
+                return
+        for item in items:
+            try:
+                item.outcome = await backend.run(
+                    "appending events",
+                    functools.partial(_append_one, node=node, item=item),
+                    limiter=backend.held,
+                )
+            except Exception as exc:
+                item.outcome = exc
 
     async def claim(self, workflow_id: str) -> int:
         """Claim ``workflow_id`` for this node now and return the new fencing epoch.
@@ -1257,6 +1394,7 @@ def _open_sync(url: PostgresUrl, node_id: str | None, lease_ttl: float) -> _Back
         url=url,
         pool=pool,
         limiter=trio.CapacityLimiter(url.pool_size),
+        held=trio.CapacityLimiter(math.inf),
         lease_limiter=trio.CapacityLimiter(1),
         node=node,
         listener=Listener(url, node_id or url.location),

@@ -20,6 +20,7 @@ DEFAULT_SCHEMA = "aion_trio"
 DEFAULT_STATEMENT_TIMEOUT = 30.0
 DEFAULT_LOCK_TIMEOUT = 10.0
 DEFAULT_POOL_SIZE = 4
+DEFAULT_APPEND_BATCH = 32
 DEFAULT_POOL_TIMEOUT = 30.0
 DEFAULT_CONNECT_TIMEOUT = 10
 DEFAULT_LEASE_TTL = 30.0
@@ -51,6 +52,19 @@ def _size(text: str) -> int:
     return int(text)
 
 
+#: Each append of a batch is a subtransaction; PostgreSQL keeps 64 per session in
+#: shared memory, and more slow every other session's snapshots.
+MAX_APPEND_BATCH = 64
+
+
+def _append_batch(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_APPEND_BATCH:
+        raise ValueError(
+            f"append_batch={text!r} must be an integer from 1 to {MAX_APPEND_BATCH} (1: every append alone)"
+        )
+    return int(text)
+
+
 def _schema(text: str) -> str:
     if not _SCHEMA_RE.fullmatch(text) or text.startswith("pg_"):
         raise ValueError(
@@ -73,6 +87,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "lock_timeout": ("lock_timeout", _seconds("lock_timeout", zero_ok=True)),
     "pool_size": ("pool_size", _size),
     "pool_timeout": ("pool_timeout", _seconds("pool_timeout", zero_ok=False)),
+    "append_batch": ("append_batch", _append_batch),
     "node": ("node", _node),
     "lease_ttl": ("lease_ttl", _seconds("lease_ttl", zero_ok=False)),
     "task_lease_ttl": ("task_lease_ttl", _seconds("task_lease_ttl", zero_ok=False)),
@@ -96,6 +111,8 @@ class PostgresUrl:
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     pool_size: int = DEFAULT_POOL_SIZE
     pool_timeout: float = DEFAULT_POOL_TIMEOUT
+    append_batch: int = DEFAULT_APPEND_BATCH
+    """The most appends written in one round trip and one transaction (1: each alone)."""
     node: str | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
     task_lease_ttl: float = DEFAULT_TASK_LEASE_TTL

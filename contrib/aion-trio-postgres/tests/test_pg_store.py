@@ -546,7 +546,9 @@ async def test_an_append_cancelled_before_its_thread_started_writes_nothing(
         locked_workflow_row(pg_url, schema, "b") as lock_b,
     ):
         async with trio.open_nursery() as outer:
+            # One after the other: started together, the two would share one batch and one slot.
             outer.start_soon(stalled, "a")
+            await wait_for_waiters(pg_url, [lock_a])
             outer.start_soon(stalled, "b")
             await wait_for_waiters(pg_url, [lock_a, lock_b])
             assert store._backend.limiter.borrowed_tokens == 2
@@ -560,6 +562,222 @@ async def test_an_append_cancelled_before_its_thread_started_writes_nothing(
             lock_b.release()
     assert [e.seq for e in await store.events.read_history("c")] == [1]
     assert [e.seq for e in await store.events.read_history("a")] == [1, 2]
+
+
+# --------------------------------------------------------------------------
+# Appends that arrive together: one call, one transaction, each item on its own
+# --------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def slot_held(
+    store: aion_trio_postgres.PostgresStore, pg_url: str, schema: str, nursery: trio.Nursery
+) -> AsyncIterator[RowLock]:
+    """Both worker slots of a ``pool_size=2`` store taken by appends stalled on row locks
+    ("hold-a", "hold-b"), until the block ends; what is appended meanwhile queues."""
+    for wid in ("hold-a", "hold-b"):
+        await store.events.append(wid, markers(wid, 1, 1), 0)
+    with (
+        locked_workflow_row(pg_url, schema, "hold-a") as lock_a,
+        locked_workflow_row(pg_url, schema, "hold-b") as lock_b,
+    ):
+        nursery.start_soon(store.events.append, "hold-a", markers("hold-a", 2, 1), 1)
+        await wait_for_waiters(pg_url, [lock_a])
+        nursery.start_soon(store.events.append, "hold-b", markers("hold-b", 2, 1), 1)
+        await wait_for_waiters(pg_url, [lock_a, lock_b])
+        assert store._backend.limiter.borrowed_tokens == 2
+        yield lock_a
+        lock_a.release()
+        lock_b.release()
+
+
+def log_transactions(pg_url: str, schema: str) -> None:
+    """From now on, record the (top-level) transaction that writes each event (a test-only trigger)."""
+    for text in (
+        "CREATE TABLE test_event_tx (workflow_id text, tx bigint)",
+        "CREATE FUNCTION test_event_tx() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " INSERT INTO test_event_tx VALUES (NEW.workflow_id, txid_current()); RETURN NULL; END $$",
+        "CREATE TRIGGER test_event_tx AFTER INSERT ON events FOR EACH ROW EXECUTE FUNCTION test_event_tx()",
+    ):
+        query(pg_url, schema, text)
+
+
+def transactions(pg_url: str, schema: str, workflow_ids: Sequence[str]) -> int:
+    """How many transactions wrote the events of ``workflow_ids`` (since :func:`log_transactions`)."""
+    text = "SELECT count(DISTINCT tx) FROM test_event_tx WHERE workflow_id = ANY (%s)"
+    return int(query(pg_url, schema, text, (list(workflow_ids),))[0][0])
+
+
+async def test_appends_queued_together_are_written_in_one_transaction_in_call_order(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str
+) -> None:
+    """With every worker slot busy, appends queue; the next free slot writes them all in one
+    call and one transaction, two appends of one workflow in the order they were called."""
+    store, schema = store_and_schema
+    log_transactions(pg_url, schema)
+    ids = [f"q{i}" for i in range(6)]
+    async with trio.open_nursery() as nursery, slot_held(store, pg_url, schema, nursery):
+        for wid in ids:
+            nursery.start_soon(store.events.append, wid, markers(wid, 1, 1), 0)
+            await trio.testing.wait_all_tasks_blocked()
+        # Called after q0's first append: written after it, in the same transaction.
+        nursery.start_soon(store.events.append, "q0", markers("q0", 2, 2), 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.events._appends.queued() == 7
+        batches = store.events._appends.batches
+    assert store.events._appends.batches == batches + 1
+    assert transactions(pg_url, schema, ids) == 1
+    assert [e.seq for e in await store.events.read_history("q0")] == [1, 2, 3]
+    for wid in ids[1:]:
+        assert [e.seq for e in await store.events.read_history(wid)] == [1]
+
+
+async def test_a_refused_append_in_a_batch_writes_nothing_and_the_others_commit(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str
+) -> None:
+    """In one batch: a sequence conflict and an append to a workflow a node owns (fenced for a
+    store without a node) are refused with their typed errors and write nothing; the others
+    commit, in one transaction."""
+    store, schema = store_and_schema
+    log_transactions(pg_url, schema)
+    await store.events.append("conflict", markers("conflict", 1, 2), 0)
+    async with open_postgres_store(f"{pg_url}?schema={schema}&node=owner", renew_every=None) as owner:
+        await owner.events.append("owned", markers("owned", 1, 1), 0)
+    outcomes: dict[str, BaseException | None] = {}
+
+    async def append(wid: str, expected: int) -> None:
+        try:
+            await store.events.append(wid, markers(wid, expected + 1, 1, tag="new"), expected)
+        except (aion_trio.SequenceConflict, aion_trio.WorkflowFenced) as exc:
+            outcomes[wid] = exc
+        else:
+            outcomes[wid] = None
+
+    async with trio.open_nursery() as nursery, slot_held(store, pg_url, schema, nursery):
+        for wid, expected in (("ok-1", 0), ("conflict", 1), ("owned", 1), ("ok-2", 0)):
+            nursery.start_soon(append, wid, expected)
+            await trio.testing.wait_all_tasks_blocked()
+        assert store.events._appends.queued() == 4
+    conflict, fenced = outcomes["conflict"], outcomes["owned"]
+    assert isinstance(conflict, aion_trio.SequenceConflict)
+    assert (conflict.expected, conflict.found) == (1, 2)
+    assert isinstance(fenced, aion_trio.WorkflowFenced)
+    assert "owned by node owner" in str(fenced)
+    assert outcomes["ok-1"] is None
+    assert outcomes["ok-2"] is None
+    assert transactions(pg_url, schema, ["ok-1", "ok-2"]) == 1
+    assert [e.body.name for e in await store.events.read_history("conflict")] == ["m", "m"]
+    assert [e.seq for e in await store.events.read_history("owned")] == [1]
+
+
+async def test_a_batch_the_server_cannot_take_is_written_one_by_one(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str
+) -> None:
+    """A value no PostgreSQL text can hold fails the whole statement; the batch is then
+    written append by append, so only the append holding it gets the encode error."""
+    store, schema = store_and_schema
+    bad = [
+        Event(
+            workflow_id="bad", seq=1, recorded_at=T0, body=MarkerRecorded(name="m\ud800", value=Payload.of(1))
+        )
+    ]
+    errors: list[BaseException] = []
+
+    async def append_bad() -> None:
+        with pytest.raises(StoreEncodeError) as info:
+            await store.events.append("bad", bad, 0)
+        errors.append(info.value)
+
+    async with trio.open_nursery() as nursery, slot_held(store, pg_url, schema, nursery):
+        nursery.start_soon(store.events.append, "good-1", markers("good-1", 1, 1), 0)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(append_bad)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(store.events.append, "good-2", markers("good-2", 1, 1), 0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.events._appends.queued() == 3
+    assert len(errors) == 1
+    assert await store.events.read_history("bad") == []
+    for wid in ("good-1", "good-2"):
+        assert [e.seq for e in await store.events.read_history(wid)] == [1]
+
+
+@pytest.mark.parametrize("cancelled", ["leader", "follower"])
+async def test_a_queued_append_cancelled_before_its_batch_was_taken_writes_nothing(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str, cancelled: str
+) -> None:
+    """Two appends queue (the first waits for a slot for both, the second behind it); the one
+    cancelled raises Cancelled and never reaches the database, the other is written."""
+    store, schema = store_and_schema
+    names = {"leader": "first", "follower": "second"}
+    raised: list[str] = []
+
+    async def append(wid: str) -> None:
+        try:
+            await store.events.append(wid, markers(wid, 1, 1), 0)
+        except trio.Cancelled:
+            raised.append(wid)
+            raise
+
+    async with trio.open_nursery() as nursery, slot_held(store, pg_url, schema, nursery):
+        scopes = {}
+        for wid in ("first", "second"):
+            scopes[wid] = trio.CancelScope()
+
+            async def run(wid: str = wid) -> None:
+                with scopes[wid]:
+                    await append(wid)
+
+            nursery.start_soon(run)
+            await trio.testing.wait_all_tasks_blocked()
+        assert store.events._appends.queued() == 2
+        scopes[names[cancelled]].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert raised == [names[cancelled]]
+        assert store.events._appends.queued() == 1
+    kept = "second" if cancelled == "leader" else "first"
+    assert await store.events.read_history(names[cancelled]) == []
+    assert [e.seq for e in await store.events.read_history(kept)] == [1]
+
+
+async def test_an_append_cancelled_once_its_batch_was_taken_is_written_and_returns(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str
+) -> None:
+    """A batch in flight (stalled on a row lock): cancelling the caller of an append in it
+    (not the one whose task writes the batch) changes nothing until the batch is written;
+    the call returns normally and the cancellation arrives at its next checkpoint."""
+    store, schema = store_and_schema
+    await store.events.append("locked", markers("locked", 1, 1), 0)
+    log_transactions(pg_url, schema)
+    outcome: list[str] = []
+    scope = trio.CancelScope()
+
+    async def member() -> None:
+        with scope:
+            await store.events.append("member", markers("member", 1, 1), 0)
+            outcome.append("returned")
+            await trio.lowlevel.checkpoint()
+            outcome.append("not cancelled")  # pragma: no cover - the bug this test catches
+        if scope.cancelled_caught:
+            outcome.append("cancelled at the next checkpoint")
+
+    with locked_workflow_row(pg_url, schema, "locked") as lock:
+        async with trio.open_nursery() as nursery, slot_held(store, pg_url, schema, nursery) as held:
+            nursery.start_soon(store.events.append, "locked", markers("locked", 2, 1), 1)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(member)
+            await trio.testing.wait_all_tasks_blocked()
+            assert store.events._appends.queued() == 2
+            held.release()  # one slot frees: the batch of both is taken, and stalls on "locked"
+            await wait_for_waiters(pg_url, [lock])
+            assert store.events._appends.queued() == 0
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert outcome == []
+            lock.release()
+    assert outcome == ["returned", "cancelled at the next checkpoint"]
+    assert transactions(pg_url, schema, ["locked", "member"]) == 1
+    assert [e.seq for e in await store.events.read_history("member")] == [1]
 
 
 async def test_a_node_lease_is_renewed_while_every_worker_slot_is_taken(pg_url: str) -> None:
