@@ -16,8 +16,9 @@ surfaces as :class:`~aion_trio.BackendUnavailable`.  ``pool_size`` (default
 store uses at once (a store with a ``node`` keeps one connection and thread
 more, for its lease renewals alone, so a busy node still renews on time); ``pool_timeout`` (seconds, default 30) bounds the wait
 for a pooled connection.  ``append_batch`` (default 32, 1 to 64) is the most
-appends written in one call when they queue for a worker slot together (1:
-every append alone; see *Ownership and fencing*).  ``node`` and ``lease_ttl`` (seconds, default 30)
+appends (and, likewise, visibility upserts) written in one call when they
+queue for a worker slot together (1: every write alone; see *Ownership and
+fencing*).  ``node`` and ``lease_ttl`` (seconds, default 30)
 turn on per-workflow ownership (below).  Every other option goes to libpq
 (``sslmode``, ``application_name``, ``connect_timeout``, which defaults to
 10 seconds here); libpq refuses unknown ones, and so does the parser.

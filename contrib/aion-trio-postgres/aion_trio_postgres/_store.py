@@ -59,7 +59,7 @@ from aion_trio.plugin import (
 )
 
 from . import _codec, _flow
-from ._batch import AppendQueue, PendingAppend
+from ._batch import BatchQueue, PendingAppend, PendingUpsert
 from ._hangwatch import HangWatch, hang_bound
 from ._listen import Listener
 from ._mapping import backend_error, cause
@@ -517,11 +517,11 @@ class PostgresEventStore(_Facade):
     _closed: bool = attrs.field(default=False, init=False)
     _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
     _timer_order: _InCallOrder = attrs.field(factory=_InCallOrder, init=False)
-    _appends: AppendQueue = attrs.field(init=False)
+    _appends: BatchQueue[PendingAppend] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         backend = self._backend
-        self._appends = AppendQueue(backend.limiter, self._write_appends, backend.url.append_batch)
+        self._appends = BatchQueue(backend.limiter, self._write_appends, backend.url.append_batch)
 
     @property
     def node(self) -> NodeLease | None:
@@ -562,7 +562,7 @@ class PostgresEventStore(_Facade):
             status=None if status is None else status.value,
             encoded=batch,
         )
-        epoch = await self._appends.submit(item)
+        epoch = int(await self._appends.submit(item))
         if self._backend.node is not None:
             self._remember(workflow_id, epoch)
 
@@ -689,9 +689,35 @@ class PostgresEventStore(_Facade):
         return await self._backend.run("reading due timers", run)
 
 
+def _upsert_one(conn: Conn, *, item: PendingUpsert) -> None:
+    try:
+        _upsert_many(conn, items=[item])
+    except (psycopg.DataError, UnicodeError) as exc:
+        raise StoreEncodeError(
+            item.workflow_id, None, f"PostgreSQL cannot store this visibility row: {exc}"
+        ) from exc
+
+
 # --------------------------------------------------------------------------
 # Visibility store
 # --------------------------------------------------------------------------
+
+
+def _upsert_many(conn: Conn, *, items: Sequence[PendingUpsert]) -> None:
+    """Visibility upserts in one transaction, sent in one round trip (pipeline mode), in
+    workflow id order (stable), so two batches lock the rows they share in the same order.
+
+    Per row, the upsert comes first: its row lock serialises concurrent upserts of one
+    workflow, so the delete after it (a new snapshot, read committed) sees and removes the
+    search rows a racing upsert just committed.  A value the server refuses raises
+    ``psycopg.DataError``; one psycopg cannot encode, ``UnicodeError``: nothing is written.
+    """
+    with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+        for item in sorted(items, key=operator.attrgetter("workflow_id")):
+            cur.execute(_SQL_UPSERT_VISIBILITY, item.params)
+            cur.execute(_SQL_CLEAR_SEARCH, (item.workflow_id,))
+            if item.search:
+                cur.executemany(_SQL_INSERT_SEARCH, item.search)
 
 
 @final
@@ -706,33 +732,62 @@ class PostgresVisibilityStore(_Facade):
     _backend: _Backend = attrs.field(alias="backend")
     _closed: bool = attrs.field(default=False, init=False)
     _order: _InCallOrder = attrs.field(factory=_InCallOrder, init=False)
+    _upserts: BatchQueue[PendingUpsert] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        backend = self._backend
+        self._upserts = BatchQueue(backend.limiter, self._write_upserts, backend.url.append_batch)
 
     async def upsert(self, row: VisibilityRow) -> None:
+        """Write ``row`` (and its search attributes), replacing the workflow's row.
+
+        Upserts that queue for a worker slot together are written in one
+        transaction, sent in one round trip (pipeline mode)."""
         await self._enter()
         if not isinstance(cast(object, row), VisibilityRow):
             await _refuse(TypeError(f"upsert needs a VisibilityRow, got {row!r}"))
         wid = row.workflow_id
-        params = _codec.visibility_params(row)
-        search = _codec.search_rows(wid, row.search_attributes)
-
-        def run(conn: Conn) -> None:
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    # The upsert first: its row lock serialises concurrent upserts
-                    # of one workflow, so the delete below (a new snapshot, read
-                    # committed) sees and removes the search rows a racing upsert
-                    # just committed.
-                    cur.execute(_SQL_UPSERT_VISIBILITY, params)
-                    cur.execute(_SQL_CLEAR_SEARCH, (wid,))
-                    if search:
-                        cur.executemany(_SQL_INSERT_SEARCH, search)
-            except (psycopg.DataError, UnicodeError) as exc:
-                raise StoreEncodeError(
-                    wid, None, f"PostgreSQL cannot store this visibility row: {exc}"
-                ) from exc
-
+        item = PendingUpsert(
+            workflow_id=wid,
+            params=_codec.visibility_params(row),
+            search=_codec.search_rows(wid, row.search_attributes),
+        )
         async with self._order.hold(wid):
-            await self._backend.run("writing a visibility row", run)
+            await self._upserts.submit(item)
+
+    async def _write_upserts(self, items: list[PendingUpsert]) -> None:
+        """Write a batch taken from the upsert queue (its caller holds a worker slot): in one
+        transaction, or one by one when that fails for a reason other than the connection;
+        set every item's outcome, never raise."""
+        backend = self._backend
+        if len(items) > 1:
+            try:
+                await backend.run(
+                    "writing visibility rows",
+                    functools.partial(_upsert_many, items=items),
+                    limiter=backend.held,
+                )
+            except (BackendUnavailable, trio.ClosedResourceError) as exc:
+                for item in items:
+                    item.outcome = cause(type(exc)(*exc.args), exc)
+                return
+            except Exception:
+                pass  # a row the server cannot take: each on its own, the error to its caller only
+            else:
+                for item in items:
+                    item.outcome = True
+                return
+        for item in items:
+            try:
+                await backend.run(
+                    "writing a visibility row",
+                    functools.partial(_upsert_one, item=item),
+                    limiter=backend.held,
+                )
+            except Exception as exc:
+                item.outcome = exc
+            else:
+                item.outcome = True
 
     async def get(self, workflow_id: str) -> VisibilityRow | None:
         await self._enter()

@@ -112,7 +112,8 @@ class PostgresUrl:
     pool_size: int = DEFAULT_POOL_SIZE
     pool_timeout: float = DEFAULT_POOL_TIMEOUT
     append_batch: int = DEFAULT_APPEND_BATCH
-    """The most appends written in one round trip and one transaction (1: each alone)."""
+    """The most appends (or visibility upserts) written in one round trip and one transaction
+    when they queue for a worker slot together (1: each alone)."""
     node: str | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
     task_lease_ttl: float = DEFAULT_TASK_LEASE_TTL

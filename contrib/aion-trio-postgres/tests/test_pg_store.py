@@ -575,15 +575,19 @@ async def slot_held(
 ) -> AsyncIterator[RowLock]:
     """Both worker slots of a ``pool_size=2`` store taken by appends stalled on row locks
     ("hold-a", "hold-b"), until the block ends; what is appended meanwhile queues."""
+    heads = {}
     for wid in ("hold-a", "hold-b"):
-        await store.events.append(wid, markers(wid, 1, 1), 0)
+        heads[wid] = len(await store.events.read_history(wid)) + 1
+        await store.events.append(wid, markers(wid, heads[wid], 1), heads[wid] - 1)
     with (
         locked_workflow_row(pg_url, schema, "hold-a") as lock_a,
         locked_workflow_row(pg_url, schema, "hold-b") as lock_b,
     ):
-        nursery.start_soon(store.events.append, "hold-a", markers("hold-a", 2, 1), 1)
+        seq = heads["hold-a"]
+        nursery.start_soon(store.events.append, "hold-a", markers("hold-a", seq + 1, 1), seq)
         await wait_for_waiters(pg_url, [lock_a])
-        nursery.start_soon(store.events.append, "hold-b", markers("hold-b", 2, 1), 1)
+        seq = heads["hold-b"]
+        nursery.start_soon(store.events.append, "hold-b", markers("hold-b", seq + 1, 1), seq)
         await wait_for_waiters(pg_url, [lock_a, lock_b])
         assert store._backend.limiter.borrowed_tokens == 2
         yield lock_a
@@ -778,6 +782,56 @@ async def test_an_append_cancelled_once_its_batch_was_taken_is_written_and_retur
     assert outcome == ["returned", "cancelled at the next checkpoint"]
     assert transactions(pg_url, schema, ["locked", "member"]) == 1
     assert [e.seq for e in await store.events.read_history("member")] == [1]
+
+
+async def test_visibility_upserts_queued_together_share_one_transaction_each_error_its_own(
+    store_and_schema: tuple[aion_trio_postgres.PostgresStore, str], pg_url: str
+) -> None:
+    """Upserts queued behind busy worker slots are written in one transaction; one holding
+    text no PostgreSQL text can hold makes the batch fall back to one by one, and only its
+    caller gets the StoreEncodeError."""
+    store, schema = store_and_schema
+
+    def row(wid: str, wtype: str = "t") -> VisibilityRow:
+        return VisibilityRow(
+            workflow_id=wid,
+            run_id="r",
+            workflow_type=wtype,
+            status=WorkflowStatus.RUNNING,
+            start_time=T0,
+            search_attributes={"k": wid},
+        )
+
+    errors: list[BaseException] = []
+
+    async def upsert_bad() -> None:
+        with pytest.raises(StoreEncodeError) as info:
+            await store.visibility.upsert(row("bad", "a\x00b"))
+        errors.append(info.value)
+
+    async with trio.open_nursery() as nursery, slot_held(store, pg_url, schema, nursery):
+        for wid in ("v1", "v2", "v3"):
+            nursery.start_soon(store.visibility.upsert, row(wid))
+            await trio.testing.wait_all_tasks_blocked()
+        assert store.visibility._upserts.queued() == 3
+        batches = store.visibility._upserts.batches
+    assert store.visibility._upserts.batches == batches + 1
+    text = "SELECT count(DISTINCT xmin::text) FROM visibility WHERE workflow_id = ANY (%s)"
+    assert query(pg_url, schema, text, (["v1", "v2", "v3"],)) == [(1,)]
+    async with trio.open_nursery() as nursery, slot_held(store, pg_url, schema, nursery):
+        nursery.start_soon(store.visibility.upsert, row("v4"))
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(upsert_bad)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(store.visibility.upsert, row("v5"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.visibility._upserts.queued() == 3
+    assert len(errors) == 1
+    assert await store.visibility.get("bad") is None
+    for wid in ("v1", "v2", "v3", "v4", "v5"):
+        found = await store.visibility.get(wid)
+        assert found is not None
+        assert found.search_attributes == {"k": wid}
 
 
 async def test_a_node_lease_is_renewed_while_every_worker_slot_is_taken(pg_url: str) -> None:
