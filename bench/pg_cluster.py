@@ -4,7 +4,7 @@ Usage::
 
     python bench/pg_cluster.py [--pg-url URL] [--failover-workflows 200] [--lease-ttl 2]
         [--sweep-interval 0.5] [--poll-interval 0.5] [--workflows 1000] [--steps 10]
-        [--concurrency 100] [--processes 1,2,4] [--dbos-python PATH] [--skip-dbos]
+        [--concurrency 100] [--processes 1,2,4] [--dbos-python PATH] [--skip-dbos] [--skip-failover]
         [--dir DIR] [--seconds S]
 
 Engine processes are ``contrib/aion-trio-postgres/tests/failover_node.py``
@@ -413,6 +413,7 @@ def run_all(args: argparse.Namespace, directory: str) -> None:
             "aion_trio": aion.__version__,
             "trio": trio.__version__,
             "postgres": server[0] if server else None,
+            "aion_trio_tree": str(Path(aion.__file__).resolve().parent.parent),
             "cpus": os.cpu_count(),
             "seconds_cap": args.seconds,
             "loadavg_1m": round(os.getloadavg()[0], 2),
@@ -423,7 +424,8 @@ def run_all(args: argparse.Namespace, directory: str) -> None:
     )
     bench = Bench(args, directory)
     try:
-        bench.failover()
+        if not args.skip_failover:
+            bench.failover()
         tp: dict[int, dict[str, Any]] = {}
         for processes in args.processes:
             tp[processes] = bench.throughput(processes)
@@ -468,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dbos-python", default=sys.executable, help="interpreter for the DBOS subprocess")
     parser.add_argument("--skip-dbos", action="store_true")
+    parser.add_argument("--skip-failover", action="store_true", help="measure throughput (and DBOS) only")
     parser.add_argument("--dir", help="where the fresh temporary directory (process logs) goes")
     parser.add_argument("--seconds", type=float, help="smoke run: shrink the workloads, cap each measurement")
     parser.add_argument("--dbos-worker", help=argparse.SUPPRESS)
