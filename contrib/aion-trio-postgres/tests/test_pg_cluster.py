@@ -403,10 +403,11 @@ async def test_a_held_back_attempt_whose_workflow_was_taken_over_meanwhile_never
             assert store_c.lease_valid()
             await eventually(lambda: _true(cut._core.recorders.relinquished == 1))
             assert CALLS == ["once"], "the held-back attempt ran on the node that lost the workflow"
-            # Stopped by whichever looks first once the lease is back: the gate's ownership
-            # check (the attempt raises WorkflowFenced) or the node's rejoin (the workflow is
-            # dropped and the held attempt cancelled); never both, never neither.
-            assert getattr(gate, "not_owned", 0) + cut.statistics().lost_on_rejoin == 1
+            # Stopped once the lease is back by the gate's ownership check (the attempt raises
+            # WorkflowFenced), the node's rejoin (the workflow is dropped and the held attempt
+            # cancelled), or both when each looks before the other acts; never by neither.
+            # Either way the workflow is relinquished once (the observer saw one event).
+            assert getattr(gate, "not_owned", 0) + cut.statistics().lost_on_rejoin >= 1
             assert [e.workflow_id for e in seen] == ["w"]
             assert cut._core.loaded_recorder("w") is None
     assert_unforked(pg_url, schema)
