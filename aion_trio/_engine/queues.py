@@ -308,7 +308,7 @@ class WorkflowQueues:
             if entry.state == ADMITTED and entry.workflow_id not in self._watched:
                 await self._reconcile(store, entry)
         admitted, retry_after = await store.admit_flow_runs(
-            name, concurrency=limit.concurrency, rate=limit.rate, period=limit.period, now=self.now()
+            name, concurrency=_admitted_bound(limit), rate=limit.rate, period=limit.period, now=self.now()
         )
         for entry in admitted:
             await self._start(entry)
@@ -388,6 +388,16 @@ class WorkflowQueues:
         finally:
             self._watched.discard(entry.workflow_id)
         self._wake.set()
+
+
+def _admitted_bound(limit: FlowLimit) -> int | None:
+    """How many runs of a queue (of one partition) may be admitted at once.
+
+    The store counts a queue's admitted entries, which every engine on it shares: a
+    queue's ``concurrency`` already bounds the runs of every node, and
+    ``cluster_concurrency`` names the same bound; with both, the smaller holds."""
+    bounds = [b for b in (limit.concurrency, limit.cluster_concurrency) if b is not None]
+    return min(bounds) if bounds else None
 
 
 async def _quietly(waiting: Awaitable[Any]) -> None:

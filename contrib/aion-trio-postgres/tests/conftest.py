@@ -13,12 +13,14 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 import trio
 from _faultproxy import ProxyControl, running_proxy
+from _flowcluster import Nodes
 from aion_trio_postgres import PostgresStore, open_postgres_store
 
 PG_URL_ENV = "AION_TRIO_TEST_PG_URL"
@@ -104,6 +106,26 @@ def proxy(pg_url: str) -> Iterator[ProxyControl]:
 @pytest.fixture
 def schema_of() -> Callable[[str], str]:
     return lambda url: url.split("schema=", 1)[1].split("&", 1)[0]
+
+
+@pytest.fixture
+def cluster_nodes(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], tmp_path: Path
+) -> Iterator[Nodes]:
+    """Engine processes to spawn (``_flowcluster.Nodes``) on a new, migrated schema;
+    every node still running is stopped after the test."""
+    url = fresh_store_url()
+    made = Nodes(url.split("?", 1)[0], schema_of(url), tmp_path)
+
+    async def migrate() -> None:
+        async with open_postgres_store(url):
+            pass
+
+    trio.run(migrate)
+    try:
+        yield made
+    finally:
+        made.stop_all()
 
 
 def isolated_opener(

@@ -33,7 +33,8 @@ SQL_CREATE_SIDE = (
 )
 
 
-def _side(sql: str, params: tuple[object, ...]) -> int:
+def side(sql: str, params: tuple[object, ...]) -> int:
+    """Run ``sql`` on the side tables (this node's schema); the first column of its row (0: none)."""
     with psycopg.connect(os.environ["FLOW_SIDE_URL"], autocommit=True) as conn:
         conn.execute("SELECT set_config('search_path', %s, false)", (os.environ["FLOW_SCHEMA"],))
         row = conn.execute(sql, params).fetchone()
@@ -45,13 +46,13 @@ async def limited(tag: str) -> str:
     info = aion.activity_info()
     name = f"{info.workflow_id}/{info.activity_id}/{info.attempt}"
     row = await trio.to_thread.run_sync(
-        _side,
+        side,
         "INSERT INTO flow_side (node, attempt) VALUES (%s, %s) RETURNING id",
         (os.environ["FLOW_NODE"], name),
     )
     await trio.sleep(HOLD)
     await trio.to_thread.run_sync(
-        _side, "UPDATE flow_side SET ended = clock_timestamp() WHERE id = %s RETURNING id", (row,)
+        side, "UPDATE flow_side SET ended = clock_timestamp() WHERE id = %s RETURNING id", (row,)
     )
     return tag
 
