@@ -71,6 +71,8 @@ class FlowLimit:
     ``cluster_concurrency``: at most this many at once across every engine and
     remote worker on the store (needs a store with :class:`~aion_trio.FlowStore`;
     a node that dies gives its slots back after ``EngineConfig.flow_permit_ttl``).
+    A workflow queue counts its admitted runs in the store, so there both bound
+    the runs of every engine on it (the smaller holds).
     ``rate`` per ``period`` (seconds or a ``timedelta``): at most ``rate`` starts
     in any window of ``period``, counted in the store when it has
     :class:`~aion_trio.FlowStore` (a restart does not reset it).

@@ -66,6 +66,8 @@ QUEUES = {
     "pair": aion.FlowLimit(concurrency=2),
     "paced": aion.FlowLimit(rate=2, period=10.0),
     "emails": aion.FlowLimit(concurrency=1, partitioned=True),
+    "cluster_pair": aion.FlowLimit(cluster_concurrency=2),
+    "both": aion.FlowLimit(concurrency=3, cluster_concurrency=1),
 }
 
 
@@ -98,6 +100,20 @@ async def test_a_queue_admits_up_to_its_concurrency(
             for h in handles:
                 await h.result()
     assert probe.peak["g"] == 2
+
+
+async def test_a_queue_s_cluster_concurrency_bounds_its_runs_the_smaller_bound_holding(
+    flow_url: Callable[[], str], autojump_clock: trio.testing.MockClock
+) -> None:
+    # A queue's admitted runs are counted in the store, which every engine on it
+    # shares: cluster_concurrency is that bound too (it was once ignored: no bound).
+    async with engine_on(flow_url()) as engine:
+        with trio.fail_after(600):
+            for queue in ("cluster_pair", "both"):
+                handles = [await engine.enqueue(job, queue, f"t{i}", 2.0, queue=queue) for i in range(5)]
+                for h in handles:
+                    await h.result()
+    assert probe.peak == {"cluster_pair": 2, "both": 1}
 
 
 async def test_a_rate_limited_queue_spaces_its_starts(

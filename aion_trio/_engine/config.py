@@ -212,7 +212,9 @@ class EngineConfig:
     task_queue_limits: Mapping[str, FlowLimit] = attrs.field(factory=dict, converter=_queue_limits)
     activity_limits: Mapping[str, FlowLimit] = attrs.field(factory=dict, converter=_activity_limits)
     #: Workflow queues ``engine.enqueue(..., queue=NAME)`` admits runs from, by name, each
-    #: with its limit (``concurrency``, ``rate`` per ``period``, ``partitioned``).
+    #: with its limit (``concurrency``, ``rate`` per ``period``, ``partitioned``); a queue's
+    #: runs are counted in the store, so ``concurrency`` (or ``cluster_concurrency``: the
+    #: same bound) holds across every engine on it.
     workflow_queues: Mapping[str, FlowLimit] = attrs.field(factory=dict, converter=_workflow_queues)
     #: Seconds (engine clock) a cluster-wide slot (``FlowLimit.cluster_concurrency``) is
     #: held without renewal: the slots of an engine that died come back after this.

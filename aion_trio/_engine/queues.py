@@ -36,6 +36,7 @@ from .._errors import (
     UnknownQueue,
     WorkflowAlreadyStarted,
     WorkflowFailure,
+    WorkflowFenced,
     WorkflowNotFound,
 )
 from .._events import Event
@@ -351,6 +352,11 @@ class WorkflowQueues:
             # run: the entry ends (its handle raises this) rather than hold its place.
             logger.info("workflow queue %r: %s; the entry ends", entry.queue, refused)
             await self._end_unstarted(entry)
+            return
+        except WorkflowFenced:
+            # Cluster mode: another node started it first (every node starts an admitted
+            # entry it finds unstarted); the next pass finds it running and watches it.
+            logger.info("workflow queue %r: %r was started by another node", entry.queue, entry.workflow_id)
             return
         except Exception as exc:
             logger.warning(

@@ -21,8 +21,8 @@ Each run's one activity logs its start and end (the database clock) in
 ``queue_side``, and whether it ran to its end (``done``; an attempt cancelled
 because another node took the run over logs its end too).  A run given a gate (the dedup holders, the ``serial`` runs) waits
 for a row of that name in ``queue_gate`` (the test writes it) before it ends, so
-it holds its place until then.  With ``FLOW_HANG=1`` in its environment, this
-node's ``jobs`` attempts never end: they are running when the test kills it.
+it holds its place until then; each node's first job (``HANGING``) waits for
+``KILLED_GATE``, so it is running when the test kills the node that runs it.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ LIMIT = 3
 JOBS = 8
 DEDUPS = ("shared-0", "shared-1")
 DEDUP_GATE = "dedup-decided"
+#: Runs whose workflow id ends so (each node's first job) hold their place until the
+#: test killed a node running one of them.
+HANGING = "-job-0"
+KILLED_GATE = "killed"
 SERIAL_GATE = "serial-go"
 PACED = 3
 RATE = 2
@@ -71,8 +75,10 @@ async def step(queue: str, gate: str | None) -> str:
             side, "SELECT count(*) FROM queue_gate WHERE name = %s", (gate,)
         ):
             await trio.sleep(0.05)
-        if queue == "jobs" and os.environ.get("FLOW_HANG") == "1":
-            await trio.sleep_forever()
+        while info.workflow_id.endswith(HANGING) and not await trio.to_thread.run_sync(  # noqa: ASYNC110 - the test writes it
+            side, "SELECT count(*) FROM queue_gate WHERE name = %s", (KILLED_GATE,)
+        ):
+            await trio.sleep(0.05)
         await trio.sleep(HOLD[queue])
         done = True
     finally:

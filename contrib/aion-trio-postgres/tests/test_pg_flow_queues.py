@@ -43,15 +43,12 @@ def count(nodes: Nodes, sql: str, params: object = None) -> int:
     return int(nodes.query(sql, params)[0][0])
 
 
-async def enqueue_everywhere(
-    nodes: Nodes, tmp_path: Path, scenario: str, hang: str = "", **extra: list[str]
-) -> None:
-    """Spawn the three nodes (node ``hang``'s jobs never end), let them enqueue at the
-    same moment, wait until they did."""
+async def enqueue_everywhere(nodes: Nodes, tmp_path: Path, scenario: str, **extra: list[str]) -> None:
+    """Spawn the three nodes, let them enqueue at the same moment, wait until they did."""
     go = tmp_path / "go"
     for name in NODES:
         args = ["--go", str(go), "--scenario", scenario, *extra.get(name, [])]
-        nodes.spawn(name, "flow_queue_node.py", *args, env={"FLOW_HANG": "1" if name == hang else "0"})
+        nodes.spawn(name, "flow_queue_node.py", *args)
     await wait_for("every node to open", lambda: all("READY" in nodes.log(n) for n in NODES), nodes)
     go.touch()
     await wait_for("every node to enqueue", lambda: all("ENQUEUED" in nodes.log(n) for n in NODES), nodes)
@@ -82,16 +79,22 @@ async def wait_until_all_done(nodes: Nodes, runs: set[str]) -> None:
 async def test_a_queue_bound_and_dedup_hold_across_three_nodes_through_a_kill(
     nodes: Nodes, tmp_path: Path
 ) -> None:
-    await enqueue_everywhere(nodes, tmp_path, "jobs", hang="n2")
+    await enqueue_everywhere(nodes, tmp_path, "jobs")
     assert count(nodes, "SELECT count(*) FROM queue_enqueues") == len(NODES) * (len(q.DEDUPS) + q.JOBS)
     nodes.query("INSERT INTO queue_gate VALUES (%s)", (q.DEDUP_GATE,))
 
-    # n2's runs hang in their activity (they hold their places): kill it once it runs one.
-    def n2_running() -> int:
-        return count(nodes, "SELECT count(*) FROM queue_side WHERE node = 'n2' AND ended IS NULL")
+    # Each node's first job holds its place until a node running one is killed.
+    def hanging() -> list[tuple[object, ...]]:
+        return nodes.query(
+            "SELECT node FROM queue_side WHERE workflow_id LIKE %s AND ended IS NULL GROUP BY node"
+            " ORDER BY count(*) DESC, node",
+            (f"%{q.HANGING}",),
+        )
 
-    await wait_for("n2 to run one of the queue's runs", lambda: n2_running() >= 1, nodes)
-    killed_at = nodes.kill("n2")
+    await wait_for("a node to run a run that holds its place", hanging, nodes)
+    victim = str(hanging()[0][0])
+    killed_at = nodes.kill(victim)
+    nodes.query("INSERT INTO queue_gate VALUES (%s)", (q.KILLED_GATE,))
     runs = accepted(nodes, "jobs")
     await wait_until_all_done(nodes, runs)
 
@@ -107,7 +110,7 @@ async def test_a_queue_bound_and_dedup_hold_across_three_nodes_through_a_kill(
 
     # The bound held across the cluster (counting runs: two attempts of one run's activity,
     # the second after another node took it over, are one run), and was reached.
-    peak = peak_overlap(nodes, "queue_side", "n2", killed_at, "queue = 'jobs'", per="o.workflow_id")
+    peak = peak_overlap(nodes, "queue_side", victim, killed_at, "queue = 'jobs'", per="o.workflow_id")
     assert peak <= q.LIMIT, f"{peak} runs of queue 'jobs' ran at once under cluster_concurrency={q.LIMIT}"
     assert peak == q.LIMIT, f"the bound was never reached (peak {peak}): the test did not exercise it"
 
@@ -119,8 +122,9 @@ async def test_a_queue_bound_and_dedup_hold_across_three_nodes_through_a_kill(
     done = {row[0] for row in nodes.query("SELECT workflow_id FROM queue_side WHERE done")}
     assert done == runs
     taken_over = nodes.query(
-        "SELECT count(DISTINCT workflow_id) FROM queue_side s WHERE node = 'n2' AND EXISTS"
-        " (SELECT 1 FROM queue_side o WHERE o.workflow_id = s.workflow_id AND o.node <> 'n2' AND o.done)"
+        "SELECT count(DISTINCT workflow_id) FROM queue_side s WHERE node = %s AND ended IS NULL AND EXISTS"
+        " (SELECT 1 FROM queue_side o WHERE o.workflow_id = s.workflow_id AND o.node <> %s AND o.done)",
+        (victim, victim),
     )
     assert taken_over[0][0] >= 1, "the killed node's runs did not finish on the survivors"
 
