@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import threading
 
 import psycopg
 import trio
@@ -33,12 +34,20 @@ SQL_CREATE_SIDE = (
 )
 
 
+_threads = threading.local()
+
+
 def side(sql: str, params: tuple[object, ...]) -> int:
-    """Run ``sql`` on the side tables (this node's schema); the first column of its row (0: none)."""
-    with psycopg.connect(os.environ["FLOW_SIDE_URL"], autocommit=True) as conn:
+    """Run ``sql`` on the side tables (this node's schema); the first column of its row (0: none).
+
+    Called in worker threads: each keeps one connection (a new one per call forks a
+    server process, which a loaded machine feels)."""
+    conn = getattr(_threads, "conn", None)
+    if conn is None:
+        conn = _threads.conn = psycopg.connect(os.environ["FLOW_SIDE_URL"], autocommit=True)
         conn.execute("SELECT set_config('search_path', %s, false)", (os.environ["FLOW_SCHEMA"],))
-        row = conn.execute(sql, params).fetchone()
-        return 0 if row is None else int(row[0])
+    row = conn.execute(sql, params).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 @aion.activity

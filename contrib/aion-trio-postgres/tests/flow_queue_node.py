@@ -46,7 +46,7 @@ DEDUP_GATE = "dedup-decided"
 HANGING = "-job-0"
 KILLED_GATE = "killed"
 SERIAL_GATE = "serial-go"
-PACED = 3
+PACED = 2
 RATE = 2
 PERIOD = 2.0
 HOLD = {"jobs": 0.4, "serial": 0.1, "paced": 0.05}
@@ -74,11 +74,11 @@ async def step(queue: str, gate: str | None) -> str:
         while gate is not None and not await trio.to_thread.run_sync(  # noqa: ASYNC110 - the test writes it
             side, "SELECT count(*) FROM queue_gate WHERE name = %s", (gate,)
         ):
-            await trio.sleep(0.05)
+            await trio.sleep(0.1)
         while info.workflow_id.endswith(HANGING) and not await trio.to_thread.run_sync(  # noqa: ASYNC110 - the test writes it
             side, "SELECT count(*) FROM queue_gate WHERE name = %s", (KILLED_GATE,)
         ):
-            await trio.sleep(0.05)
+            await trio.sleep(0.1)
         await trio.sleep(HOLD[queue])
         done = True
     finally:

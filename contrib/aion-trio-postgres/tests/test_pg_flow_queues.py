@@ -139,7 +139,7 @@ async def test_one_at_a_time_by_priority_and_a_rate_across_three_nodes(nodes: No
     # The first serial run admitted holds the queue until every node enqueued.
     nodes.query("INSERT INTO queue_gate VALUES (%s)", (q.SERIAL_GATE,))
     runs = accepted(nodes, "serial") | accepted(nodes, "paced")
-    assert len(runs) == 2 * 3 * len(NODES)
+    assert len(runs) == (3 + q.PACED) * len(NODES)
     await wait_until_all_done(nodes, runs)
     never = nodes.query("SELECT clock_timestamp()")[0][0]
 
