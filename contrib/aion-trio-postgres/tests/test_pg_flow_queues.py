@@ -76,6 +76,7 @@ async def wait_until_all_done(nodes: Nodes, runs: set[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # three node processes; the waits below are bounded well inside
 async def test_a_queue_bound_and_dedup_hold_across_three_nodes_through_a_kill(
     nodes: Nodes, tmp_path: Path
 ) -> None:
@@ -130,6 +131,7 @@ async def test_a_queue_bound_and_dedup_hold_across_three_nodes_through_a_kill(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # three node processes; the waits below are bounded well inside
 async def test_one_at_a_time_by_priority_and_a_rate_across_three_nodes(nodes: Nodes, tmp_path: Path) -> None:
     # Nine distinct priorities, spread so that no node holds a run of consecutive ones.
     priorities = {"n1": "6,0,3", "n2": "7,1,4", "n3": "8,2,5"}
