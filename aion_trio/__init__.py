@@ -234,6 +234,7 @@ from ._store import (
     EventStore as EventStore,
     FlowGrant as FlowGrant,
     FlowStore as FlowStore,
+    FlowWaiter as FlowWaiter,
     OwnedStore as OwnedStore,
     QueuedRun as QueuedRun,
     RecoveryCounts as RecoveryCounts,

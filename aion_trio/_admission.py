@@ -21,7 +21,10 @@ refusal never lets a later or lower-priority waiter pass it.
 A caller whose own clock should stop while it waits (an activity attempt's
 ``timeout`` counts from the moment it really starts) passes a
 :class:`Waiting`: ``queued()`` is called when it has to wait, ``started()``
-once it holds the slot.
+once it holds the slot.  A caller whose wait a reader of the store should see
+passes a :class:`WaitRecord`: ``begin()`` is awaited once, when the wait
+blocks (a slot free at once records nothing), ``end()`` when it ends, however
+it ends.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import logging
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -39,7 +43,9 @@ import attrs
 import trio
 
 from ._errors import AdmissionTimeout, StoreError
-from ._store import FlowStore
+from ._store import FlowStore, FlowWaiter
+
+logger = logging.getLogger("aion_trio.admission")
 
 
 class Waiting(Protocol):
@@ -48,6 +54,14 @@ class Waiting(Protocol):
     def queued(self) -> None: ...
 
     def started(self) -> None: ...
+
+
+class WaitRecord(Protocol):
+    """Records a wait that blocks where others can see it (the store), and removes it."""
+
+    async def begin(self) -> None: ...
+
+    async def end(self) -> None: ...
 
 
 def _seconds(value: object) -> float:
@@ -183,6 +197,7 @@ class AdmissionPool:
         "_heap",
         "_order",
         "_permit_busy",
+        "bounds",
         "capacity",
         "held",
         "key",
@@ -223,6 +238,9 @@ class AdmissionPool:
         self.limit = limit if limit is not None and limit.needs_permit else None
         self.permits = permits if self.limit is not None else None
         self.key = key or name
+        #: The pool's bounds as text, e.g. ``"concurrency=1, rate=2 per 10s"`` (what
+        #: a recorded wait names).
+        self.bounds = _bounds(capacity, limit)
         self.held = 0
         # Waiters: (priority, arrival) in a heap; the head is the next admitted.
         self._heap: list[_Waiter] = []
@@ -246,7 +264,9 @@ class AdmissionPool:
             self._heap[0].event.set()
 
     @contextlib.asynccontextmanager
-    async def slot(self, waiting: Waiting | None = None, *, priority: int = 0) -> AsyncIterator[None]:
+    async def slot(
+        self, waiting: Waiting | None = None, *, priority: int = 0, record: WaitRecord | None = None
+    ) -> AsyncIterator[None]:
         """Hold one slot for the body of ``async with``.
 
         Takes a free slot without a scheduler round trip when no one waits and no
@@ -254,7 +274,9 @@ class AdmissionPool:
         turn by ``priority`` (lower first), then arrival.  Raises
         :class:`AdmissionTimeout` if the policy's ``timeout`` passes first.
         Cancelled while waiting: nothing is held.  An unbounded pool without a
-        limit admits at once.
+        limit admits at once.  ``record``: its ``begin()`` is awaited when the
+        wait first blocks, its ``end()`` when the wait ends (a slot taken at once
+        records nothing).
         """
         if self.capacity is None and self.limit is None:
             yield
@@ -267,7 +289,7 @@ class AdmissionPool:
             # per admission, however many wait.
             entry = _Waiter(priority, next(self._order))
             heapq.heappush(self._heap, entry)
-            told = False
+            told = recorded = False
             # No cancel scope at all without a timeout: a waiting start costs its park only.
             bounded = None if self.timeout is None else trio.move_on_after(self.timeout)
             try:
@@ -286,6 +308,10 @@ class AdmissionPool:
                             told = True
                         if entry.event.is_set():
                             entry.event = trio.Event()
+                        if record is not None and not recorded:
+                            # After the event is ready: a wake-up while it is written is not lost.
+                            recorded = True
+                            await record.begin()
                         if retry == math.inf:  # one cheap park: woken by the release
                             await entry.event.wait()
                         else:
@@ -304,6 +330,9 @@ class AdmissionPool:
                     # The next head may go now (or wait its turn for a permit); with no
                     # slot left it is not woken: the next release wakes it.
                     self._wake()
+                if recorded:
+                    assert record is not None
+                    await record.end()
             if told and waiting is not None:
                 waiting.started()
         try:
@@ -327,6 +356,17 @@ class AdmissionPool:
         if grant.granted:
             return True, grant.permit_id, 0.0
         return False, None, PERMIT_POLL if grant.retry_after is None else max(grant.retry_after, 0.0)
+
+
+def _bounds(capacity: int | None, limit: FlowLimit | None) -> str:
+    """A pool's bounds as text: its local capacity, and its limit's cluster bound and rate."""
+    parts = [] if capacity is None else [f"concurrency={capacity}"]
+    if limit is not None:
+        if limit.cluster_concurrency is not None:
+            parts.append(f"cluster_concurrency={limit.cluster_concurrency}")
+        if limit.rate is not None:
+            parts.append(f"rate={limit.rate} per {limit.period:g}s")
+    return ", ".join(parts)
 
 
 def flow_key(kind: str, name: str) -> str:
@@ -354,6 +394,8 @@ class FlowPools:
             limit.cluster_concurrency is not None
             for limit in (*task_queues.values(), *activity_types.values())
         )
+        if permits is not None:
+            permits.leases = self.leases_permits
         self.by_type = {
             name: _limit_pool(flow_key("activity", name), limit, permits, f"activity_limits[{name!r}]")
             for name, limit in activity_types.items()
@@ -378,6 +420,11 @@ class FlowPools:
             found.append(self.engine_wide)
         return found
 
+    @property
+    def bounded(self) -> bool:
+        """Whether an attempt may ever wait here (some limit, or an engine-wide bound)."""
+        return bool(self.by_type or self.by_queue or self.engine_wide.capacity is not None)
+
     def all(self) -> Iterable[AdmissionPool]:
         yield self.engine_wide
         yield from self.by_type.values()
@@ -391,15 +438,21 @@ class FlowPools:
         waiting: Waiting | None,
         *,
         priority: int = 0,
-        who: object = None,
+        who: tuple[str, str, int] | None = None,
+        attempt: int = 0,
     ) -> AsyncIterator[None]:
         """Hold a slot of every pool of the attempt (the same order for everyone: no
-        deadlock); while ``who`` waits, :attr:`waiting_for` names the pool."""
+        deadlock); while ``who`` (workflow id, run id, activity id) waits,
+        :attr:`waiting_for` names the pool, and a wait that blocks is recorded in
+        the store (when it has :class:`~aion_trio.FlowStore`) for readers of it."""
         async with contextlib.AsyncExitStack() as stack:
             for pool in self.pools(task_queue, activity_type):
                 noted = _Noted(self.waiting_for, who, pool.name, waiting)
+                record = None
+                if self.permits is not None and who is not None:
+                    record = _StoreWait(self.permits, who, attempt, pool, priority)
                 try:
-                    await stack.enter_async_context(pool.slot(noted, priority=priority))
+                    await stack.enter_async_context(pool.slot(noted, priority=priority, record=record))
                 finally:
                     self.waiting_for.pop(who, None)
             yield
@@ -428,6 +481,61 @@ class _Noted:
             self.inner.started()
 
 
+@final
+class _StoreWait:
+    """A :class:`WaitRecord` writing the wait of an activity attempt to the store
+    (:class:`~aion_trio.FlowWaiter`), renewed with the engine's permits.  A store
+    error is logged, not raised: the attempt still waits for its slot."""
+
+    __slots__ = ("attempt", "permits", "pool", "priority", "who")
+
+    def __init__(
+        self,
+        permits: StorePermits,
+        who: tuple[str, str, int],
+        attempt: int,
+        pool: AdmissionPool,
+        priority: int,
+    ) -> None:
+        self.permits = permits
+        self.who = who
+        self.attempt = attempt
+        self.pool = pool
+        self.priority = priority
+
+    async def begin(self) -> None:
+        permits = self.permits
+        workflow_id, run_id, activity_id = self.who
+        now = permits.now()
+        waiter = FlowWaiter(
+            workflow_id=workflow_id,
+            run_id=run_id,
+            activity_id=activity_id,
+            attempt=self.attempt,
+            pool=self.pool.name,
+            limit=self.pool.bounds,
+            priority=self.priority,
+            since=now,
+            holder=permits.holder,
+        )
+        permits.waits += 1
+        try:
+            await permits.store.record_flow_waiter(waiter, ttl=permits.ttl, now=now)
+        except StoreError as exc:
+            logger.warning("could not record that an attempt waits for a flow slot: %s", exc)
+
+    async def end(self) -> None:
+        permits = self.permits
+        permits.waits -= 1
+        # Shielded and bounded: a cancelled wait still removes its record, a hung store
+        # does not hold the attempt (the record lapses with its ttl anyway).
+        with trio.CancelScope(shield=True), trio.move_on_after(permits.ttl):
+            try:
+                await permits.store.remove_flow_waiter(*self.who)
+            except (StoreError, trio.ClosedResourceError) as exc:
+                logger.warning("could not remove the record of a flow wait that ended: %s", exc)
+
+
 def _limit_pool(key: str, limit: FlowLimit, permits: Permits | None, setting: str) -> AdmissionPool:
     return AdmissionPool(
         key,
@@ -450,6 +558,10 @@ class StorePermits:
         self.holder = holder
         self.ttl = ttl
         self.now = now
+        #: Waits of this engine's attempts recorded in the store now (renewed with the permits).
+        self.waits = 0
+        #: Whether a limit holds leased permits (a cluster-wide bound) to renew.
+        self.leases = False
 
     async def acquire(self, key: str, limit: FlowLimit) -> Grant:
         grant = await self.store.acquire_flow_permit(
@@ -467,9 +579,11 @@ class StorePermits:
         await self.store.release_flow_permit(key, permit_id)
 
     async def keep_alive(self) -> None:
-        """Renew this engine's permits at a third of their ttl, for as long as it runs
-        (a store error is retried at the next beat: the permits last a ttl)."""
+        """Renew this engine's permits and recorded waits at a third of their ttl, for
+        as long as it runs (a store error is retried at the next beat: they last a
+        ttl); a beat with neither leased permits nor recorded waits writes nothing."""
         while True:
             await trio.sleep(self.ttl / 3)
-            with contextlib.suppress(StoreError):
-                await self.store.renew_flow_permits(self.holder, ttl=self.ttl, now=self.now())
+            if self.leases or self.waits:
+                with contextlib.suppress(StoreError):
+                    await self.store.renew_flow_permits(self.holder, ttl=self.ttl, now=self.now())

@@ -615,6 +615,32 @@ class QueuedRun:
     data: str = "{}"
 
 
+@attrs.frozen(kw_only=True)
+class FlowWaiter:
+    """An activity attempt waiting for a slot of a flow-control pool, as its engine
+    recorded it in the store (:meth:`FlowStore.record_flow_waiter`), so that a reader
+    of the store (``aion-trio show``) sees the wait.
+
+    ``pool`` names the pool (e.g. ``"activity:charge"``, ``"task_queue:emails"``,
+    ``"activities"``), ``limit`` its bounds as text (e.g. ``"concurrency=1"``);
+    ``since`` is when the wait began, ``priority`` the attempt's.  ``holder`` is the
+    recording engine; the record lapses at ``expires_at`` (set by the store: ``now +
+    ttl`` when recorded or renewed) unless that engine renews it, so the record of an
+    engine that died stops counting as a wait.
+    """
+
+    workflow_id: str
+    run_id: str
+    activity_id: int
+    attempt: int
+    pool: str
+    limit: str
+    priority: int = 0
+    since: datetime
+    holder: str
+    expires_at: datetime | None = None
+
+
 @runtime_checkable
 class FlowStore(Protocol):
     """Optional capability: what flow control keeps in the store.
@@ -630,9 +656,23 @@ class FlowStore(Protocol):
       held by ``holder`` until ``now + ttl`` (if ``concurrency``).  A store with
       its own clock (a database server) may judge expiry and windows by it.
     * ``release_flow_permit(key, permit_id)``: give it back; ``True`` if held.
-    * ``renew_flow_permits(holder, ttl=, now=)``: every permit of ``holder``
-      now expires at ``now + ttl``; returns how many.
+    * ``renew_flow_permits(holder, ttl=, now=)``: every unexpired permit and
+      waiter record (below) of ``holder`` now expires at ``now + ttl``; returns
+      how many (permits and waiter records together).
     * ``held_flow_permits(key, now=)``: unexpired permits of ``key``.
+
+    Waiter records (an attempt waiting for a slot, :class:`FlowWaiter`; written
+    only by a wait that blocks, removed when it ends):
+
+    * ``record_flow_waiter(waiter, ttl=, now=)``: store it, replacing the record
+      of the same ``(workflow_id, run_id, activity_id)``, with ``expires_at =
+      now + ttl`` (the ``expires_at`` passed is ignored).
+    * ``remove_flow_waiter(workflow_id, run_id, activity_id)``: ``True`` if there.
+    * ``flow_waiters(workflow_id, now=)``: the workflow's unexpired records
+      (``expires_at > now``), ordered by ``(run_id, activity_id)``.
+    * ``clear_flow_waiters()``: remove every record; returns how many (an engine
+      that alone serves the store calls it when it opens: any record there was
+      left by an engine that died).
 
     Workflow queues (entries live while queued or admitted):
 
@@ -674,6 +714,14 @@ class FlowStore(Protocol):
 
     async def held_flow_permits(self, key: str, *, now: datetime) -> int: ...
 
+    async def record_flow_waiter(self, waiter: FlowWaiter, *, ttl: float, now: datetime) -> None: ...
+
+    async def remove_flow_waiter(self, workflow_id: str, run_id: str, activity_id: int) -> bool: ...
+
+    async def flow_waiters(self, workflow_id: str, *, now: datetime) -> list[FlowWaiter]: ...
+
+    async def clear_flow_waiters(self) -> int: ...
+
     async def enqueue_flow_run(self, run: QueuedRun) -> tuple[QueuedRun, bool]: ...
 
     async def admit_flow_runs(
@@ -696,6 +744,26 @@ def validate_flow_key(key: object, what: str = "key") -> None:
     """``ValueError`` for a flow key (or queue name, holder) that is not a non-empty str."""
     if not isinstance(key, str) or not key:
         raise ValueError(f"flow {what} must be a non-empty str, got {key!r}")
+
+
+def validate_flow_waiter(waiter: object) -> None:
+    """``TypeError``/``ValueError`` for a :class:`FlowWaiter` a store cannot record (for
+    :meth:`FlowStore.record_flow_waiter`): ids and names must be non-empty str, the
+    activity id and attempt ints >= 0, ``since`` an aware datetime."""
+    if not isinstance(waiter, FlowWaiter):
+        raise TypeError(f"record_flow_waiter() takes a FlowWaiter, got {type(waiter).__name__}")
+    for what in ("workflow_id", "run_id", "pool", "holder"):
+        validate_flow_key(getattr(waiter, what), f"waiter {what}")
+    if not isinstance(waiter.limit, str):
+        raise ValueError(f"flow waiter limit must be a str, got {waiter.limit!r}")
+    for what, least in (("activity_id", 0), ("attempt", 0), ("priority", None)):
+        value = getattr(waiter, what)
+        if isinstance(value, bool) or not isinstance(value, int) or (least is not None and value < least):
+            raise ValueError(
+                f"flow waiter {what} must be an int{'' if least is None else f' >= {least}'}, got {value!r}"
+            )
+    if not isinstance(waiter.since, datetime) or waiter.since.utcoffset() is None:
+        raise ValueError(f"flow waiter since must be an aware datetime, got {waiter.since!r}")
 
 
 def rate_window(starts: Sequence[datetime], rate: int | None, period: float, now: datetime) -> float | None:

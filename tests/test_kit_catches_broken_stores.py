@@ -1357,6 +1357,18 @@ class FlowProxy(ControlProxy):
     async def finish_flow_run(self, queue: str, workflow_id: str) -> bool:
         return bool(await self.inner.finish_flow_run(queue, workflow_id))
 
+    async def record_flow_waiter(self, waiter: Any, **kw: Any) -> None:
+        await self.inner.record_flow_waiter(waiter, **kw)
+
+    async def remove_flow_waiter(self, workflow_id: str, run_id: str, activity_id: int) -> bool:
+        return bool(await self.inner.remove_flow_waiter(workflow_id, run_id, activity_id))
+
+    async def flow_waiters(self, workflow_id: str, **kw: Any) -> Any:
+        return await self.inner.flow_waiters(workflow_id, **kw)
+
+    async def clear_flow_waiters(self) -> int:
+        return int(await self.inner.clear_flow_waiters())
+
 
 class PermitsIgnoreTheBound(FlowProxy):
     async def acquire_flow_permit(self, key: str, **kw: Any) -> Any:
@@ -1418,6 +1430,36 @@ class HeldPermitsNotACheckpoint(FlowProxy):
         )
 
 
+class WaiterRemoveDoesNothing(FlowProxy):
+    async def remove_flow_waiter(self, workflow_id: str, run_id: str, activity_id: int) -> bool:
+        await trio.lowlevel.checkpoint()
+        return True
+
+
+class WaiterRecordedTwice(FlowProxy):
+    """Keys its records by attempt too: a second wait of an activity adds a record."""
+
+    async def record_flow_waiter(self, waiter: Any, **kw: Any) -> None:
+        await self.inner.record_flow_waiter(
+            attrs.evolve(waiter, activity_id=waiter.activity_id * 1000 + waiter.attempt), **kw
+        )
+
+
+class WaitersNeverLapse(FlowProxy):
+    async def flow_waiters(self, workflow_id: str, **kw: Any) -> Any:
+        return await self.inner.flow_waiters(workflow_id, now=kw["now"] - timedelta(days=1))
+
+
+class RenewSkipsWaiters(FlowProxy):
+    async def record_flow_waiter(self, waiter: Any, **kw: Any) -> None:
+        # Recorded under another holder: the holder's renewal never reaches it.
+        await self.inner.record_flow_waiter(attrs.evolve(waiter, holder=f"{waiter.holder}'"), **kw)
+
+    async def flow_waiters(self, workflow_id: str, **kw: Any) -> Any:
+        found = await self.inner.flow_waiters(workflow_id, **kw)
+        return [attrs.evolve(w, holder=w.holder[:-1]) for w in found]
+
+
 class FlowSilentAfterClose(FlowProxy):
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
@@ -1447,6 +1489,14 @@ FLOW_CASES = [
     pytest.param(AdmitIgnoresTheRate, "flow_runs_admitted_at_the_rate", id="admit-ignores-rate"),
     pytest.param(HeldPermitsNotACheckpoint, "flow_every_method_is_a_checkpoint", id="held-not-a-checkpoint"),
     pytest.param(FlowSilentAfterClose, "flow_use_after_close", id="flow-silent-after-close"),
+    pytest.param(
+        WaiterRemoveDoesNothing, "flow_waiters_recorded_replaced_and_removed", id="waiter-remove-does-nothing"
+    ),
+    pytest.param(
+        WaiterRecordedTwice, "flow_waiters_recorded_replaced_and_removed", id="waiter-recorded-twice"
+    ),
+    pytest.param(WaitersNeverLapse, "flow_waiters_lapse_unless_renewed", id="waiters-never-lapse"),
+    pytest.param(RenewSkipsWaiters, "flow_waiters_lapse_unless_renewed", id="renew-skips-waiters"),
 ]
 
 

@@ -383,6 +383,7 @@ class ActivityDriver:
             clock,
             priority=self.options.priority,
             who=(request.workflow_id, request.run_id, request.activity_id),
+            attempt=request.attempt,
         ):
             return await self._dispatch(request)
 

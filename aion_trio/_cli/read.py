@@ -21,8 +21,16 @@ from .._wire import event_to_json
 from ..plugin import ENTRY_POINT_GROUP
 from .errors import UsageProblem, run
 from .options import filter_options, resolve_store, store_option, visibility_filter
-from .render import history_table, make_console, print_show, row_json, show_json, workflows_table
-from .stores import load_registry, open_for_reading, read_history
+from .render import (
+    SlotWaits,
+    history_table,
+    make_console,
+    print_show,
+    row_json,
+    show_json,
+    workflows_table,
+)
+from .stores import load_registry, open_for_reading, read_history, read_slot_waits
 from .watch import follow_interval, follow_list, follow_options, follow_show
 
 
@@ -149,19 +157,20 @@ def show(store: str | None, workflow_id: str, as_json: bool, follow: bool, inter
         follow_show(url, workflow_id, as_json=as_json, interval=every)
         return
 
-    async def read() -> tuple[list[Event], VisibilityRow | None]:
+    async def read() -> tuple[list[Event], VisibilityRow | None, SlotWaits | None]:
         async with open_for_reading(url) as opened:
             events = await read_history(opened, workflow_id)
-            return events, await opened.visibility.get(workflow_id)
+            row = await opened.visibility.get(workflow_id)
+            return events, row, await read_slot_waits(opened, workflow_id)
 
-    events, row = run(url, read)
+    events, row, slot_waits = run(url, read)
     description = describe_history(
         workflow_id, events, codec=PayloadCodec(), stuck_reason=row.stuck_reason if row else None
     )
     if as_json:
-        click.echo(json.dumps(show_json(events, description), indent=2, ensure_ascii=False))
+        click.echo(json.dumps(show_json(events, description, slot_waits), indent=2, ensure_ascii=False))
         return
-    print_show(make_console(), events, description)
+    print_show(make_console(), events, description, slot_waits)
 
 
 @click.command()

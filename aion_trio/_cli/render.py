@@ -30,7 +30,7 @@ from .._events import (
 )
 from .._payload import Payload
 from .._projections import outstanding_timers, run_segment
-from .._store import VisibilityRow
+from .._store import FlowWaiter, VisibilityRow
 from .._wire import body_to_wire, event_to_wire, format_datetime
 
 #: Columns of the tables when stdout is not a terminal (a terminal: its width; $COLUMNS: that).
@@ -197,9 +197,32 @@ def _attributes_json(attributes: Mapping[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in attributes.items()}
 
 
-def print_show(console: Console, events: list[Event], description: WorkflowDescription) -> None:
-    for part in show_parts(events, description):
+SlotWaits = Mapping[tuple[str, int], FlowWaiter]
+"""The recorded waits for a flow-control slot of a workflow, by (run id, activity id)."""
+
+
+def print_show(
+    console: Console, events: list[Event], description: WorkflowDescription, slot_waits: SlotWaits | None
+) -> None:
+    for part in show_parts(events, description, slot_waits):
         console.print(part)
+
+
+SLOT_WAITS_NOT_KNOWN = (
+    "not known from the store (it does not record waits for a flow-control slot; the engine "
+    "serving the run has them: engine.describe(), engine.statistics())"
+)
+"""What ``show`` says of a running run's slot waits when its store does not record them."""
+
+
+def _waiting(description: WorkflowDescription, slot_waits: SlotWaits) -> list[tuple[int, FlowWaiter]]:
+    """The current run's pending activities whose attempt waits for a slot, as recorded."""
+    found = []
+    for activity in description.pending_activities:
+        waiter = slot_waits.get((description.run_id, activity.activity_id))
+        if waiter is not None:
+            found.append((activity.activity_id, waiter))
+    return found
 
 
 RESIDENCY_NOT_KNOWN = (
@@ -208,8 +231,13 @@ RESIDENCY_NOT_KNOWN = (
 """What ``show`` says of a running run's residency when it only read the store."""
 
 
-def show_parts(events: list[Event], description: WorkflowDescription) -> list[RenderableType]:
-    """What ``show`` prints, part by part (``show --follow`` redraws them as one group)."""
+def show_parts(
+    events: list[Event], description: WorkflowDescription, slot_waits: SlotWaits | None
+) -> list[RenderableType]:
+    """What ``show`` prints, part by part (``show --follow`` redraws them as one group).
+
+    ``slot_waits``: what the store recorded of attempts waiting for a flow-control
+    slot (``None``: the store records none, so whether one waits is not known)."""
     parts: list[RenderableType] = []
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold", no_wrap=True)
@@ -231,6 +259,11 @@ def show_parts(events: list[Event], description: WorkflowDescription) -> list[Re
         # Residency lives in the serving engine's memory, never in the store: a reader
         # of the store says so rather than guess.
         summary.add_row("Residency", Text(description.residency or RESIDENCY_NOT_KNOWN))
+        if slot_waits is None:
+            summary.add_row("Slot waits", Text(SLOT_WAITS_NOT_KNOWN))
+        else:
+            count = len(_waiting(description, slot_waits))
+            summary.add_row("Slot waits", f"{count} waiting for a flow-control slot" if count else "none")
     if description.status is WorkflowStatus.COMPLETED:
         summary.add_row("Result", Text(json_text(description.result, 200)))
     summary.add_row("Events", str(description.history_length))
@@ -247,6 +280,22 @@ def show_parts(events: list[Event], description: WorkflowDescription) -> list[Re
                 str(a.attempt),
                 when(a.scheduled_at, precise=True),
                 Text(a.task_queue),
+            )
+        parts.append(table)
+    waiting = _waiting(description, slot_waits or {}) if description.status is WorkflowStatus.RUNNING else []
+    if waiting:
+        table = Table(title="Waiting for a flow-control slot", title_justify="left")
+        for column in ("Activity", "Attempt", "Pool", "Limit", "Since (UTC)", "Priority", "Recorded by"):
+            table.add_column(column, no_wrap=column != "Limit")
+        for activity_id, w in waiting:
+            table.add_row(
+                f"activity:{activity_id}",
+                str(w.attempt),
+                Text(w.pool),
+                Text(w.limit),
+                when(w.since, precise=True),
+                str(w.priority),
+                Text(w.holder),
             )
         parts.append(table)
     timers = outstanding_timers(run_segment(events, description.run_id))
@@ -269,10 +318,31 @@ def show_parts(events: list[Event], description: WorkflowDescription) -> list[Re
     return parts
 
 
-def show_json(events: list[Event], description: WorkflowDescription) -> dict[str, Any]:
-    """What ``show`` prints, as one JSON object; ``history`` holds the events' wire form."""
+def _slot_wait_json(waiter: FlowWaiter | None) -> dict[str, Any] | None:
+    if waiter is None:
+        return None
+    return {
+        "pool": waiter.pool,
+        "limit": waiter.limit,
+        "since": format_datetime(waiter.since),
+        "priority": waiter.priority,
+        "attempt": waiter.attempt,
+        "holder": waiter.holder,
+        "lapses_at": format_datetime(waiter.expires_at) if waiter.expires_at else None,
+    }
+
+
+def show_json(
+    events: list[Event], description: WorkflowDescription, slot_waits: SlotWaits | None
+) -> dict[str, Any]:
+    """What ``show`` prints, as one JSON object; ``history`` holds the events' wire form.
+
+    Each pending activity's ``slot_wait`` is its recorded wait for a flow-control
+    slot, or null; ``slot_waits_known`` says whether the store records them (false:
+    a null ``slot_wait`` means not known, not "not waiting")."""
     error = description.error
     running = description.status is WorkflowStatus.RUNNING
+    waiting = dict(_waiting(description, slot_waits or {})) if running else {}
     return {
         "workflow_id": description.workflow_id,
         "run_id": description.run_id,
@@ -286,6 +356,7 @@ def show_json(events: list[Event], description: WorkflowDescription) -> dict[str
         "stuck_reason": description.stuck_reason,
         # null: not known (a running run's residency is in its engine's memory, not the store).
         "residency": description.residency,
+        "slot_waits_known": slot_waits is not None,
         "result": description.result if description.status is WorkflowStatus.COMPLETED else None,
         "error": None
         if error is None
@@ -298,6 +369,7 @@ def show_json(events: list[Event], description: WorkflowDescription) -> dict[str
                 "attempt": a.attempt,
                 "scheduled_at": format_datetime(a.scheduled_at),
                 "task_queue": a.task_queue,
+                "slot_wait": _slot_wait_json(waiting.get(a.activity_id)),
             }
             for a in description.pending_activities
         ],

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import datetime, timezone
 
 from .._codec_store import CodecStoreView
 from .._codecs import CodecChain
 from .._errors import PluginError, WorkflowNotFound
 from .._events import Event
 from .._plugins import open_store
-from .._store import Store
+from .._store import FlowStore, FlowWaiter, Store
 from ..plugin import StoreRegistry, build_registry, make_plugin_manager
 from .errors import PluginsUnavailable
 from .options import configured_codecs, read_only
@@ -42,3 +43,12 @@ async def read_history(opened: Store, workflow_id: str) -> list[Event]:
     if not events:
         raise WorkflowNotFound(workflow_id)
     return events
+
+
+async def read_slot_waits(opened: Store, workflow_id: str) -> dict[tuple[str, int], FlowWaiter] | None:
+    """The workflow's recorded waits for a flow-control slot that have not lapsed (by this
+    machine's clock), by (run id, activity id); ``None``: the store records none."""
+    if not isinstance(opened, FlowStore):
+        return None
+    waiters = await opened.flow_waiters(workflow_id, now=datetime.now(timezone.utc))
+    return {(w.run_id, w.activity_id): w for w in waiters}

@@ -31,7 +31,7 @@ from .._urls import redact_url
 from .._wire import event_to_json
 from .errors import CommandInterrupted, UsageProblem, run
 from .render import event_line, make_console, row_json, row_line, show_parts, workflows_table
-from .stores import open_for_reading, read_history
+from .stores import open_for_reading, read_history, read_slot_waits
 
 #: Seconds between two reads of the store when ``--interval`` is not given.
 DEFAULT_INTERVAL = 1.0
@@ -129,7 +129,8 @@ def follow_show(url: str, workflow_id: str, *, as_json: bool, interval: float) -
                         stuck_reason=row.stuck_reason if row else None,
                     )
                     if screen is not None:
-                        screen.update(Group(*show_parts(events, description)), refresh=True)
+                        waits = await read_slot_waits(opened, workflow_id)
+                        screen.update(Group(*show_parts(events, description, waits)), refresh=True)
                     else:
                         for event in events[printed:]:
                             _emit(event_to_json(event) if as_json else event_line(event))

@@ -17,7 +17,7 @@ import click
 
 from .._cli.options import parse_attr, parse_time
 from .._cli.render import row_json, show_json
-from .._cli.stores import read_history
+from .._cli.stores import read_history, read_slot_waits
 from .._engine import describe_history
 from .._errors import InvalidQuery
 from .._events import ChildWorkflowStarted, Event, WorkflowReset, WorkflowStarted, WorkflowStatus
@@ -240,7 +240,8 @@ class WorkflowPage:
     """The shown run started by a reset: (the run it was reset from, that run's seq)."""
 
     def fingerprint(self) -> str:
-        return _digest((len(self.events), self.show["status"], self.owner, self.show["stuck_reason"]))
+        waits = [a["slot_wait"] for a in self.show["pending_activities"]]
+        return _digest((len(self.events), self.show["status"], self.owner, self.show["stuck_reason"], waits))
 
 
 def _digest(value: object) -> str:
@@ -277,7 +278,7 @@ async def workflow_page(store: Store, workflow_id: str, run_id: str | None = Non
     points = tuple((seq, str(event_to_wire(by_seq[seq])["type"])) for seq in reset_points(latest))
     owners = await owners_of(store, [row] if row is not None and row.status is WorkflowStatus.RUNNING else [])
     return WorkflowPage(
-        show=show_json(events, description),
+        show=show_json(events, description, await read_slot_waits(store, workflow_id)),
         events=tuple(events),
         timeline=build_timeline(events, shown),
         run_id=shown,

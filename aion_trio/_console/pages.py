@@ -27,6 +27,16 @@ def _time(value: str | None) -> str:
     return e(value.replace("T", " ")[:23] if value else "-")
 
 
+def _slot_wait(wait: Mapping[str, Any] | None, known: bool) -> str:
+    """A pending activity's recorded wait for a flow-control slot (``show --json``'s ``slot_wait``)."""
+    if wait is None:
+        return "-" if known else "not known"
+    return (
+        f"{e(wait['pool'])} ({e(wait['limit'])}) since {_time(wait['since'])}, "
+        f"priority {e(wait['priority'])}, attempt {e(wait['attempt'])}"
+    )
+
+
 def layout(title: str, body: str, *, store: str, read_only: bool) -> str:
     mode = '<span class="badge ro">read-only</span>' if read_only else ""
     return (
@@ -224,12 +234,14 @@ def workflow_live(page: WorkflowPage) -> str:
     if pending:
         rows = "".join(
             f"<tr><td>activity:{a['activity_id']}</td><td>{e(a['activity_type'])}</td><td>{a['attempt']}</td>"
-            f"<td>{_time(a['scheduled_at'])}</td><td>{e(a['task_queue'])}</td></tr>"
+            f"<td>{_time(a['scheduled_at'])}</td><td>{e(a['task_queue'])}</td>"
+            f"<td>{_slot_wait(a['slot_wait'], show['slot_waits_known'])}</td></tr>"
             for a in pending
         )
         parts.append(
             "<section><h2>Pending activities</h2><table><thead><tr><th>Activity</th><th>Type</th>"
-            f"<th>Next attempt</th><th>Scheduled</th><th>Task queue</th></tr></thead><tbody>{rows}</tbody></table></section>"
+            "<th>Next attempt</th><th>Scheduled</th><th>Task queue</th><th>Waiting for a slot</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table></section>"
         )
     timers = show["pending_timers"]
     if timers:

@@ -201,8 +201,13 @@ async def open_engine(
                         # Not epoch.spawn: losing the claim must end the engine, not be logged.
                         nursery.start_soon(ownership.keep_alive, epoch, name="owner-heartbeat")
                     epoch.spawn(core.timers.serve, name="timer-service")
-                    permits = core.activity_dispatch.pools.permits
-                    if permits is not None and core.activity_dispatch.pools.leases_permits:
+                    pools = core.activity_dispatch.pools
+                    permits = pools.permits
+                    if permits is not None and ownership is not None:
+                        # The one engine serving the store: a wait recorded there was
+                        # left by an engine that died (docs/flow-control.md).
+                        await permits.store.clear_flow_waiters()
+                    if permits is not None and (pools.leases_permits or pools.bounded):
                         epoch.spawn(permits.keep_alive, name="flow-permit-renewal")
                     epoch.spawn(core.residency.serve, name="residency-service")
                     if config.activity_schedule_window:

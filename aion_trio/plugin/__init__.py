@@ -83,6 +83,7 @@ from .._store import (
     EventStore as EventStore,
     FlowGrant as FlowGrant,
     FlowStore as FlowStore,
+    FlowWaiter as FlowWaiter,
     OwnedStore as OwnedStore,
     QueuedRun as QueuedRun,
     RecoveryCounts as RecoveryCounts,
@@ -99,6 +100,7 @@ from .._store import (
     rate_window as rate_window,
     validate_batch as validate_batch,
     validate_flow_key as validate_flow_key,
+    validate_flow_waiter as validate_flow_waiter,
     validate_schedule_write as validate_schedule_write,
     validate_workflow_ids as validate_workflow_ids,
 )

@@ -1,5 +1,6 @@
 """Conformance scenarios for the optional capability :class:`~aion_trio.FlowStore`
-(flow-control permits, rate windows and workflow queues).
+(flow-control permits, rate windows, workflow queues and the records of attempts
+waiting for a slot).
 
 Keyed factory as for the other optional capabilities: the same key opens the
 same store again.  Every time passed is chosen here (``now=``).
@@ -10,9 +11,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import attrs
 import trio
 
-from .._store import ADMITTED, QUEUED, QueuedRun
+from .._store import ADMITTED, QUEUED, FlowWaiter, QueuedRun
 from ._control_scenarios import CONTENDERS, _at
 from ._kit import ScenarioContext, short
 
@@ -46,6 +48,37 @@ def _run(
         dedup_id=dedup,
         data=f'{{"id": "{workflow_id}"}}',
     )
+
+
+def _waiter(
+    workflow_id: str = "wf-ünï/1",
+    activity_id: int = 3,
+    *,
+    run_id: str = "run-1",
+    attempt: int = 1,
+    pool: str = "activity:charge",
+    holder: str = "node-a",
+    since: float = 0,
+) -> FlowWaiter:
+    return FlowWaiter(
+        workflow_id=workflow_id,
+        run_id=run_id,
+        activity_id=activity_id,
+        attempt=attempt,
+        pool=pool,
+        limit="concurrency=1, rate=2 per 10s",
+        priority=-3,
+        since=_at(since),
+        holder=holder,
+    )
+
+
+def _record(store: Any, waiter: FlowWaiter, now: float, ttl: float = _TTL) -> Any:
+    return store.record_flow_waiter(waiter, ttl=ttl, now=_at(now))
+
+
+def _waits(found: list[FlowWaiter]) -> list[tuple[str, int, int, str]]:
+    return [(w.run_id, w.activity_id, w.attempt, w.pool) for w in found]
 
 
 def _ids(runs: list[QueuedRun]) -> list[str]:
@@ -136,11 +169,17 @@ async def flow_concurrent_acquirers_respect_the_bound(ctx: ScenarioContext) -> N
 
 
 async def flow_state_survives_reopen(ctx: ScenarioContext) -> None:
-    """Permits, rate starts and queued runs survive closing and reopening the store."""
+    """Permits, rate starts, queued runs and waiter records survive closing and reopening the store."""
     async with ctx.open() as store:
         await _permit(store, "k", 0, concurrency=1, rate=1)
         await store.enqueue_flow_run(_run("w1"))
+        await _record(store, _waiter(), 0)
     async with ctx.open() as store:
+        ctx.expect_equal(
+            _waits(await store.flow_waiters("wf-ünï/1", now=_at(1))),
+            [("run-1", 3, 1, "activity:charge")],
+            "waiter records after reopening",
+        )
         ctx.expect_equal(await store.held_flow_permits("k", now=_at(1)), 1, "held permits after reopening")
         ctx.expect_equal((await _permit(store, "r0", 1, rate=1)).granted, True, "another key's rate")
         refused = await _permit(store, "k", 1, rate=1)
@@ -220,6 +259,67 @@ async def flow_runs_admitted_at_the_rate(ctx: ScenarioContext) -> None:
         ctx.expect_equal(_ids(admitted), ["w2", "w3"], "admission at t=10")
 
 
+async def flow_waiters_recorded_replaced_and_removed(ctx: ScenarioContext) -> None:
+    """A waiter record reads back whole, lapsing ``ttl`` after it was recorded; recording the
+    same (workflow, run, activity) replaces it; others are independent and read in (run id,
+    activity id) order; remove and clear take them away; a bad record is refused."""
+    async with ctx.open() as store:
+        first = _waiter(since=1)
+        await _record(store, first, 2, ttl=10)
+        found = await store.flow_waiters(first.workflow_id, now=_at(3))
+        ctx.expect_equal(found, [attrs.evolve(first, expires_at=_at(12))], "the record read back")
+        await _record(store, _waiter(attempt=2, pool="task_queue:emails"), 4)
+        await _record(store, _waiter(activity_id=1), 4)
+        await _record(store, _waiter(activity_id=2, run_id="run-0"), 4)
+        await _record(store, _waiter("other", 3), 4)
+        found = await store.flow_waiters(first.workflow_id, now=_at(5))
+        ctx.expect_equal(
+            _waits(found),
+            [
+                ("run-0", 2, 1, "activity:charge"),
+                ("run-1", 1, 1, "activity:charge"),
+                ("run-1", 3, 2, "task_queue:emails"),
+            ],
+            "the workflow's records after one was replaced",
+        )
+        ctx.expect_equal(await store.remove_flow_waiter(first.workflow_id, "run-1", 3), True, "remove")
+        ctx.expect_equal(await store.remove_flow_waiter(first.workflow_id, "run-1", 3), False, "remove again")
+        found = await store.flow_waiters(first.workflow_id, now=_at(5))
+        ctx.expect_equal(
+            _waits(found),
+            [("run-0", 2, 1, "activity:charge"), ("run-1", 1, 1, "activity:charge")],
+            "after a removal",
+        )
+        ctx.expect_equal(len(await store.flow_waiters("other", now=_at(5))), 1, "another workflow's record")
+        with ctx.expect_raises(ValueError, "record_flow_waiter() with an empty pool name"):
+            await _record(store, attrs.evolve(first, pool=""), 5)
+        ctx.expect_equal(await store.clear_flow_waiters(), 3, "clear_flow_waiters()")
+        ctx.expect_equal(await store.flow_waiters(first.workflow_id, now=_at(5)), [], "after clearing")
+        ctx.expect_equal(await store.flow_waiters("other", now=_at(5)), [], "another workflow after clearing")
+
+
+async def flow_waiters_lapse_unless_renewed(ctx: ScenarioContext) -> None:
+    """A waiter record no longer reads once ``now`` reaches its expiry; renewing its holder's
+    permits renews its records too (and counts them); another holder's record lapses."""
+    async with ctx.open() as store:
+        await _record(store, _waiter(activity_id=1, holder="a"), 0, ttl=10)
+        await _record(store, _waiter(activity_id=2, holder="b"), 0, ttl=10)
+        ctx.expect_equal(
+            [w.activity_id for w in await store.flow_waiters("wf-ünï/1", now=_at(5))], [1, 2], "both at t=5"
+        )
+        ctx.expect_equal(
+            await store.renew_flow_permits("a", ttl=10, now=_at(8)), 1, "renew_flow_permits('a')"
+        )
+        found = await store.flow_waiters("wf-ünï/1", now=_at(15))
+        ctx.expect_equal(
+            [(w.activity_id, w.expires_at) for w in found], [(1, _at(18))], "at t=15 (a's renewed until 18)"
+        )
+        ctx.expect_equal(await store.flow_waiters("wf-ünï/1", now=_at(18)), [], "at the renewed expiry")
+        ctx.expect_equal(
+            await store.renew_flow_permits("a", ttl=10, now=_at(19)), 0, "renewing a lapsed record"
+        )
+
+
 async def flow_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
     """Every flow method is a Trio checkpoint."""
     async with ctx.open() as store:
@@ -239,6 +339,12 @@ async def flow_every_method_is_a_checkpoint(ctx: ScenarioContext) -> None:
         )
         await ctx.expect_checkpoint("flow_runs()", lambda: store.flow_runs("q"))
         await ctx.expect_checkpoint("finish_flow_run()", lambda: store.finish_flow_run("q", "w"))
+        await ctx.expect_checkpoint("record_flow_waiter()", lambda: _record(store, _waiter(), 0))
+        await ctx.expect_checkpoint("flow_waiters()", lambda: store.flow_waiters("wf-ünï/1", now=_at(0)))
+        await ctx.expect_checkpoint(
+            "remove_flow_waiter()", lambda: store.remove_flow_waiter("wf-ünï/1", "run-1", 3)
+        )
+        await ctx.expect_checkpoint("clear_flow_waiters()", lambda: store.clear_flow_waiters())
 
 
 async def flow_use_after_close(ctx: ScenarioContext) -> None:
@@ -249,3 +355,7 @@ async def flow_use_after_close(ctx: ScenarioContext) -> None:
             await _permit(store, "k", 0, concurrency=1)
         with ctx.expect_raises(trio.ClosedResourceError, "enqueue_flow_run() after aclose()"):
             await store.enqueue_flow_run(_run("w"))
+        with ctx.expect_raises(trio.ClosedResourceError, "record_flow_waiter() after aclose()"):
+            await _record(store, _waiter(), 0)
+        with ctx.expect_raises(trio.ClosedResourceError, "flow_waiters() after aclose()"):
+            await store.flow_waiters("wf-ünï/1", now=_at(0))

@@ -316,6 +316,12 @@ class FlowStoreSuite:
     async def test_flow_runs_admitted_at_the_rate(self, open_flow_store: OpenKeyedStore) -> None:
         await run_scenario("flow", fl.flow_runs_admitted_at_the_rate, open_flow_store)
 
+    async def test_flow_waiters_recorded_replaced_and_removed(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_waiters_recorded_replaced_and_removed, open_flow_store)
+
+    async def test_flow_waiters_lapse_unless_renewed(self, open_flow_store: OpenKeyedStore) -> None:
+        await run_scenario("flow", fl.flow_waiters_lapse_unless_renewed, open_flow_store)
+
     async def test_flow_every_method_is_a_checkpoint(self, open_flow_store: OpenKeyedStore) -> None:
         await run_scenario("flow", fl.flow_every_method_is_a_checkpoint, open_flow_store)
 

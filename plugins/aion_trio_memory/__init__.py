@@ -29,6 +29,7 @@ from aion_trio.plugin import (
     CommandOutcome,
     Event,
     FlowGrant,
+    FlowWaiter,
     InvalidStoreUrl,
     NotFound,
     OwnerClaim,
@@ -54,6 +55,7 @@ from aion_trio.plugin import (
     status_after,
     validate_batch,
     validate_flow_key,
+    validate_flow_waiter,
     validate_schedule_write,
     validate_workflow_ids,
 )
@@ -88,6 +90,8 @@ class _Data:
     last_permit: int = 0
     flow_runs: dict[str, dict[str, QueuedRun]] = attrs.field(factory=dict)
     last_flow_seq: int = 0
+    # (workflow id, run id, activity id) -> the attempt waiting for a slot
+    waiters: dict[tuple[str, str, int], FlowWaiter] = attrs.field(factory=dict)
 
 
 _named: dict[str, _Data] = {}
@@ -461,6 +465,40 @@ class MemoryStore:
                     if owner == holder and expires > now:
                         permits[permit_id] = (owner, now + timedelta(seconds=ttl))
                         count += 1
+            waiters = self._data.waiters
+            for key, waiter in list(waiters.items()):
+                if waiter.holder == holder and waiter.expires_at is not None and waiter.expires_at > now:
+                    waiters[key] = attrs.evolve(waiter, expires_at=now + timedelta(seconds=ttl))
+                    count += 1
+        return count
+
+    async def record_flow_waiter(self, waiter: FlowWaiter, *, ttl: float, now: datetime) -> None:
+        await self._enter()
+        validate_flow_waiter(waiter)
+        with self._data.lock:
+            key = (waiter.workflow_id, waiter.run_id, waiter.activity_id)
+            self._data.waiters[key] = attrs.evolve(waiter, expires_at=now + timedelta(seconds=ttl))
+
+    async def remove_flow_waiter(self, workflow_id: str, run_id: str, activity_id: int) -> bool:
+        await self._enter()
+        with self._data.lock:
+            return self._data.waiters.pop((workflow_id, run_id, activity_id), None) is not None
+
+    async def flow_waiters(self, workflow_id: str, *, now: datetime) -> list[FlowWaiter]:
+        await self._enter()
+        with self._data.lock:
+            found = [
+                w
+                for (wid, _, _), w in self._data.waiters.items()
+                if wid == workflow_id and w.expires_at is not None and w.expires_at > now
+            ]
+        return sorted(found, key=lambda w: (w.run_id, w.activity_id))
+
+    async def clear_flow_waiters(self) -> int:
+        await self._enter()
+        with self._data.lock:
+            count = len(self._data.waiters)
+            self._data.waiters.clear()
         return count
 
     async def held_flow_permits(self, key: str, *, now: datetime) -> int:

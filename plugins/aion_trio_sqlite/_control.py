@@ -27,6 +27,7 @@ from aion_trio.plugin import (
     CommandDecodeError,
     CommandOutcome,
     FlowGrant,
+    FlowWaiter,
     NotFound,
     OwnerClaim,
     OwnerIdentity,
@@ -528,6 +529,8 @@ class RenewPermitsOp(WriteOp):
         expires = _codec.to_us(self.now + timedelta(seconds=self.ttl))
         conn.execute(_SQL_RENEW_PERMITS, (expires, self.holder, _codec.to_us(self.now)))
         self.result = conn.changes()
+        conn.execute(_SQL_RENEW_WAITERS, (expires, self.holder, _codec.to_us(self.now)))
+        self.result += conn.changes()
 
 
 def held_permits_read(key: str, now: datetime) -> ReadOp[int]:
@@ -630,6 +633,105 @@ class FinishRunOp(WriteOp):
         self.error = None
         conn.execute(_SQL_FINISH_RUN, (self.queue, self.workflow_id))
         self.result = conn.changes() > 0
+
+
+_SQL_RENEW_WAITERS = "UPDATE flow_waiters SET expires_at = ? WHERE holder = ? AND expires_at > ?"
+_SQL_RECORD_WAITER = (
+    "INSERT OR REPLACE INTO flow_waiters (workflow_id, run_id, activity_id, attempt, pool, limit_text,"
+    " priority, since, holder, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SQL_REMOVE_WAITER = "DELETE FROM flow_waiters WHERE workflow_id = ? AND run_id = ? AND activity_id = ?"
+_SQL_WAITERS = (
+    "SELECT workflow_id, run_id, activity_id, attempt, pool, limit_text, priority, since, holder,"
+    " expires_at FROM flow_waiters WHERE workflow_id = ? AND expires_at > ? ORDER BY run_id, activity_id"
+)
+_SQL_CLEAR_WAITERS = "DELETE FROM flow_waiters"
+
+
+class RecordWaiterOp(WriteOp):
+    """Record (or replace) an attempt waiting for a slot, lapsing ``ttl`` from ``now``."""
+
+    __slots__ = ("now", "ttl", "waiter")
+    doing = "recording a flow waiter"
+    fenced = False
+
+    def __init__(self, waiter: FlowWaiter, ttl: float, now: datetime) -> None:
+        super().__init__()
+        self.waiter, self.ttl, self.now = waiter, ttl, now
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        w = self.waiter
+        expires = _codec.to_us(self.now + timedelta(seconds=self.ttl))
+        conn.execute(
+            _SQL_RECORD_WAITER,
+            (
+                w.workflow_id,
+                w.run_id,
+                w.activity_id,
+                w.attempt,
+                w.pool,
+                w.limit,
+                w.priority,
+                _codec.to_us(w.since),
+                w.holder,
+                expires,
+            ),
+        )
+
+
+class RemoveWaiterOp(WriteOp):
+    __slots__ = ("activity_id", "result", "run_id", "workflow_id")
+    doing = "removing a flow waiter"
+    fenced = False
+
+    def __init__(self, workflow_id: str, run_id: str, activity_id: int) -> None:
+        super().__init__()
+        self.workflow_id, self.run_id, self.activity_id, self.result = workflow_id, run_id, activity_id, False
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.execute(_SQL_REMOVE_WAITER, (self.workflow_id, self.run_id, self.activity_id))
+        self.result = conn.changes() > 0
+
+
+class ClearWaitersOp(WriteOp):
+    __slots__ = ("result",)
+    doing = "clearing flow waiters"
+    fenced = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.result = 0
+
+    def apply(self, conn: apsw.Connection) -> None:
+        self.error = None
+        conn.execute(_SQL_CLEAR_WAITERS)
+        self.result = conn.changes()
+
+
+def _flow_waiter(workflow_id: str, row: Any) -> FlowWaiter:
+    _, run_id, activity_id, attempt, pool, limit, priority, since, holder, expires_at = row
+    return FlowWaiter(
+        workflow_id=workflow_id,
+        run_id=run_id,
+        activity_id=_int(activity_id),
+        attempt=_int(attempt),
+        pool=pool,
+        limit=limit,
+        priority=_int(priority),
+        since=_codec.from_us(_int(since)),
+        holder=holder,
+        expires_at=_codec.from_us(_int(expires_at)),
+    )
+
+
+def flow_waiters_read(workflow_id: str, now: datetime) -> ReadOp[list[FlowWaiter]]:
+    def run(conn: apsw.Connection) -> list[FlowWaiter]:
+        rows = conn.execute(_SQL_WAITERS, (workflow_id, _codec.to_us(now))).fetchall()
+        return [_flow_waiter(workflow_id, row) for row in rows]
+
+    return ReadOp(run)
 
 
 def flow_runs_read(queue: str | None) -> ReadOp[list[QueuedRun]]:

@@ -108,6 +108,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " dedup_id TEXT, state TEXT NOT NULL, data TEXT NOT NULL, UNIQUE (queue, workflow_id))",
         "CREATE INDEX flow_runs_by_order ON flow_runs (queue, priority, seq)",
     ),
+    # 8: attempts waiting for a flow-control slot (aion_trio.FlowWaiter), one row per
+    # waiting activity of a run, so a reader of the file (aion-trio show) sees the wait.
+    # Written only by a wait that blocks; expires_at (renewed by its engine) makes the
+    # row of an engine that died lapse.
+    (
+        "CREATE TABLE flow_waiters (workflow_id TEXT NOT NULL, run_id TEXT NOT NULL,"
+        " activity_id INTEGER NOT NULL, attempt INTEGER NOT NULL, pool TEXT NOT NULL,"
+        " limit_text TEXT NOT NULL, priority INTEGER NOT NULL, since INTEGER NOT NULL,"
+        " holder TEXT NOT NULL, expires_at INTEGER NOT NULL,"
+        " PRIMARY KEY (workflow_id, run_id, activity_id)) WITHOUT ROWID",
+    ),
 )
 
 DEFAULT_WAL_AUTOCHECKPOINT = 4000
@@ -140,6 +151,7 @@ TABLES = (
     "flow_permits",
     "flow_starts",
     "flow_runs",
+    "flow_waiters",
 )
 # Touching each table's root page at open finds damaged files early.
 _PROBES = tuple(f"SELECT 1 FROM {t} LIMIT 1" for t in TABLES)

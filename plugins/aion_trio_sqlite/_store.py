@@ -18,6 +18,7 @@ from aion_trio.plugin import (
     CommandOutcome,
     Event,
     FlowGrant,
+    FlowWaiter,
     OwnerClaim,
     OwnerIdentity,
     PendingCommand,
@@ -33,6 +34,7 @@ from aion_trio.plugin import (
     status_after,
     validate_batch,
     validate_flow_key,
+    validate_flow_waiter,
     validate_schedule_write,
     validate_workflow_ids,
 )
@@ -496,6 +498,30 @@ class SqliteStore:
     async def held_flow_permits(self, key: str, *, now: datetime) -> int:
         await self._enter()
         return await self._backend.readers.submit(_control.held_permits_read(key, now))
+
+    async def record_flow_waiter(self, waiter: FlowWaiter, *, ttl: float, now: datetime) -> None:
+        await self._enter()
+        try:
+            validate_flow_waiter(waiter)
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        await self._backend.writer.submit(_control.RecordWaiterOp(waiter, ttl, now))
+
+    async def remove_flow_waiter(self, workflow_id: str, run_id: str, activity_id: int) -> bool:
+        await self._enter()
+        op = _control.RemoveWaiterOp(workflow_id, run_id, activity_id)
+        await self._backend.writer.submit(op)
+        return op.result
+
+    async def flow_waiters(self, workflow_id: str, *, now: datetime) -> list[FlowWaiter]:
+        await self._enter()
+        return await self._backend.readers.submit(_control.flow_waiters_read(workflow_id, now))
+
+    async def clear_flow_waiters(self) -> int:
+        await self._enter()
+        op = _control.ClearWaitersOp()
+        await self._backend.writer.submit(op)
+        return op.result
 
     async def enqueue_flow_run(self, run: QueuedRun) -> tuple[QueuedRun, bool]:
         await self._enter()

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import psycopg
 
-from aion_trio.plugin import ADMITTED, QUEUED, FlowGrant, QueuedRun, rate_window
+from aion_trio.plugin import ADMITTED, QUEUED, FlowGrant, FlowWaiter, QueuedRun, rate_window
 
 Conn = psycopg.Connection[Any]
 
@@ -32,6 +32,20 @@ _SQL_ADD_START = "INSERT INTO flow_starts (key, at) VALUES (%s, %s)"
 _SQL_ADD_PERMIT = "INSERT INTO flow_permits (key, holder, expires_at) VALUES (%s, %s, %s) RETURNING permit_id"
 _SQL_RELEASE_PERMIT = "DELETE FROM flow_permits WHERE key = %s AND permit_id = %s"
 _SQL_RENEW_PERMITS = "UPDATE flow_permits SET expires_at = %s WHERE holder = %s AND expires_at > %s"
+_SQL_RENEW_WAITERS = "UPDATE flow_waiters SET expires_at = %s WHERE holder = %s AND expires_at > %s"
+_SQL_RECORD_WAITER = (
+    "INSERT INTO flow_waiters (workflow_id, run_id, activity_id, attempt, pool, limit_text, priority,"
+    " since, holder, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT (workflow_id, run_id, activity_id) DO UPDATE SET attempt = excluded.attempt,"
+    " pool = excluded.pool, limit_text = excluded.limit_text, priority = excluded.priority,"
+    " since = excluded.since, holder = excluded.holder, expires_at = excluded.expires_at"
+)
+_SQL_REMOVE_WAITER = "DELETE FROM flow_waiters WHERE workflow_id = %s AND run_id = %s AND activity_id = %s"
+_SQL_WAITERS = (
+    "SELECT run_id, activity_id, attempt, pool, limit_text, priority, since, holder, expires_at"
+    " FROM flow_waiters WHERE workflow_id = %s AND expires_at > %s ORDER BY run_id, activity_id"
+)
+_SQL_CLEAR_WAITERS = "DELETE FROM flow_waiters"
 _COLUMNS = "queue, workflow_id, partition_key, priority, dedup_id, seq, state, data"
 _SQL_TWIN = (
     f"SELECT {_COLUMNS} FROM flow_runs WHERE queue = %s AND (workflow_id = %s OR dedup_id = %s)"
@@ -103,8 +117,59 @@ def release(conn: Conn, key: str, permit_id: str) -> bool:
 
 
 def renew(conn: Conn, holder: str, ttl: float, now: datetime) -> int:
+    expires = now + timedelta(seconds=ttl)
     with conn.transaction():
-        return int(conn.execute(_SQL_RENEW_PERMITS, (now + timedelta(seconds=ttl), holder, now)).rowcount)
+        permits = int(conn.execute(_SQL_RENEW_PERMITS, (expires, holder, now)).rowcount)
+        return permits + int(conn.execute(_SQL_RENEW_WAITERS, (expires, holder, now)).rowcount)
+
+
+def record_waiter(conn: Conn, w: FlowWaiter, ttl: float, now: datetime) -> None:
+    with conn.transaction():
+        conn.execute(
+            _SQL_RECORD_WAITER,
+            (
+                w.workflow_id,
+                w.run_id,
+                w.activity_id,
+                w.attempt,
+                w.pool,
+                w.limit,
+                w.priority,
+                w.since,
+                w.holder,
+                now + timedelta(seconds=ttl),
+            ),
+        )
+
+
+def remove_waiter(conn: Conn, workflow_id: str, run_id: str, activity_id: int) -> bool:
+    with conn.transaction():
+        return bool(conn.execute(_SQL_REMOVE_WAITER, (workflow_id, run_id, activity_id)).rowcount)
+
+
+def waiters(conn: Conn, workflow_id: str, now: datetime) -> list[FlowWaiter]:
+    return [
+        FlowWaiter(
+            workflow_id=workflow_id,
+            run_id=run_id,
+            activity_id=int(activity_id),
+            attempt=int(attempt),
+            pool=pool,
+            limit=limit,
+            priority=int(priority),
+            since=since,
+            holder=holder,
+            expires_at=expires_at,
+        )
+        for run_id, activity_id, attempt, pool, limit, priority, since, holder, expires_at in conn.execute(
+            _SQL_WAITERS, (workflow_id, now)
+        )
+    ]
+
+
+def clear_waiters(conn: Conn) -> int:
+    with conn.transaction():
+        return int(conn.execute(_SQL_CLEAR_WAITERS).rowcount)
 
 
 def held(conn: Conn, key: str, now: datetime) -> int:

@@ -300,6 +300,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 9: appends that arrive together share one round trip and one commit
     # (aion_append_batch: each item its own subtransaction around aion_append).
     (_APPEND_BATCH_FUNCTION,),
+    # 10: attempts waiting for a flow-control slot (aion_trio.FlowWaiter), one row per
+    # waiting activity of a run, so a reader of the database (aion-trio show) sees the
+    # wait.  Written only by a wait that blocks; expires_at (renewed by its engine with
+    # its permits) makes the row of a node that died lapse.
+    (
+        'CREATE TABLE flow_waiters (workflow_id text COLLATE "C" NOT NULL, run_id text COLLATE "C" NOT NULL,'
+        " activity_id bigint NOT NULL, attempt integer NOT NULL, pool text NOT NULL,"
+        " limit_text text NOT NULL, priority integer NOT NULL, since timestamptz NOT NULL,"
+        " holder text NOT NULL, expires_at timestamptz NOT NULL,"
+        " PRIMARY KEY (workflow_id, run_id, activity_id))",
+        "CREATE INDEX flow_waiters_by_holder ON flow_waiters (holder)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

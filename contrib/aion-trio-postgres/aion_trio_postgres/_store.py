@@ -28,6 +28,7 @@ from aion_trio.plugin import (
     CommandOutcome,
     Event,
     FlowGrant,
+    FlowWaiter,
     NodeInUse,
     NotFound,
     OwnerIdentity,
@@ -54,6 +55,7 @@ from aion_trio.plugin import (
     this_host,
     validate_batch,
     validate_flow_key,
+    validate_flow_waiter,
     validate_schedule_write,
     validate_workflow_ids,
 )
@@ -1081,6 +1083,42 @@ class PostgresStore:
     async def held_flow_permits(self, key: str, *, now: datetime) -> int:
         await self.events._enter()
         return await self._backend.run("counting flow permits", lambda conn: _flow.held(conn, key, now))
+
+    async def record_flow_waiter(self, waiter: FlowWaiter, *, ttl: float, now: datetime) -> None:
+        await self.events._enter()
+        try:
+            validate_flow_waiter(waiter)
+            if "\x00" in "".join(
+                (waiter.workflow_id, waiter.run_id, waiter.pool, waiter.limit, waiter.holder)
+            ):
+                raise ValueError("a flow waiter's text cannot hold NUL characters (PostgreSQL text)")
+        except (TypeError, ValueError) as exc:
+            await _refuse(exc)
+        await self._backend.run(
+            "recording a flow waiter", lambda conn: _flow.record_waiter(conn, waiter, ttl, now)
+        )
+
+    async def remove_flow_waiter(self, workflow_id: str, run_id: str, activity_id: int) -> bool:
+        await self.events._enter()
+        if "\x00" in workflow_id + run_id:  # PostgreSQL text cannot hold it: no such record
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return False
+        return await self._backend.run(
+            "removing a flow waiter", lambda conn: _flow.remove_waiter(conn, workflow_id, run_id, activity_id)
+        )
+
+    async def flow_waiters(self, workflow_id: str, *, now: datetime) -> list[FlowWaiter]:
+        await self.events._enter()
+        if "\x00" in workflow_id:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return []
+        return await self._backend.run(
+            "reading flow waiters", lambda conn: _flow.waiters(conn, workflow_id, now)
+        )
+
+    async def clear_flow_waiters(self) -> int:
+        await self.events._enter()
+        return await self._backend.run("clearing flow waiters", _flow.clear_waiters)
 
     async def enqueue_flow_run(self, run: QueuedRun) -> tuple[QueuedRun, bool]:
         await self.events._enter()
