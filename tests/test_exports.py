@@ -52,7 +52,7 @@ AION_TRIO_NAMES = [
     "CompletionRetryConfig", "DatabaseCorrupt", "DatabaseTooNew", "DelegatingDispatcher", "Engine",
     "EngineClock", "EngineConfig", "EngineEpochClosed", "EngineError", "EngineStatistics", "ErrorInfo",
     "Event", "EventBody", "EventDecodeError", "EventStore", "Exponential", "FailureCause", "Fixed",
-    "FlowControlUnsupported", "FlowError", "FlowGrant", "FlowLimit", "FlowStore", "IdReusePolicy",
+    "FlowControlUnsupported", "FlowError", "FlowGrant", "FlowLimit", "FlowStore", "FlowWaiter", "IdReusePolicy",
     "InvalidActivityToken", "InvalidArguments", "InvalidBatch", "InvalidHistory", "InvalidQuery",
     "InvalidSchedule", "InvalidStoreUrl", "Linear", "MarkerRecorded", "NoTaskQueues", "NodeInUse",
     "NonDeterminismError", "NonDeterministicCall", "NotAnAionDatabase", "NotFound", "NotOwner", "NotRunning",
@@ -87,7 +87,7 @@ PLUGIN_NAMES = [
     "ADMITTED", "BackendUnavailable", "BulkHistoryReads", "CancelCommand", "ClusterStore", "Command",
     "CommandDecodeError", "CommandInbox",
     "CommandOutcome", "DISABLE_ENV", "DatabaseCorrupt", "DatabaseTooNew", "ENTRY_POINT_GROUP", "Event",
-    "EventBody", "EventDecodeError", "EventStore", "FlowGrant", "FlowStore", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl",
+    "EventBody", "EventDecodeError", "EventStore", "FlowGrant", "FlowStore", "FlowWaiter", "InvalidBatch", "InvalidQuery", "InvalidStoreUrl",
     "NodeInUse", "NotAnAionDatabase", "NotFound", "NotOwner", "OwnedStore", "OwnerClaim", "OwnerIdentity",
     "PendingCommand", "PluginLoadError", "QUEUED", "QueuedRun", "RecoveryCounts", "ReopenCommand", "ResetCommand", "ScheduleAlreadyExists",
     "ScheduleConflict", "ScheduleStore", "SearchOp", "SearchPredicate", "SearchValue", "SequenceConflict",
@@ -100,7 +100,7 @@ PLUGIN_NAMES = [
     "event_to_json", "events_from_rows", "fenced_write", "format_datetime", "hold_mock_time", "hookimpl",
     "hookspec", "is_active_status", "make_plugin_manager", "outcome_from_json", "outcome_to_json",
     "owner_alive", "parse_datetime", "pid_alive", "process_mark", "rate_window", "redact_url", "signal_recorded_outcome",
-    "status_after", "this_host", "validate_batch", "validate_flow_key", "validate_schedule_write", "validate_workflow_ids",
+    "status_after", "this_host", "validate_batch", "validate_flow_key", "validate_flow_waiter", "validate_schedule_write", "validate_workflow_ids",
 ]
 
 PROJECTIONS_NAMES = [

@@ -400,6 +400,41 @@ async def test_a_new_migration_is_applied_to_an_existing_file(
     assert conn.execute("SELECT count(*) FROM later_feature").fetchall() == [(0,)]
 
 
+async def test_a_schema_7_file_gains_the_flow_waiter_records_and_keeps_its_permits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 8 (flow waiter records) on a file written by the schema-7 code."""
+    path = tmp_path / "seven.db"
+    with monkeypatch.context() as old:
+        old.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:7])
+        old.setattr(_schema, "SCHEMA_VERSION", 7)
+        old.setattr(_schema, "TABLES", tuple(t for t in _schema.TABLES if t != "flow_waiters"))
+        old.setattr(_schema, "_PROBES", tuple(p for p in _schema._PROBES if "flow_waiters" not in p))
+        async with opened(path) as store:
+            grant = await store.acquire_flow_permit(
+                "k", holder="h", concurrency=1, rate=None, period=1.0, ttl=60.0, now=T0
+            )
+            assert grant.granted
+        assert pragma(raw(path), "user_version") == 7
+    async with opened(path) as store:
+        assert await store.held_flow_permits("k", now=T0) == 1
+        waiter = aion_trio.FlowWaiter(
+            workflow_id="wf",
+            run_id="r",
+            activity_id=0,
+            attempt=1,
+            pool="activity:a",
+            limit="concurrency=1",
+            since=T0,
+            holder="h",
+        )
+        await store.record_flow_waiter(waiter, ttl=60.0, now=T0)
+        assert await store.flow_waiters("wf", now=T0) == [
+            attrs.evolve(waiter, expires_at=T0 + timedelta(seconds=60))
+        ]
+    assert pragma(raw(path), "user_version") == SCHEMA_VERSION == 8
+
+
 async def test_a_failing_migration_leaves_the_file_untouched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

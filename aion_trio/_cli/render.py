@@ -284,18 +284,18 @@ def show_parts(
         parts.append(table)
     waiting = _waiting(description, slot_waits or {}) if description.status is WorkflowStatus.RUNNING else []
     if waiting:
+        # The recording engine and when its record lapses are in show --json.
         table = Table(title="Waiting for a flow-control slot", title_justify="left")
-        for column in ("Activity", "Attempt", "Pool", "Limit", "Since (UTC)", "Priority", "Recorded by"):
-            table.add_column(column, no_wrap=column != "Limit")
+        table.add_column("Activity", no_wrap=True)
+        table.add_column("Pool (limit)")
+        table.add_column("Since (UTC)", no_wrap=True)
+        table.add_column("Priority", no_wrap=True)
         for activity_id, w in waiting:
             table.add_row(
                 f"activity:{activity_id}",
-                str(w.attempt),
-                Text(w.pool),
-                Text(w.limit),
+                Text(f"{w.pool} ({w.limit})" if w.limit else w.pool),
                 when(w.since, precise=True),
                 str(w.priority),
-                Text(w.holder),
             )
         parts.append(table)
     timers = outstanding_timers(run_segment(events, description.run_id))
