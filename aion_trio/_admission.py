@@ -521,7 +521,7 @@ class _StoreWait:
         permits.waits += 1
         try:
             await permits.store.record_flow_waiter(waiter, ttl=permits.ttl, now=now)
-        except StoreError as exc:
+        except (StoreError, trio.ClosedResourceError) as exc:
             logger.warning("could not record that an attempt waits for a flow slot: %s", exc)
 
     async def end(self) -> None:

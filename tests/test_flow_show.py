@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import trio
+from _clirunner import cli_runner
 from click.testing import Result
 from procs import flow_wait_worker
 from rich.console import Console
@@ -28,10 +29,7 @@ import aion_trio as aion
 from aion_trio import _cli
 from aion_trio._cli import render
 from aion_trio._console import data as console_data, pages as console_pages
-from aion_trio._engine import describe_history
-from aion_trio._payload import PayloadCodec
 from aion_trio_sqlite import SqliteStore
-from tests._clirunner import cli_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -234,7 +232,7 @@ async def test_a_store_that_records_no_waits_is_shown_as_not_known(tmp_path: Pat
             await begun[0].wait()
             await both_scheduled(engine)
             events = await engine.history("fw")
-            description = describe_history("fw", events, codec=PayloadCodec())
+            description = await engine.describe("fw")
             data = render.show_json(events, description, None)
             assert data["slot_waits_known"] is False
             assert [a["slot_wait"] for a in data["pending_activities"]] == [None, None]
