@@ -42,7 +42,7 @@ from typing import Protocol, final
 import attrs
 import trio
 
-from ._errors import AdmissionTimeout, StoreError
+from ._errors import AdmissionTimeout, EngineEpochClosed, StoreError
 from ._store import FlowStore, FlowWaiter
 
 logger = logging.getLogger("aion_trio.admission")
@@ -527,8 +527,19 @@ class _StoreWait:
     async def end(self) -> None:
         permits = self.permits
         permits.waits -= 1
+        if permits.spawn is not None:
+            # In the background: the admitted attempt does not wait for the write (at a
+            # bound of 1 the slot would be held through it).  Submitted now, so it is
+            # written before any later wait of this activity (a retry) is recorded.
+            with contextlib.suppress(EngineEpochClosed):
+                permits.spawn(self._remove, name="flow-wait-removal")
+                return
+        await self._remove()
+
+    async def _remove(self) -> None:
         # Shielded and bounded: a cancelled wait still removes its record, a hung store
         # does not hold the attempt (the record lapses with its ttl anyway).
+        permits = self.permits
         with trio.CancelScope(shield=True), trio.move_on_after(permits.ttl):
             try:
                 await permits.store.remove_flow_waiter(*self.who)
@@ -553,11 +564,22 @@ class StorePermits:
     ``holder`` (this engine) for ``ttl`` seconds and renewed by :meth:`keep_alive`,
     so the slots of an engine that died come back once its permits expire."""
 
-    def __init__(self, store: FlowStore, *, holder: str, ttl: float, now: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        store: FlowStore,
+        *,
+        holder: str,
+        ttl: float,
+        now: Callable[[], datetime],
+        spawn: Callable[..., None] | None = None,
+    ) -> None:
         self.store = store
         self.holder = holder
         self.ttl = ttl
         self.now = now
+        #: Starts a background task (the engine epoch's ``spawn``): where the record of a
+        #: wait that ended is removed; ``None``: removed inline.
+        self.spawn = spawn
         #: Waits of this engine's attempts recorded in the store now (renewed with the permits).
         self.waits = 0
         #: Whether a limit holds leased permits (a cluster-wide bound) to renew.

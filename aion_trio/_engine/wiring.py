@@ -267,7 +267,11 @@ async def open_engine(
 
 
 def flow_permits(
-    store: Store, config: EngineConfig, clock: EngineClock, cluster: ClusterStore | None
+    store: Store,
+    config: EngineConfig,
+    clock: EngineClock,
+    cluster: ClusterStore | None,
+    epoch: EngineEpoch | None = None,
 ) -> StorePermits | None:
     """The store's permits for the limits' rates and cluster-wide bounds (``None``: the
     store has none; rates are then counted in memory, and a cluster-wide bound refused)."""
@@ -277,7 +281,13 @@ def flow_permits(
             raise FlowControlUnsupported(type(store).__name__, "FlowLimit(cluster_concurrency=...)")
         return None
     holder = cluster.node_id if cluster is not None else f"engine-{uuid.uuid4()}"
-    return StorePermits(store, holder=holder, ttl=config.flow_permit_ttl, now=clock.now)
+    return StorePermits(
+        store,
+        holder=holder,
+        ttl=config.flow_permit_ttl,
+        now=clock.now,
+        spawn=epoch.spawn if epoch is not None else None,
+    )
 
 
 def bulk_reads(store: Store, config: EngineConfig) -> BulkRead | None:
@@ -397,7 +407,7 @@ def build_core(
         determinism_guard=config.determinism_guard,
     )
     activity_dispatch = ActivityDispatch(
-        permits=flow_permits(store, config, clock, cluster),
+        permits=flow_permits(store, config, clock, cluster, epoch),
         epoch=epoch,
         config=config,
         clock=clock,

@@ -102,6 +102,9 @@ async def test_show_reports_the_wait_from_postgresql_until_the_attempt_runs(
 
             release[began[0]].set()
             await begun[1].wait()
+            # The record is removed in the background once the attempt has its slot.
+            while await store.flow_waiters("fw", now=datetime.now(timezone.utc)):  # noqa: ASYNC110
+                await trio.sleep(0.01)
             assert await show_waits(url) == {waiting_id: None}
             release[began[1]].set()
             await run.result()
