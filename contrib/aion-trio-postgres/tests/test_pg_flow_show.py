@@ -1,7 +1,7 @@
 """Waiting for a flow-control slot is visible from PostgreSQL (issue 18): ``aion-trio
 show`` reading the database reports the attempt that waits, its pool, since when and
 its priority, and stops once the attempt runs; a record its engine stopped renewing
-(the engine died) lapses; schema 9 adds the records to a schema-8 database."""
+(the engine died) lapses; schema 10 adds the records to a schema-9 database."""
 
 from __future__ import annotations
 
@@ -134,14 +134,14 @@ async def test_a_record_its_engine_stopped_renewing_lapses(fresh_store_url: Call
             release[began[1]].set()
 
 
-async def test_schema_9_adds_the_records_to_a_schema_8_database(
+async def test_schema_10_adds_the_records_to_a_schema_9_database(
     fresh_store_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = fresh_store_url()
     now = datetime(2041, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
     with monkeypatch.context() as old:
-        old.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:8])
-        old.setattr(_schema, "SCHEMA_VERSION", 8)
+        old.setattr(_schema, "MIGRATIONS", _schema.MIGRATIONS[:9])
+        old.setattr(_schema, "SCHEMA_VERSION", 9)
         async with open_postgres_store(url) as store:
             grant = await store.acquire_flow_permit(
                 "k", holder="h", concurrency=1, rate=None, period=1.0, ttl=60.0, now=now
@@ -163,4 +163,4 @@ async def test_schema_9_adds_the_records_to_a_schema_8_database(
         assert await store.flow_waiters("wf", now=now) == [
             attrs.evolve(waiter, expires_at=now + timedelta(seconds=60))
         ]
-    assert _schema.SCHEMA_VERSION == 9
+    assert _schema.SCHEMA_VERSION == 10
