@@ -673,9 +673,18 @@ class Replay:
             finally:
                 self.nursery = None
                 self.abandoned = self.running_handlers()
-                nursery.cancel_scope.cancel()
+                if nursery.child_tasks:
+                    # Only handlers still running need cancelling: a run without them (a
+                    # parked run unwound at close) skips the scope's recalculation.
+                    nursery.cancel_scope.cancel()
         if failure is not None:
-            raise failure
+            try:
+                raise failure
+            finally:
+                # The raised exception's traceback holds this frame: dropping the local breaks
+                # the cycle, so a run's unwinding (each parked run at close) is freed at once
+                # instead of piling up for the cycle collector.
+                failure = None
         return value  # type: ignore[no-any-return]
 
     def _cut(self, found: object, cancel: Event | None, expired: str | None) -> float:

@@ -3,6 +3,7 @@
 Usage::
 
     python bench/residency.py [--dir DIR] [--seconds S] [--runs 10000,100000] [--store sqlite|memory]
+                              [--max-resident N|none]
 
 For each N of ``--runs`` (each in a fresh child process, so one size's memory
 does not weigh on the next), an engine on a fresh store (SQLite, the durable
@@ -20,7 +21,13 @@ One ``runs`` line per N:
 - ``gc_cpu_share``: the collector's CPU time (``gc.callbacks``) over the CPU
   time of the loop's thread while starting and parking, and ``full_collect_ms``: one
   ``gc.collect()`` with all N parked (the pause a full collection costs);
-- ``close_seconds``: closing the engine with the N runs resident.
+- ``close_seconds``: closing the engine with the N runs parked (resident, or
+  evicted beyond ``--max-resident``: ``resident`` and ``evicted`` say how many
+  were which when the close began), and ``close_cpu_seconds`` the loop thread's
+  CPU time for it (steadier than the wall clock on a shared machine).
+
+``--max-resident`` sets ``EngineConfig.max_resident_runs`` (default: the
+config's default; ``none``: no cap and no idle eviction, every run stays resident).
 
 The runs sizes that would not fit in ``--seconds`` (estimated from the last
 start rate) are reported as ``skipped`` lines.  A tiny budget (``--seconds
@@ -108,7 +115,13 @@ def child(args: argparse.Namespace) -> int:
         return 0
 
     url = f"sqlite:///{args.dir}/residency.db" if args.store == "sqlite" else "memory://"
-    config = aion.EngineConfig(loop_stall_warning=None)
+    options: dict[str, Any] = {"loop_stall_warning": None}
+    if args.max_resident == "none":
+        # Every run stays resident: no cap, no idle eviction.
+        options.update(max_resident_runs=None, evict_after=None)
+    elif args.max_resident != "default":
+        options["max_resident_runs"] = int(args.max_resident)
+    config = aion.EngineConfig(**options)
     far = datetime.now(timezone.utc) + SLEEP + timedelta(days=1)
 
     async def all_armed(engine: Any, total: int) -> None:
@@ -129,7 +142,12 @@ def child(args: argparse.Namespace) -> int:
                 nursery.start_soon(starter)
 
     async def main() -> dict[str, Any]:
-        record: dict[str, Any] = {"kind": "runs", "store": args.store, "runs": n}
+        record: dict[str, Any] = {
+            "kind": "runs",
+            "store": args.store,
+            "runs": n,
+            "max_resident_runs": config.max_resident_runs,
+        }
         began_close = 0.0
         async with aion.open_engine(url, workflows=[sleeper], config=config) as engine:
             await start_many(engine, 0, WARMUP)
@@ -162,9 +180,12 @@ def child(args: argparse.Namespace) -> int:
                 gc_collections=timer.collections,
                 full_collect_ms=round(full_collect * 1000, 1),
                 parked=parked,
+                resident=getattr(engine.statistics(), "resident_runs", None),
+                evicted=getattr(engine.statistics(), "evicted_runs", None),
             )
-            began_close = time.perf_counter()
+            began_close, began_close_cpu = time.perf_counter(), time.thread_time()
         record["close_seconds"] = round(time.perf_counter() - began_close, 2)
+        record["close_cpu_seconds"] = round(time.thread_time() - began_close_cpu, 2)
         return record
 
     print(json.dumps(trio.run(main)), flush=True)
@@ -183,6 +204,8 @@ def run_size(args: argparse.Namespace, directory: str, n: int) -> dict[str, Any]
         sub,
         "--store",
         args.store,
+        "--max-resident",
+        args.max_resident,
     ]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -222,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs", default="10000,100000", help="comma-separated numbers of sleeping runs")
     parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")
+    parser.add_argument(
+        "--max-resident",
+        default="default",
+        help="EngineConfig.max_resident_runs: an int, 'none' (no cap) or 'default'",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:

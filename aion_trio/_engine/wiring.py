@@ -251,6 +251,10 @@ async def open_engine(
                         await core.recovery.guard.close()
                     epoch.begin_close()
                 finally:
+                    # The collector pauses while every run is cancelled and joined (see
+                    # collector.pause); resumed once the epoch has joined.
+                    collector.pause()
+                    stack.callback(collector.resume)
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             # Background tasks never raise (their failures are logged), so a
