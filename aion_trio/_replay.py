@@ -100,6 +100,40 @@ class Branch:
 class Replay:
     """Where one execution of a run's code stands against the run's history."""
 
+    # Slots: a resident run holds one; a dict of this many attributes costs ~1.5 KiB.
+    __slots__ = (
+        "abandoned",
+        "answering",
+        "branches",
+        "branches_started",
+        "caught_up",
+        "current",
+        "guarded",
+        "main",
+        "next_activity",
+        "next_child",
+        "next_command",
+        "next_scope",
+        "next_timer",
+        "now",
+        "nursery",
+        "parked",
+        "parked_at",
+        "pending",
+        "poisoned",
+        "port",
+        "position",
+        "query_violation",
+        "replayed_waits",
+        "run_id",
+        "signal_handlers",
+        "start_head",
+        "state",
+        "timers_retired",
+        "unobserved_children",
+        "workflow_id",
+    )
+
     def __init__(self, port: WorkflowPort) -> None:
         self.port = port
         self.workflow_id = port.workflow_id
