@@ -201,6 +201,7 @@ from ._observe import (
     RunRecovered as RunRecovered,
     RunReloaded as RunReloaded,
     RunStart as RunStart,
+    RunStuck as RunStuck,
     StoreOperation as StoreOperation,
     TransientRetry as TransientRetry,
     WorkflowRelinquished as WorkflowRelinquished,

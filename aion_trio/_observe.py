@@ -58,6 +58,7 @@ __all__ = [
     "RunRecovered",
     "RunReloaded",
     "RunStart",
+    "RunStuck",
     "StoreOperation",
     "TransientRetry",
     "WorkflowRelinquished",
@@ -215,6 +216,24 @@ class RunRecovered(ObserverEvent):
     workflow_type: str
     #: The run's headers (``WorkflowStarted.headers``).
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=freeze_headers)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RunStuck(ObserverEvent):
+    """A run was marked stuck: it stays Running, its code stopped here, until someone fixes
+    the code and restarts, or terminates it (``reason``, as in visibility's ``stuck_reason``).
+
+    Reported wherever it is found, with the same record: a divergence from history (the
+    code no longer matches what the run recorded) at the startup sweep, when an evicted
+    run wakes and is replayed, or in the background replay of lazy recovery; an
+    unregistered workflow type; a run that kept killing recovery (the poison-run guard).
+    """
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    reason: str
 
 
 @final

@@ -102,6 +102,9 @@ class EvictedRun:
 
     run_id: str
     workflow_type: str
+    #: Left evicted by lazy recovery: this engine has not replayed it yet (its first
+    #: replay here is reported as :class:`~aion_trio.RunRecovered`, not ``RunReloaded``).
+    recovering: bool = False
 
 
 @final

@@ -96,6 +96,12 @@ async def _park(store_url: str) -> None:
         await trio.testing.wait_all_tasks_blocked()
 
 
+async def _until_resident(engine: aion.Engine) -> None:
+    """Until every parked run is resident again (the caller bounds the wait)."""
+    while engine.statistics().resident_runs < COUNT:
+        await trio.sleep(0.005)
+
+
 async def _answer(engine: Any) -> None:
     for index in range(COUNT):
         await engine.signal(f"wf-{index}", "go", 100)
@@ -112,7 +118,8 @@ async def test_recovery_reads_every_history_in_one_bulk_call(store_url: str) -> 
             async with aion.open_engine(store, workflows=[waits]) as engine:
                 # Open has returned: every history came from one bulk read, none one by one.
                 assert (store.batches, store.counts["read_history"]) == ([COUNT], 0)
-                # Every run recovered and registered (its task may still be starting).
+                # Every run recovered and registered (lazy recovery: replayed in the background).
+                await _until_resident(engine)
                 assert (engine.statistics().registered_leases, engine.statistics().evicted_runs) == (COUNT, 0)
                 await _answer(engine)
 
@@ -136,6 +143,7 @@ async def test_a_failed_bulk_read_falls_back_to_one_read_per_workflow(store_url:
             store = CountingStore(inner, bulk_fails=aion.StoreDecodeError("wf-3", 2, "bad row", location="x"))
             async with aion.open_engine(store, workflows=[waits]) as engine:
                 assert (store.batches, store.counts["read_history"]) == ([COUNT], COUNT)
-                # Every run recovered and registered (its task may still be starting).
+                # Every run recovered and registered (lazy recovery: replayed in the background).
+                await _until_resident(engine)
                 assert (engine.statistics().registered_leases, engine.statistics().evicted_runs) == (COUNT, 0)
                 await _answer(engine)

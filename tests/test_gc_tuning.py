@@ -102,7 +102,9 @@ async def test_recovered_freezes_the_runs_recovery_brought_back_startup_does_not
             await engine.start(parked, workflow_id=f"p-{i}")
     counts = {}
     for point in ("startup", "recovered", "startup", "recovered"):
-        config = aion.EngineConfig(gc_thresholds=None, gc_freeze=point)
+        # Eager recovery: the runs are resident when open_engine returns, so "recovered"
+        # freezes them (lazy recovery replays them later, after the freeze).
+        config = aion.EngineConfig(gc_thresholds=None, gc_freeze=point, lazy_recovery=False)
         async with aion.open_engine(url, workflows=[parked], config=config) as engine:
             counts[point] = gc.get_freeze_count()
             assert engine.statistics().resident_runs == 50

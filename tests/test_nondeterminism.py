@@ -27,6 +27,9 @@ from aion_trio._projections import command_key
 
 CHARGED: list[str] = []
 LIMIT = 20  # seconds: every wait below is bounded by this
+#: These scenarios check that a changed workflow is caught when an engine opens: eager
+#: recovery (tests/test_lazy_recovery.py has the lazy twins: caught when the run wakes).
+EAGER = aion.EngineConfig(lazy_recovery=False)
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +102,9 @@ async def test_an_activity_inserted_before_a_recorded_sleep_is_non_determinism_a
 ) -> None:
     url = store_url()
     recorded = await _park_sleeper(url)
-    async with aion.open_engine(url, workflows=[sleeper_charges_first], activities=[charge]) as engine:
+    async with aion.open_engine(
+        url, workflows=[sleeper_charges_first], activities=[charge], config=EAGER
+    ) as engine:
         reason = await _stuck_reason(engine, "s")
         history = await engine.history("s")
     assert "timer command #0 was recorded as timer 'anonymous:0'" in reason, reason
@@ -113,7 +118,7 @@ async def test_a_deleted_sleep_is_non_determinism_and_the_run_does_not_complete(
 ) -> None:
     url = store_url()
     recorded = await _park_sleeper(url)
-    async with aion.open_engine(url, workflows=[sleeper_without_the_sleep]) as engine:
+    async with aion.open_engine(url, workflows=[sleeper_without_the_sleep], config=EAGER) as engine:
         reason = await _stuck_reason(engine, "s")
         history = await engine.history("s")
     assert "timer command #0 was recorded as timer 'anonymous:0'" in reason, reason
@@ -209,7 +214,7 @@ async def test_a_child_inserted_before_a_recorded_timer_is_non_determinism_and_n
     async with aion.open_engine(url, workflows=[parent_v1]) as engine:
         await engine.start(parent_v1, workflow_id="p")
         recorded = await _history_until(engine, "p", lambda h: "TimerStarted" in _types(h))
-    async with aion.open_engine(url, workflows=[parent_starts_a_child_first, kid]) as engine:
+    async with aion.open_engine(url, workflows=[parent_starts_a_child_first, kid], config=EAGER) as engine:
         reason = await _stuck_reason(engine, "p")
         history = await engine.history("p")
         children = await engine.list(workflow_type="kid")
@@ -495,3 +500,85 @@ ERROR = ev.ActivityError(cause=ev.FailureCause.RETRYABLE, type="E", message="m")
 def test_events_are_classified_as_commands_in_one_place(body: ev.EventBody, command: Any) -> None:
     key = command_key(body)
     assert (key.describe() if key is not None else None) == command
+
+
+# -- the same divergences under lazy recovery: caught when the sleeping run wakes ---------
+#
+# The eager scenarios above catch a changed sleeper at open.  With lazy recovery (the
+# default) a run parked on its timer is left evicted at open, unreplayed; the change is
+# caught when the timer wakes it, and reported exactly as at open: the same stuck reason,
+# a RunStuck observer event, the same error logged, nothing recorded and nothing executed.
+
+LAZY_SCENARIOS = {
+    "an inserted activity": (
+        [sleeper_charges_first],
+        "now requests activity 'charge'",
+    ),
+    "a deleted sleep": ([sleeper_without_the_sleep], "now requests the workflow to return"),
+    "an inserted child": ([parent_starts_a_child_first, kid], "now requests child 'kid'"),
+}
+
+
+async def _park(url: str, scenario: str) -> list[aion.Event]:
+    if scenario != "an inserted child":
+        return await _park_sleeper(url)
+    async with aion.open_engine(url, workflows=[parent_v1]) as engine:
+        await engine.start(parent_v1, workflow_id="s")
+        return await _history_until(engine, "s", lambda h: _types(h)[-1:] == ["TimerStarted"])
+
+
+async def _diverged_report(
+    url: str, scenario: str, config: aion.EngineConfig, clock: trio.testing.MockClock, caplog: Any
+) -> tuple[str, list[aion.RunStuck], list[str], list[aion.Event], list[str]]:
+    """Open ``scenario``'s changed code on its parked run, wake the run (its day-long timer is
+    due), and return what reported the divergence: the stuck reason, the observer events, the
+    error logs; then the history and the kids started."""
+    workflows, _ = LAZY_SCENARIOS[scenario]
+    seen: list[aion.ObserverEvent] = []
+    caplog.clear()
+    async with aion.open_engine(
+        url, workflows=workflows, activities=[charge], config=config, observers=[seen.append]
+    ) as engine:
+        if config.lazy_recovery:
+            # Open returned without replaying the sleeper: nothing is noticed yet.
+            description = await engine.describe("s")
+            assert (description.stuck_reason, description.residency) == (None, "evicted")
+            assert not [e for e in seen if isinstance(e, aion.RunStuck)]
+        clock.jump(86400 + 1)  # the sleeper's timer is due: it wakes
+        reason = await _stuck_reason(engine, "s")
+        history = await engine.history("s")
+        kids = [row.workflow_id for row in await engine.list(workflow_type="kid")]
+    stuck = [e for e in seen if isinstance(e, aion.RunStuck)]
+    logged = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "ERROR" and getattr(r, "workflow_id", None) == "s"
+    ]
+    return reason, stuck, logged, history, kids
+
+
+@pytest.mark.parametrize("scenario", list(LAZY_SCENARIOS))
+async def test_lazy_recovery_catches_a_changed_sleeping_workflow_when_it_wakes_as_eager_does_at_open(
+    tmp_path: Any, mock_clock: trio.testing.MockClock, caplog: Any, scenario: str
+) -> None:
+    mock_clock.rate = 1.0  # real time passes; jump() makes the day-long timer due
+    _, expected = LAZY_SCENARIOS[scenario]
+    reports = {}
+    for lazy in (False, True):
+        url = f"sqlite:///{tmp_path}/{'lazy' if lazy else 'eager'}.db"
+        recorded = await _park(url, scenario)
+        reason, stuck, logged, history, kids = await _diverged_report(
+            url, scenario, aion.EngineConfig(lazy_recovery=lazy), mock_clock, caplog
+        )
+        assert "timer command #0 was recorded as timer 'anonymous:0'" in reason, reason
+        assert expected in reason, reason
+        assert [(e.workflow_id, e.workflow_type, e.reason) for e in stuck] == [
+            ("s", "parent" if scenario == "an inserted child" else "sleeper", reason)
+        ]
+        run_id = recorded[0].body.run_id  # type: ignore[union-attr]
+        assert logged == [f"workflow 's' run {run_id}: workflow run is stuck and stays Running: {reason}"]
+        assert history[: len(recorded)] == recorded
+        assert _types(history)[len(recorded) :] in ([], ["TimerFired"]), "nothing of the new code recorded"
+        assert CHARGED == [] and kids == [], "nothing of the new code executed"
+        reports[lazy] = reason.replace(run_id, "RUN")
+    assert reports[True] == reports[False], "the same divergence, reported the same way"

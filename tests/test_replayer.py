@@ -374,9 +374,41 @@ async def test_cli_replays_straight_from_a_store_with_a_filter(
     assert diverged.stdout.splitlines()[-1] == "2 runs replayed: 0 match, 2 diverged, 0 could not be replayed"
 
 
+async def test_cli_replays_every_active_workflow_of_a_store(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """``--active``: the runs the next engine resumes (the pre-deploy check of lazy recovery),
+    not the closed ones, and the store is left as it was."""
+    url = f"sqlite:///{tmp_path}/prod.db"
+    await record("closed", 1, approve=True, url=url)
+    await record("open-a", 2, approve=False, url=url)
+    await record("open-b", 3, approve=False, url=url)
+    before = (tmp_path / "prod.db").read_bytes()
+    matched = await trio.to_thread.run_sync(run_cli, "replay", "--store", url, "--active", "-m", f"{APP}:v1")
+    assert matched.exit_code == 0, matched.output
+    assert [line.split(" run ")[0] for line in matched.stdout.splitlines()[:-1]] == [
+        "match: 'open-a'",
+        "match: 'open-b'",
+    ]
+    diverged = await trio.to_thread.run_sync(
+        run_cli, "replay", "--store", url, "--active", "-m", f"{APP}:renamed", "--json"
+    )
+    assert diverged.exit_code == 1, diverged.output
+    assert [(r["workflow_id"], r["verdict"]) for r in json.loads(diverged.stdout)] == [
+        ("open-a", "diverged"),
+        ("open-b", "diverged"),
+    ]
+    assert (tmp_path / "prod.db").read_bytes() == before
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (("--active",), "--active replays the active workflows of a store: give --store URL"),
+        (
+            ("--store", "memory://", "--active", "--status", "running"),
+            "--active replays every active workflow: leave out the filters",
+        ),
         ((), "give history files or directories, or --store URL"),
         (("x.jsonl", "--store", "memory://"), "give history files or directories, or --store URL, not both"),
         (("missing.jsonl",), "missing.jsonl: cannot read it"),

@@ -16,7 +16,7 @@ from .._errors import InvalidHistory, InvalidQuery
 from .._store import VisibilityFilter
 from .._urls import redact_url
 from .errors import UsageProblem, run
-from .options import filter_options, module_option, store_url, visibility_filter
+from .options import DEFAULT_LIST_LIMIT, filter_options, module_option, store_url, visibility_filter
 from .stores import open_for_reading
 from .userapp import App, load_app
 
@@ -37,12 +37,19 @@ EXIT_DIVERGED = 1
     metavar="URL",
     help="Replay the histories of this store's workflows that match the filters below, instead of files.",
 )
+@click.option(
+    "--active",
+    is_flag=True,
+    help="With --store: replay every active workflow of the store (the runs the next engine resumes), "
+    "with no row limit; the pre-deploy check. Not with the filters below.",
+)
 @filter_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects, one per run.")
 def replay(
     paths: tuple[str, ...],
     module: str,
     store: str | None,
+    active: bool,
     statuses: tuple[str, ...],
     workflow_type: str | None,
     task_queue: str | None,
@@ -63,6 +70,12 @@ def replay(
     filters (as for 'aion-trio list'). Each run replays without running anything; it
     matches, or diverges at an event (its seq, what history holds, what the code did).
 
+    With --store URL --active, every workflow the store lists as active (the ones an
+    engine opening on it resumes), however many: run it with the new code before a
+    deploy. An engine opening with lazy recovery (the default) checks a sleeping run
+    against its history only when the run wakes; this checks them all now, and
+    changes nothing in the store.
+
     \b
     Exit status: 0 every run matches; 1 a run diverged or could not be replayed
     (e.g. its workflow type is not in MODULE:ATTR); 2 a usage problem.
@@ -71,7 +84,24 @@ def replay(
       aion-trio history order-7 --json > histories/order-7.jsonl
       aion-trio replay histories/ -m shop.workflows:app
       aion-trio replay --store sqlite:///prod-copy.db --status running -m shop.workflows:app
+      aion-trio replay --store sqlite:///prod.db --active -m shop.workflows:app
     """
+    if active and store is None:
+        raise UsageProblem("--active replays the active workflows of a store: give --store URL")
+    filtered = bool(
+        statuses
+        or workflow_type
+        or task_queue
+        or started_after
+        or started_before
+        or closed_after
+        or closed_before
+        or attrs_
+        or offset
+        or limit != DEFAULT_LIST_LIMIT
+    )
+    if active and filtered:
+        raise UsageProblem("--active replays every active workflow: leave out the filters")
     if paths and store is not None:
         raise UsageProblem("give history files or directories, or --store URL, not both")
     if not paths and store is None:
@@ -85,6 +115,9 @@ def replay(
         except InvalidHistory as exc:
             raise UsageProblem(str(exc)) from None
         report = run("", lambda: _replay(app, histories))
+    elif active:
+        url = store_url(store)
+        report = run(url, lambda: _replay_active(app, url))
     else:
         url = store_url(store)
         try:
@@ -140,6 +173,18 @@ async def _replay_store(app: App, url: str, page: VisibilityFilter) -> ReplayRep
                 f"{redact_url(url)} ({row.workflow_id})", await opened.events.read_history(row.workflow_id)
             )
             for row in rows
+        ]
+    return await _replay(app, [h for h in histories if h.events])
+
+
+async def _replay_active(app: App, url: str) -> ReplayReport:
+    from ..testing import History
+
+    async with open_for_reading(url, app.codecs) as opened:
+        workflow_ids = sorted(await opened.events.list_active())
+        histories = [
+            History(f"{redact_url(url)} ({workflow_id})", await opened.events.read_history(workflow_id))
+            for workflow_id in workflow_ids
         ]
     return await _replay(app, [h for h in histories if h.events])
 

@@ -185,11 +185,16 @@ class EngineConfig:
     release_closed_after: float | None = 1.0
     #: Histories the startup sweep reads at a time.
     recovery_concurrency: int = 32
-    #: The startup sweep leaves a run parked on a timer with nothing else outstanding
-    #: evicted, unreplayed, until its timer (or a signal, a query...) wakes it: opening
-    #: costs a history read per such run, not a replay.  The price: code that no longer
-    #: matches its history is noticed when the run wakes, not at open.
-    lazy_recovery: bool = False
+    #: Lazy recovery (the default): the startup sweep leaves a run parked on a timer with
+    #: nothing else outstanding evicted, unreplayed, until its timer (or a signal, a
+    #: query...) wakes it, and replays the runs that only wait in the background after
+    #: ``open_engine`` returned; runs that were mid-step (an activity to re-dispatch, a
+    #: child) resume during the sweep.  The price: code that no longer matches a sleeping
+    #: run's history is found when the run wakes or its background replay reaches it, not
+    #: at open (it is reported the same way: the run marked stuck, :class:`~aion_trio.RunStuck`,
+    #: an error logged); check before a deploy with ``aion-trio replay --store URL --active``.
+    #: ``False``: every active run is replayed before ``open_engine`` returns.
+    lazy_recovery: bool = True
     # -- admission control (docs/operating.md, "Admission control") ---------------
     #: At most this many workflow starts in flight at once (``Engine.start`` and the
     #: starts the inbox applies, each from its admission until its ``WorkflowStarted``

@@ -27,13 +27,14 @@ from .._errors import BackendUnavailable, EngineEpochClosed, NotOwner
 from .._events import (
     ChildWorkflowStarted,
     Event,
+    MarkerRecorded,
     TimerStarted,
     WorkflowContinuedAsNew,
     WorkflowStarted,
     WorkflowStatus,
 )
 from .._hub import ChildrenHub, RecoveryHub
-from .._ids import deadline_timer_id
+from .._ids import EVENT_READ_MARKER_PREFIX, EVENT_READ_RESULT_MARKER_PREFIX, deadline_timer_id
 from .._observe import ObserverHub, RecoveryFinished, RunRecovered
 from .._poison import RecoveryGuard, poison_reason
 from .._projections import latest_run, outstanding_timers, unsettled_activities
@@ -333,7 +334,7 @@ class Recovery:
                     (timer.fire_at, workflow_id, run_id, timer.timer_id)
                     for timer in outstanding_timers(segment, latest.kinds)
                 )
-                self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type))
+                self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type, recovering=True))
                 self._recorders.drop(workflow_id)
                 sweep.evicted += 1
                 if guard is not None:
@@ -348,7 +349,7 @@ class Recovery:
             ):
                 # Maybe parked, maybe with a signal or a cancel to consume: replayed in the
                 # background after the sweep (its history stays loaded), or sooner if woken.
-                self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type))
+                self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type, recovering=True))
                 sweep.queued.append(workflow_id)
                 if guard is not None:
                     guard.quiet.append(workflow_id)
@@ -445,7 +446,8 @@ def _only_waits(segment: Sequence[Event], run_id: str) -> bool:
 def _quiet(history: Sequence[Event], segment: Sequence[Event], workflow_id: str, run_id: str) -> bool:
     """Whether a running run can stay evicted at recovery: its last step was to start a timer
     (not its deadline) and park, and nothing else of it is outstanding (no unsettled activity,
-    no open child, not a child itself)."""
+    no open child, not a child itself, no ``ctx.get_event`` read waiting: its watch of the
+    other workflow lives in the run's code, so the run is replayed to watch again)."""
     start = segment[0].body
     assert isinstance(start, WorkflowStarted)
     last = segment[-1].body
@@ -455,4 +457,20 @@ def _quiet(history: Sequence[Event], segment: Sequence[Event], workflow_id: str,
         and start.parent_workflow_id is None
         and not unsettled_activities(segment)
         and not children.open_children(history, workflow_id, run_id)
+        and not _event_read_waiting(segment)
     )
+
+
+def _event_read_waiting(segment: Sequence[Event]) -> bool:
+    """Whether the run recorded a ``ctx.get_event`` read (``get-event:N``) with no answer yet
+    (no ``get-event-result:N``; its timeout's timer may still be pending)."""
+    reads: set[str] = set()
+    answered: set[str] = set()
+    for event in segment:
+        body = event.body
+        if isinstance(body, MarkerRecorded):
+            if body.name.startswith(EVENT_READ_MARKER_PREFIX):
+                reads.add(body.name[len(EVENT_READ_MARKER_PREFIX) :])
+            elif body.name.startswith(EVENT_READ_RESULT_MARKER_PREFIX):
+                answered.add(body.name[len(EVENT_READ_RESULT_MARKER_PREFIX) :])
+    return bool(reads - answered)

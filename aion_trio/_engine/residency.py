@@ -34,7 +34,7 @@ import trio
 from .._epoch import EngineEpoch
 from .._events import WorkflowStarted
 from .._guard import unguarded
-from .._observe import ObserverHub, RunEvicted, RunReloaded
+from .._observe import ObserverHub, RunEvicted, RunRecovered, RunReloaded
 from .._projections import is_active, run_segment
 from .._recorder import Recorder
 from .._registry import EvictedRun, Lease, Registry, Residency
@@ -314,8 +314,10 @@ class ResidencyService:
             if self._observers is not None:
                 segment = run_segment(recorder.history, run.run_id)
                 start = segment[0].body if segment else None
+                # A run lazy recovery left evicted is replayed here for the first time.
+                reported = RunRecovered if run.recovering else RunReloaded
                 self._observers.emit(
-                    RunReloaded(
+                    reported(
                         workflow_id=workflow_id,
                         run_id=run.run_id,
                         workflow_type=run.workflow_type,

@@ -38,7 +38,7 @@ from .._events import (
 from .._guard import install as install_guard
 from .._hub import StartRetry
 from .._ids import deadline_timer_id, new_run_id
-from .._observe import RunStart, run_headers
+from .._observe import RunStart, RunStuck, run_headers
 from .._payload import PayloadCodec
 from .._ports import RunAborted, WorkflowPort
 from .._projections import is_active, latest_run_id, run_segment, search_attributes
@@ -326,6 +326,16 @@ class Runner:
             extra={"workflow_id": lease.workflow_id, "run_id": lease.run_id, "lease": lease.lease_id},
         )
         lease.recorder.notify()
+        observers = lease.recorder.observers
+        if observers is not None:
+            observers.emit(
+                RunStuck(
+                    workflow_id=lease.workflow_id,
+                    run_id=lease.run_id,
+                    workflow_type=lease.workflow_type,
+                    reason=reason,
+                )
+            )
         await self._upsert_visibility(lease.workflow_id)
 
     async def start_run_locked(
