@@ -98,7 +98,9 @@ async def _park(store_url: str) -> None:
 
 async def _until_resident(engine: aion.Engine) -> None:
     """Until every parked run is resident again (the caller bounds the wait)."""
-    while engine.statistics().resident_runs < COUNT:
+    while True:
+        if engine.statistics().resident_runs == COUNT:
+            return
         await trio.sleep(0.005)
 
 
