@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/recovery.py [--runs N] [--concurrency C] [--lazy] [--old CHECKOUT] [--rounds R]
+    python bench/recovery.py [--runs N] [--concurrency C] [--lazy | --eager] [--old CHECKOUT] [--rounds R]
                              [--dir DIR] [--seconds S]
 
 An engine subprocess (this file, ``--engine-process``) starts ``--runs``
@@ -13,8 +13,11 @@ process, an engine opens the same file: ``open_seconds`` is the time until
 at a time) and its result awaited: ``all_answered_seconds`` is the time from
 the start of opening until the last one completed with the right result (and
 ``signal_p50_ms`` / ``signal_p99_ms`` the time of one signal and its result).
-``--lazy`` opens with ``EngineConfig(lazy_recovery=True)``: the runs are
-replayed in the background after ``open_engine`` returns, or when signalled.
+The engine opens with its default ``EngineConfig`` (lazy recovery where the
+tree makes it the default: the runs are replayed in the background after
+``open_engine`` returns, or when signalled); ``--lazy`` opens with
+``EngineConfig(lazy_recovery=True)``, ``--eager`` with ``lazy_recovery=False``
+(every run replayed before ``open_engine`` returns).
 
 ``--old CHECKOUT`` measures two checkouts side by side in one run: this tree
 (``new``) and ``CHECKOUT`` (e.g. ``git archive main | tar -x -C /tmp/old``),
@@ -73,11 +76,11 @@ async def engine_process(url: str, runs: int) -> None:
         await trio.sleep_forever()
 
 
-async def measure(url: str, runs: int, concurrency: int, lazy: bool) -> dict[str, Any]:
+async def measure(url: str, runs: int, concurrency: int, lazy: bool | None) -> dict[str, Any]:
     began = time.perf_counter()
     latencies: list[float] = []
     wrong: list[str] = []
-    config = aion.EngineConfig(lazy_recovery=True) if lazy else aion.EngineConfig()
+    config = aion.EngineConfig() if lazy is None else aion.EngineConfig(lazy_recovery=lazy)
     async with aion.open_engine(url, workflows=[parked], config=config) as engine:
         opened = time.perf_counter() - began
         limiter = trio.CapacityLimiter(concurrency)
@@ -127,11 +130,11 @@ def run(args: argparse.Namespace, directory: str) -> None:
     started = time.perf_counter() - began
     child.send_signal(signal.SIGKILL)
     child.wait()
-    figures = trio.run(measure, url, args.runs, args.concurrency, args.lazy)
+    figures = trio.run(measure, url, args.runs, args.concurrency, _lazy(args))
     emit(
         {
             **figures,
-            "lazy_recovery": args.lazy,
+            "lazy_recovery": _lazy(args),
             "start_seconds": round(started, 3),
             "code": os.path.dirname(aion.__file__),
         }
@@ -156,6 +159,7 @@ def measure_side(args: argparse.Namespace, directory: str, side: str, tree: str)
         "--dir",
         directory,
         *(["--lazy"] if args.lazy else []),
+        *(["--eager"] if args.eager else []),
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=directory)
     if done.returncode != 0:
@@ -178,9 +182,9 @@ def compare(args: argparse.Namespace, directory: str) -> None:
             record["round"] = r
             emit(record)
             results[side].append(record)
-    summary: dict[str, Any] = {"kind": "summary", "runs": args.runs, "lazy_recovery": args.lazy}
+    summary: dict[str, Any] = {"kind": "summary", "runs": args.runs, "lazy_recovery": _lazy(args)}
     for side, _ in sides:
-        for key in ("open_seconds", "all_answered_seconds", "max_rss_mib"):
+        for key in ("open_seconds", "all_answered_seconds", "signal_p50_ms", "signal_p99_ms", "max_rss_mib"):
             summary[f"{side}_{key}"] = round(statistics.median(row[key] for row in results[side]), 3)
     summary["open_old_over_new"] = round(
         summary["old_open_seconds"] / max(summary["new_open_seconds"], 1e-9), 2
@@ -192,8 +196,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10_000, help="parked workflows (default 10,000)")
     parser.add_argument("--concurrency", type=int, default=100, help="signals in flight (default 100)")
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--lazy", action="store_true", help="EngineConfig(lazy_recovery=True) (a tree that has it)"
+    )
+    mode.add_argument(
+        "--eager", action="store_true", help="EngineConfig(lazy_recovery=False) (a tree that has it)"
     )
     parser.add_argument("--old", help="another checkout to measure beside this one")
     parser.add_argument("--rounds", type=int, default=3, help="rounds with --old (default 3)")
@@ -206,6 +214,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.runs = min(args.runs, max(20, int(args.seconds * 200)))
         args.rounds = 1
     return args
+
+
+def _lazy(args: argparse.Namespace) -> bool | None:
+    """``lazy_recovery`` as asked (``None``: the tree's default)."""
+    return True if args.lazy else False if args.eager else None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -27,10 +28,17 @@ def fingerprint(row: VisibilityRow) -> tuple[Any, ...]:
     """Every field of ``row`` as plain values (mappings as sorted pairs, enums as their
     values): equal exactly when the rows are, and, holding no container the cycle
     collector must track, dropped from its watch (a row per running workflow is kept)."""
-    return tuple(_plain(getattr(row, field.name)) for field in attrs.fields(VisibilityRow))
+    return tuple(_plain(getattr(row, name)) for name in _ROW_FIELDS)
+
+
+_ROW_FIELDS = tuple(field.name for field in attrs.fields(VisibilityRow))
+#: Field values that are plain already (most of a row): returned as they are, at once.
+_SCALARS = frozenset({str, int, float, bool, type(None), datetime})
 
 
 def _plain(value: Any) -> Any:
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, Mapping):
@@ -125,7 +133,12 @@ class VisibilityRows:
         if row is None:
             return
         key = fingerprint(row)
-        if key == (fingerprint(stored) if stored is not None else self._written.get(workflow_id)):
+        # The row last written or found stored (the sweep's read of the stored rows noted
+        # them: no second fingerprint of the same row), else the caller's ``stored``.
+        known = self._written.get(workflow_id)
+        if known is None and stored is not None:
+            known = fingerprint(stored)
+        if key == known:
             return
         # Dropped first: a write of unknown outcome leaves nothing remembered.
         self._written.pop(workflow_id, None)
