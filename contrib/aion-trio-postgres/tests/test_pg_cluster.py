@@ -141,7 +141,14 @@ async def awaits_token(ctx: aion.WorkflowContext) -> Any:
     return await ctx.run(hand_over)
 
 
+@aion.workflow
+async def long_nap(ctx: aion.WorkflowContext) -> str:
+    await ctx.sleep(86400)
+    return "rested"
+
+
 WORKFLOWS = [
+    long_nap,
     approval,
     two_ticks,
     nap_then_note,
@@ -302,6 +309,37 @@ async def test_expired_lease_is_taken_over_and_the_stale_node_relinquishes(
     epochs = sql(pg_url, schema, "SELECT DISTINCT owner_epoch FROM events WHERE workflow_id = 'w' ORDER BY 1")
     assert [e for (e,) in epochs] == [1, 2]
     assert_unforked(pg_url, schema)
+
+
+async def test_lazy_recovery_leaves_a_nodes_own_sleeper_evicted_and_a_takeover_replays_at_once(
+    fresh_store_url: Callable[..., str], schema_of: Callable[[str], str], pg_url: str
+) -> None:
+    """Lazy recovery (the default) applies to what a node resumes when it opens (its own
+    workflows, the orphans claimed then); a workflow taken over later by the orphan sweep
+    is recovered eagerly: replayed, its timers armed, resident at once."""
+    url = fresh_store_url()
+    schema = schema_of(url)
+    async with node(url, "a") as (_, engine):
+        await engine.start(long_nap, workflow_id="own")
+        await eventually(lambda: _recorded(url, "own", "TimerStarted"))
+    async with node(url, "a") as (_, engine):
+        own = await engine.describe("own")
+        assert (own.status, own.residency, own.stuck_reason) == (aion.WorkflowStatus.RUNNING, "evicted", None)
+        # "dead" never renews its lease: its sleeper is an orphan 0.6 s later.
+        async with node(url, "dead", ttl=0.6, renew_every=None) as (_, dead):
+            await dead.start(long_nap, workflow_id="orphan")
+            await eventually(lambda: _recorded(url, "orphan", "TimerStarted"))
+            await eventually(lambda: _owned_by(pg_url, schema, "orphan", "a"))
+            await eventually(lambda: _resident(engine, "orphan"))
+        assert (await engine.describe("own")).residency == "evicted", "nothing woke it"
+
+
+async def _recorded(url: str, workflow_id: str, event_type: str) -> bool:
+    return any(e.type == event_type for e in await _history(url, workflow_id))
+
+
+async def _resident(engine: aion.Engine, workflow_id: str) -> bool:
+    return (await engine.describe(workflow_id)).residency == "resident"
 
 
 async def _owned_by(url: str, schema: str, workflow_id: str, node_id: str) -> bool:
