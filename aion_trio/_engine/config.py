@@ -250,7 +250,8 @@ class EngineConfig:
     #: services built, before recovery: what is frozen lives as long as the engine),
     #: ``"recovered"`` (after recovery too: the recovered runs' objects are no longer
     #: walked either, but garbage cycles among them are kept until the last engine
-    #: closes), ``None``: no freezing.  The last engine to close thaws the heap.
+    #: closes; with lazy recovery only the runs resident when ``open_engine`` returns,
+    #: not those replayed later in the background or on wake), ``None``: no freezing.  The last engine to close thaws the heap.
     gc_freeze: str | None = "startup"
 
     def __attrs_post_init__(self) -> None:
