@@ -583,3 +583,23 @@ async def test_lazy_recovery_catches_a_changed_sleeping_workflow_when_it_wakes_a
         assert kids == [], "the inserted child is not started"
         reports[lazy] = reason.replace(run_id, "RUN")
     assert reports[True] == reports[False], "the same divergence, reported the same way"
+
+
+async def test_lazy_recovery_marks_a_sleeper_of_an_unregistered_type_stuck_at_open(
+    store_url: Callable[[], str],
+) -> None:
+    """What needs no replay to be found is found at open, lazy or not: a run whose workflow
+    type the engine lacks is marked stuck by the startup sweep, not left evicted."""
+    url = store_url()
+    recorded = await _park_sleeper(url)
+    seen: list[aion.ObserverEvent] = []
+    async with aion.open_engine(url, workflows=[parent_v1], observers=[seen.append]) as engine:
+        assert engine.statistics().evicted_runs == 0
+        description = await engine.describe("s")
+        history = await engine.history("s")
+    assert description.stuck_reason is not None
+    assert description.stuck_reason.startswith("workflow type 'sleeper' is not registered with this engine")
+    assert [(e.workflow_id, e.reason) for e in seen if isinstance(e, aion.RunStuck)] == [
+        ("s", description.stuck_reason)
+    ]
+    assert history == recorded
