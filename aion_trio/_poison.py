@@ -80,6 +80,9 @@ class RecoveryGuard:
     #: Runs the sweep left evicted without replaying them (parked on a timer or a child):
     #: nothing risky ran, so their counts are cleared with the others at release.
     quiet: list[str] = attrs.Factory(list)
+    #: Lazy recovery: runs the sweep left for the background to replay, each with the
+    #: activity ids its replay dispatched since (their attempts are its risky part).
+    background: dict[str, set[int]] = attrs.Factory(dict)
 
     @classmethod
     def for_core(cls, core: RecoveryHub) -> RecoveryGuard | None:
@@ -135,6 +138,9 @@ class RecoveryGuard:
 
     def hold(self, recorder: Recorder, request: ActivityRequest, resume: bool) -> bool:
         """Dispatch hook: ``True`` if the dispatch is held back for :meth:`release`."""
+        deferred = self.background.get(request.workflow_id)
+        if deferred is not None:
+            deferred.add(request.activity_id)
         if self.held is None:
             return False
         self.held.append((recorder, request, resume))
@@ -167,6 +173,21 @@ class RecoveryGuard:
                 run_id=watched.lease.run_id,
             )
         self.watched = {}
+
+    def defer(self, workflow_id: str) -> None:
+        """Lazy recovery: the run is replayed in the background after the sweep; its count
+        stays until :meth:`settle` saw that replay past its risky part."""
+        if workflow_id in self.counted:
+            self.background[workflow_id] = set()
+
+    async def settle(self, lease: Lease) -> None:
+        """A deferred run's background replay parked: once it is past replay and the
+        attempts it dispatched have recorded their end, its count is cleared (as a
+        watched run's at the sweep)."""
+        risky = self.background.pop(lease.workflow_id, None)
+        if risky is None:
+            return
+        await self._watch(_Watched(lease=lease, risky=risky))
 
     async def close(self) -> None:
         """Graceful shutdown: the process survived its recoveries, so their counts go

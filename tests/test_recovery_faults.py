@@ -257,3 +257,40 @@ async def test_only_runs_whose_recovery_never_finished_are_counted_and_made_stuc
     async with aion.open_store(url) as store:
         assert isinstance(store, aion.RecoveryCounts)
         assert await store.recovery_counts() == {"hanging": 6}
+
+
+@aion.workflow(name="first-step")
+async def first_step_waits(ctx: aion.WorkflowContext) -> str:
+    return str(await ctx.wait_signal("never"))
+
+
+@aion.workflow(name="first-step")
+async def first_step_runs_an_activity(ctx: aion.WorkflowContext) -> str:
+    return str(await ctx.run(never_ends))
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+async def test_a_run_whose_recovery_starts_its_first_activity_stays_counted_until_it_ends(
+    autojump_clock: trio.testing.MockClock, store_url: Callable[[], str], lazy: bool
+) -> None:
+    """A run recorded up to its start only (as when the process died before its first step's
+    records) is replayed by recovery, and the replay runs that step's activity: the risky part
+    of the recovery, so the run's count stays while the attempt runs.  Lazy recovery replays
+    such a run in the background, after the sweep: its count must not be cleared with the
+    sweep's quiet runs (a process killed by that activity would then go uncounted)."""
+    url = store_url()
+    async with aion.open_engine(url, workflows=[first_step_waits]) as engine:
+        await engine.start(first_step_waits, workflow_id="first")
+        await trio.testing.wait_all_tasks_blocked()
+    config = aion.EngineConfig(lazy_recovery=lazy)
+    async with aion.open_store(url) as store:
+        assert isinstance(store, aion.RecoveryCounts)
+        with contextlib.suppress(Crash):
+            async with aion.open_engine(
+                store, workflows=[first_step_runs_an_activity], activities=[never_ends], config=config
+            ) as engine:
+                await trio.sleep(1)
+                history = await engine.history("first")
+                assert "ActivityScheduled" in [e.type for e in history], "control: the attempt runs"
+                assert await store.recovery_counts() == {"first": 1}
+                raise Crash

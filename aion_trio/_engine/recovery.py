@@ -167,6 +167,7 @@ class Recovery:
         ``recorder_for`` replays an evicted run), ``recovery_concurrency`` replays at a time,
         each until it parks or ends.  A wake that comes first replays a run sooner."""
         limiter = trio.CapacityLimiter(self._config.recovery_concurrency)
+        guard = self.guard
 
         async def resume(workflow_id: str) -> None:
             async with limiter:
@@ -182,6 +183,11 @@ class Recovery:
                     return
                 for lease in self._registry.leases_of(workflow_id):
                     await _until_parked(lease)
+                    if guard is not None:
+                        try:
+                            self._epoch.spawn(guard.settle, lease, name=f"recovery-settle:{workflow_id}")
+                        except EngineEpochClosed:
+                            return  # closing: the count stays for the next engine
 
         async with trio.open_nursery() as nursery:
             for workflow_id in queued:
@@ -352,7 +358,7 @@ class Recovery:
                 self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type, recovering=True))
                 sweep.queued.append(workflow_id)
                 if guard is not None:
-                    guard.quiet.append(workflow_id)
+                    guard.defer(workflow_id)  # its replay may run activities: counted until then
                 await self._visibility.upsert_if_changed(workflow_id, history, sweep.known(workflow_id))
                 return
             if guard is not None:
