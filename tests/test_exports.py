@@ -62,7 +62,7 @@ AION_TRIO_NAMES = [
     "PolicyRefused", "PoolStatistics", "QueryCommand", "QueryError", "QueryFailed", "QueryReadOnly",
     "QueryUnavailable", "QueueDeduplicated", "QueuedHandle", "QueuedRun", "RecoveryCounts",
     "RecoveryFinished", "ReopenCommand", "ResetCommand", "RetryPolicy", "RunEvicted", "RunHandle",
-    "RunRecovered", "RunReloaded", "RunStart", "Schedule", "ScheduleAction", "ScheduleActionKind",
+    "RunRecovered", "RunReloaded", "RunStart", "RunStuck", "Schedule", "ScheduleAction", "ScheduleActionKind",
     "ScheduleActionRecord",
     "ScheduleAlreadyExists", "ScheduleConflict", "ScheduleDescription", "ScheduleError", "ScheduleNotFound",
     "SchedulePolicy", "ScheduleSpec", "ScheduleState", "ScheduleStore", "Schedules", "SchedulesUnsupported",
