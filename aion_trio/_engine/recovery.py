@@ -133,6 +133,7 @@ class Recovery:
                 if await self.recover_one(workflow_id, sweep=sweep):
                     resumed += 1
         finally:
+            sweep.done = True
             if guard is not None:
                 await guard.release()
         if sweep.queued:
@@ -331,6 +332,7 @@ class Recovery:
                 return
             if (
                 sweep is not None
+                and not sweep.done
                 and registered
                 and self._config.lazy_recovery
                 and _quiet(history, segment, workflow_id, run_id)
@@ -349,6 +351,7 @@ class Recovery:
                 return
             if (
                 sweep is not None
+                and not sweep.done
                 and registered
                 and self._config.lazy_recovery
                 and _only_waits(segment, run_id)
@@ -408,6 +411,9 @@ class _Sweep:
     failed: dict[str, Exception] = attrs.Factory(dict)
     #: Lazy recovery: runs left evicted for the background to replay after the sweep.
     queued: list[str] = attrs.Factory(list)
+    #: The sweep went through every workflow: a load retried after it (a transient fault)
+    #: recovers its run eagerly (the background replay of ``queued`` has begun).
+    done: bool = False
 
     def known(self, workflow_id: str) -> VisibilityRow | None:
         """The stored row (``None``: none, or the rows could not be read: write it)."""
