@@ -31,6 +31,11 @@ password or database name fails at once.
 
 Driver and threads
 ------------------
+The plugin's registration imports neither psycopg nor the store: a process
+that opens only other stores never loads the driver.  They are imported when
+a ``postgresql://`` URL is opened or a name of this package is first used; a
+missing driver then raises :class:`aion_trio.plugin.PluginLoadError` saying
+what to install.
 psycopg 3's synchronous API with a ``psycopg_pool.ConnectionPool``; every
 database call runs in ``trio.to_thread.run_sync`` under the store's own
 ``trio.CapacityLimiter``.  Worker threads are never abandoned: a call
@@ -107,24 +112,29 @@ to their queues.  ``task_lease_ttl`` and ``poll_interval`` (seconds, defaults
 
 from __future__ import annotations
 
-from aion_trio.plugin import StoreRegistry, hookimpl
+import importlib
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
 
-from ._hangwatch import hang_bound as hang_bound
-from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
-from ._store import (
-    NodeLease as NodeLease,
-    PostgresClusterStore as PostgresClusterStore,
-    PostgresEventStore as PostgresEventStore,
-    PostgresStore as PostgresStore,
-    PostgresVisibilityStore as PostgresVisibilityStore,
-    open_postgres_store as open_postgres_store,
-)
-from ._tasks import (
-    PostgresTaskDispatcher as PostgresTaskDispatcher,
-    open_task_dispatcher as open_task_dispatcher,
-    reap_expired as reap_expired,
-)
-from ._url import PostgresUrl as PostgresUrl, parse_postgres_url as parse_postgres_url
+from aion_trio.plugin import PluginLoadError, Store, StoreRegistry, hookimpl
+
+if TYPE_CHECKING:
+    from ._hangwatch import hang_bound as hang_bound
+    from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
+    from ._store import (
+        NodeLease as NodeLease,
+        PostgresClusterStore as PostgresClusterStore,
+        PostgresEventStore as PostgresEventStore,
+        PostgresStore as PostgresStore,
+        PostgresVisibilityStore as PostgresVisibilityStore,
+        open_postgres_store as open_postgres_store,
+    )
+    from ._tasks import (
+        PostgresTaskDispatcher as PostgresTaskDispatcher,
+        open_task_dispatcher as open_task_dispatcher,
+        reap_expired as reap_expired,
+    )
+    from ._url import PostgresUrl as PostgresUrl, parse_postgres_url as parse_postgres_url
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -142,17 +152,79 @@ __all__ = [
     "reap_expired",
 ]
 
-for _obj in (
-    NodeLease,
-    PostgresClusterStore,
-    PostgresEventStore,
-    PostgresStore,
-    PostgresTaskDispatcher,
-    PostgresVisibilityStore,
-    PostgresUrl,
-):
-    _obj.__module__ = __name__
-del _obj
+# Where each public name is defined.  The plugin's registration (every process
+# that opens any store loads it) imports none of them: they need psycopg and
+# psycopg_pool, which are imported on first use of a name or of a
+# postgresql:// URL.
+_LAZY = {
+    "SCHEMA_VERSION": "_schema",
+    "NodeLease": "_store",
+    "PostgresClusterStore": "_store",
+    "PostgresEventStore": "_store",
+    "PostgresStore": "_store",
+    "PostgresTaskDispatcher": "_tasks",
+    "PostgresUrl": "_url",
+    "PostgresVisibilityStore": "_store",
+    "hang_bound": "_hangwatch",
+    "open_postgres_store": "_store",
+    "open_task_dispatcher": "_tasks",
+    "parse_postgres_url": "_url",
+    "reap_expired": "_tasks",
+}
+_PUBLIC_CLASSES = (
+    "NodeLease",
+    "PostgresClusterStore",
+    "PostgresEventStore",
+    "PostgresStore",
+    "PostgresTaskDispatcher",
+    "PostgresUrl",
+    "PostgresVisibilityStore",
+)
+_loaded = False
+
+
+def _load() -> None:
+    """Import every public name into this module; ``PluginLoadError`` if the driver is missing."""
+    global _loaded
+    if _loaded:
+        return
+    try:
+        modules = {
+            name: importlib.import_module(f".{name}", __name__) for name in sorted(set(_LAZY.values()))
+        }
+    except ImportError as exc:
+        missing = exc.name or str(exc)
+        raise PluginLoadError(
+            f"the PostgreSQL store (aion-trio-postgres) cannot import {missing!r}: {exc}; "
+            "install its driver with pip install 'psycopg[binary]>=3.1' 'psycopg-pool>=3.2' "
+            "(or reinstall aion-trio-postgres)"
+        ) from exc
+    for name, module in _LAZY.items():
+        globals()[name] = getattr(modules[module], name)
+    for name in _PUBLIC_CLASSES:
+        globals()[name].__module__ = __name__
+    _loaded = True
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _load()
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _open(url: str) -> AbstractAsyncContextManager[Store]:
+    # The scheme's opener: imports the driver and the store only when a
+    # postgresql:// URL is opened.
+    _load()
+    opener: Any = globals()["open_postgres_store"]
+    result: AbstractAsyncContextManager[Store] = opener(url)
+    return result
+
 
 _DESCRIPTION = (
     "PostgreSQL (postgresql://user@host/db?schema=NAME; ?node=NAME for per-workflow ownership with fencing)"
@@ -161,5 +233,5 @@ _DESCRIPTION = (
 
 @hookimpl
 def aion_trio_register_stores(registry: StoreRegistry) -> None:
-    registry.add("postgresql", open_postgres_store, description=_DESCRIPTION)
-    registry.add("postgres", open_postgres_store, description=_DESCRIPTION)
+    registry.add("postgresql", _open, description=_DESCRIPTION)
+    registry.add("postgres", _open, description=_DESCRIPTION)
