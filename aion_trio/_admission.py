@@ -167,13 +167,18 @@ class PoolStatistics:
 
 @final
 class _Waiter:
-    """A caller waiting for a slot: ordered by (priority, arrival); its event wakes it."""
+    """A caller waiting for a slot: ordered by (priority, arrival); its event wakes it.
 
-    __slots__ = ("event", "key")
+    ``left``: it stopped waiting (timed out, cancelled) while not at the head; it stays
+    in the heap, skipped, until it reaches the head or the heap is compacted.
+    """
+
+    __slots__ = ("event", "key", "left")
 
     def __init__(self, priority: int, arrival: int) -> None:
         self.key = (priority, arrival)
         self.event = trio.Event()
+        self.left = False
 
     def __lt__(self, other: _Waiter) -> bool:
         return self.key < other.key
@@ -195,6 +200,7 @@ class AdmissionPool:
 
     __slots__ = (
         "_heap",
+        "_left",
         "_order",
         "_permit_busy",
         "bounds",
@@ -242,21 +248,43 @@ class AdmissionPool:
         #: a recorded wait names).
         self.bounds = _bounds(capacity, limit)
         self.held = 0
-        # Waiters: (priority, arrival) in a heap; the head is the next admitted.
+        # Waiters: (priority, arrival) in a heap; the head is the next admitted and is
+        # always one still waiting.  A waiter that leaves from elsewhere in the heap is
+        # marked and counted in ``_left`` (O(1)); it is dropped when it reaches the head,
+        # or with every other marked one when they outnumber the waiters still there.
         self._heap: list[_Waiter] = []
+        self._left = 0
         self._order = itertools.count()
         self._permit_busy = False
 
     @property
     def waiting(self) -> int:
         """Callers waiting for a slot now."""
-        return len(self._heap)
+        return len(self._heap) - self._left
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(name=self.name, capacity=self.capacity, held=self.held, waiting=self.waiting)
 
     def _free(self) -> bool:
         return self.capacity is None or self.held < self.capacity
+
+    def _leave(self, entry: _Waiter) -> None:
+        """Take ``entry`` out of the waiters: O(log n), amortised (no scan of the heap)."""
+        heap = self._heap
+        if heap[0] is entry:
+            heapq.heappop(heap)
+            while heap and heap[0].left:  # the head is always one still waiting
+                heapq.heappop(heap)
+                self._left -= 1
+            return
+        entry.left = True
+        self._left += 1
+        if self._left > len(heap) // 2:
+            # More marked than waiting: rebuild from those still waiting, O(n) once per
+            # n/2 departures.  The keys are unique, so the order is the same.
+            self._heap = [waiter for waiter in heap if not waiter.left]
+            heapq.heapify(self._heap)
+            self._left = 0
 
     def _wake(self) -> None:
         """Wake the head waiter (it looks again whether it may go)."""
@@ -282,7 +310,7 @@ class AdmissionPool:
             yield
             return
         permit: str | None = None
-        if not self._heap and self._free() and self.limit is None:
+        if not self._heap and self._free() and self.limit is None:  # the head is never a left one
             self.held += 1
         else:
             # Only the head waiter is woken (a release, the head leaving): one wake-up
@@ -321,11 +349,7 @@ class AdmissionPool:
                 if bounded is not None and bounded.cancelled_caught:
                     raise AdmissionTimeout(self.name, self.capacity or 0, self.timeout or 0.0, self.setting)
             finally:
-                if self._heap[0] is entry:
-                    heapq.heappop(self._heap)
-                else:
-                    self._heap.remove(entry)
-                    heapq.heapify(self._heap)
+                self._leave(entry)
                 if self._free():
                     # The next head may go now (or wait its turn for a permit); with no
                     # slot left it is not woken: the next release wakes it.
