@@ -3,6 +3,7 @@
 Usage::
 
     python bench/admission.py [--dir DIR] [--seconds S] [--starts 20000] [--store sqlite|memory]
+    python bench/admission.py --modes timeouts [--timeout 0.5] [--starts 20000]
 
 ``--starts`` tasks call ``engine.start`` at the same moment (a short workflow:
 one activity), then wait for its result.  A ticker task sleeps 5 ms at a time
@@ -14,6 +15,13 @@ line per mode:
   ``max_inflight_starts`` / ``max_inflight_activities``, or both set to ``None``);
 - ``limited``: ``max_inflight_starts`` and ``max_inflight_activities`` set
   (``--limit``); on a checkout without them the line says ``unsupported``;
+- ``timeouts`` (not run unless named in ``--modes``): ``--starts`` starts wait
+  behind a full start pool (``max_inflight_starts=1``, its one slot held by a
+  start whose append never returns) with ``admission_timeout`` ``--timeout``
+  seconds, so all of them give up at about the same moment: the line gives the
+  loop's longest stall meanwhile (``lag_max_ms``, ``cpu_lag_max_ms``) and the
+  seconds from the deadline until the last of them was refused (``all_refused_s``);
+  each waiter that leaves costs the pool's queue its removal;
 - ``floor``: the same burst (20,000 tasks spawned in one loop, each run once in
   one Trio batch) with a no-op in place of ``engine.start`` and ``result``: what
   the harness costs the loop alone, so that the engine's share shows beside it.
@@ -111,9 +119,112 @@ class LoopProfile:
         }
 
 
+def measure_timeouts(args: argparse.Namespace, directory: str) -> dict[str, Any]:
+    """``--starts`` starts behind a full pool all time out at once: the loop's longest stall."""
+    import trio
+    import trio.testing
+
+    import aion_trio as aion
+
+    record: dict[str, Any] = {"kind": "lag", "mode": "timeouts", "store": args.store}
+    starts = args.starts if args.seconds >= 10 else min(args.starts, 500)
+    url = f"sqlite:///{directory}/admission-timeouts.db" if args.store == "sqlite" else "memory://"
+    held = trio.Event()
+
+    class HeldEvents:
+        """The store's events; the append of the workflow ``holder`` waits until the end."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def append(self, workflow_id: str, events: Any, expected_seq: int) -> None:
+            if workflow_id == "holder":
+                await held.wait()
+            await self.inner.append(workflow_id, events, expected_seq)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    class HeldStore:
+        def __init__(self, inner: Any) -> None:
+            self.events = HeldEvents(inner.events)
+            self.visibility = inner.visibility
+
+        async def aclose(self) -> None:
+            await trio.lowlevel.checkpoint()
+
+    @aion.workflow(name="short")
+    async def short(ctx: aion.WorkflowContext, x: int) -> int:
+        return x
+
+    config = aion.EngineConfig(max_inflight_starts=1, admission_timeout=args.timeout, loop_stall_warning=None)
+    lags: list[float] = []
+    cpu_lags: list[float] = []
+
+    async def ticker(stop: trio.Event) -> None:
+        while not stop.is_set():
+            due = time.perf_counter() + TICK
+            cpu = time.thread_time()
+            await trio.sleep(TICK)
+            lags.append(max(0.0, time.perf_counter() - due))
+            cpu_lags.append(max(0.0, time.thread_time() - cpu - TICK))
+
+    async def main() -> None:
+        refused = 0
+        last_refused = [0.0]
+
+        async def one(i: int) -> None:
+            nonlocal refused
+            try:
+                await engine.start(short, i, workflow_id=f"late-{i}")
+            except aion.AdmissionTimeout:
+                refused += 1
+                last_refused[0] = time.perf_counter()
+
+        async def hold(engine: Any) -> None:
+            await (await engine.start(short, -1, workflow_id="holder")).result()
+
+        async with (
+            aion.open_store(url) as inner,
+            aion.open_engine(HeldStore(inner), workflows=[short], config=config) as engine,
+            trio.open_nursery() as outer,
+        ):
+            outer.start_soon(hold, engine)
+            await trio.testing.wait_all_tasks_blocked()
+            async with trio.open_nursery() as nursery:
+                for i in range(starts):
+                    nursery.start_soon(one, i)
+                await trio.testing.wait_all_tasks_blocked()
+                deadline = time.perf_counter() + args.timeout  # about: they queued by now
+                stop = trio.Event()
+                lags.clear()
+                cpu_lags.clear()
+                outer.start_soon(ticker, stop)
+            stop.set()
+            held.set()
+        lags.sort()
+        cpu_lags.sort()
+        record.update(
+            starts=starts,
+            timeout_s=args.timeout,
+            refused=refused,
+            all_refused_s=round(max(0.0, last_refused[0] - deadline), 3),
+            lag_max_ms=round(lags[-1] * 1000, 1),
+            cpu_lag_max_ms=round(cpu_lags[-1] * 1000, 1),
+            stalls_over_50ms=sum(lag > 0.05 for lag in lags),
+            ticks=len(lags),
+        )
+
+    trio.run(main)
+    return record
+
+
 def measure(args: argparse.Namespace, directory: str, mode: str) -> dict[str, Any]:
+    if mode == "timeouts":
+        return measure_timeouts(args, directory)
     import attrs
     import trio
+    import trio.testing
 
     import aion_trio as aion
 
@@ -258,8 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=600.0, help="a budget below 10 s runs 500 starts")
     parser.add_argument("--starts", type=int, default=20_000)
     parser.add_argument("--limit", type=int, default=64, help="the limits of the 'limited' mode")
+    parser.add_argument(
+        "--timeout", type=float, default=0.5, help="admission_timeout of the 'timeouts' mode (seconds)"
+    )
     parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")
-    parser.add_argument("--modes", default="floor,unlimited,limited", help="comma-separated modes to run")
+    parser.add_argument(
+        "--modes", default="floor,unlimited,limited", help="comma-separated modes to run (also: timeouts)"
+    )
     parser.add_argument(
         "--profile",
         action="store_true",
