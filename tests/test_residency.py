@@ -60,6 +60,12 @@ async def nags(ctx: aion.WorkflowContext) -> str:
 
 
 @aion.workflow
+async def sleeps_then_waits(ctx: aion.WorkflowContext) -> str:
+    await ctx.sleep(3600)
+    return "after the sleep: " + str(await ctx.wait_signal("go"))
+
+
+@aion.workflow
 async def child_waits(ctx: aion.WorkflowContext) -> str:
     return "child:" + str(await ctx.wait_signal("go"))
 
@@ -79,7 +85,7 @@ async def quick(ctx: aion.WorkflowContext, value: int) -> int:
     return value * 2
 
 
-WORKFLOWS = [waits_for_go, sleeps, nags, child_waits, parent, runs_slow, quick]
+WORKFLOWS = [waits_for_go, sleeps, sleeps_then_waits, nags, child_waits, parent, runs_slow, quick]
 ACTIVITIES = [add_one, slow]
 
 
@@ -284,6 +290,26 @@ async def test_lazy_recovery_leaves_timer_parked_runs_evicted_until_woken(
             assert await engine.result("s") == "woke"
             await engine.terminate("n2")
             await engine.terminate("g")
+
+
+async def test_lazy_recovery_fires_the_timer_of_a_run_that_has_a_signal_to_consume(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A signal recorded while its run sleeps: at recovery the run is left for the background
+    replay (it may have something to consume), and its pending timer must still fire; the
+    soak smoke run found such runs parked for good (WorkflowStarted, TimerStarted,
+    SignalReceived, then nothing)."""
+    store = url()
+    with trio.fail_after(LIMIT):
+        async with aion.open_engine(store, workflows=WORKFLOWS) as engine:
+            await engine.start(sleeps_then_waits, workflow_id="sw")
+            await trio.testing.wait_all_tasks_blocked()
+            await engine.signal("sw", "go", "early")
+            await trio.testing.wait_all_tasks_blocked()
+        async with aion.open_engine(
+            store, workflows=WORKFLOWS, config=aion.EngineConfig(lazy_recovery=True)
+        ) as engine:
+            assert await engine.result("sw") == "after the sleep: early"
 
 
 async def test_recovery_writes_only_the_visibility_rows_that_changed(

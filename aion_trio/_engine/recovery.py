@@ -358,6 +358,12 @@ class Recovery:
             ):
                 # Maybe parked, maybe with a signal or a cancel to consume: replayed in the
                 # background after the sweep (its history stays loaded), or sooner if woken.
+                # Its timers are armed as an evicted run's are (they stay armed through its
+                # reload): a signal it has yet to consume does not make a pending timer moot.
+                self._timers.schedule_indexed(
+                    (timer.fire_at, workflow_id, run_id, timer.timer_id)
+                    for timer in outstanding_timers(segment, latest.kinds)
+                )
                 self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type, recovering=True))
                 sweep.queued.append(workflow_id)
                 if guard is not None:
