@@ -330,46 +330,34 @@ class Recovery:
             if unfinished is not None:
                 await runner.mark_stuck(lease, poison_reason(unfinished))
                 return
-            if (
-                sweep is not None
-                and not sweep.done
-                and registered
-                and self._config.lazy_recovery
-                and _quiet(history, segment, workflow_id, run_id)
-            ):
-                # Parked on a timer with nothing else outstanding: armed, not replayed.
-                self._timers.schedule_indexed(
-                    (timer.fire_at, workflow_id, run_id, timer.timer_id)
-                    for timer in outstanding_timers(segment, latest.kinds)
-                )
-                self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type, recovering=True))
-                self._recorders.drop(workflow_id)
-                sweep.evicted += 1
-                if guard is not None:
-                    guard.quiet.append(workflow_id)
-                await self._visibility.upsert_if_changed(workflow_id, history, sweep.known(workflow_id))
-                return
-            if (
-                sweep is not None
-                and not sweep.done
-                and registered
-                and self._config.lazy_recovery
-                and _only_waits(segment, run_id)
-            ):
-                # Maybe parked, maybe with a signal or a cancel to consume: replayed in the
-                # background after the sweep (its history stays loaded), or sooner if woken.
-                # Its timers are armed as an evicted run's are (they stay armed through its
-                # reload): a signal it has yet to consume does not make a pending timer moot.
-                self._timers.schedule_indexed(
-                    (timer.fire_at, workflow_id, run_id, timer.timer_id)
-                    for timer in outstanding_timers(segment, latest.kinds)
-                )
-                self._registry.evict(workflow_id, EvictedRun(run_id, start.workflow_type, recovering=True))
-                sweep.queued.append(workflow_id)
-                if guard is not None:
-                    guard.defer(workflow_id)  # its replay may run activities: counted until then
-                await self._visibility.upsert_if_changed(workflow_id, history, sweep.known(workflow_id))
-                return
+            if sweep is not None and not sweep.done and registered and self._config.lazy_recovery:
+                quiet = _quiet(history, segment, workflow_id, run_id)
+                if quiet or _only_waits(segment, run_id):
+                    # Left evicted, its timers armed as an evicted run's are (they stay armed
+                    # through its reload: a signal it has yet to consume does not make a
+                    # pending timer moot).
+                    self._timers.schedule_indexed(
+                        (timer.fire_at, workflow_id, run_id, timer.timer_id)
+                        for timer in outstanding_timers(segment, latest.kinds)
+                    )
+                    self._registry.evict(
+                        workflow_id, EvictedRun(run_id, start.workflow_type, recovering=True)
+                    )
+                    if quiet:
+                        # Parked on a timer with nothing else outstanding: not replayed.
+                        self._recorders.drop(workflow_id)
+                        sweep.evicted += 1
+                        if guard is not None:
+                            guard.quiet.append(workflow_id)
+                    else:
+                        # Maybe parked, maybe with a signal or a cancel to consume: replayed
+                        # in the background after the sweep (its history stays loaded), or
+                        # sooner if woken.
+                        sweep.queued.append(workflow_id)
+                        if guard is not None:
+                            guard.defer(workflow_id)  # its replay may run activities: counted until then
+                    await self._visibility.upsert_if_changed(workflow_id, history, sweep.known(workflow_id))
+                    return
             if guard is not None:
                 guard.watch(lease)
             if not registered:
