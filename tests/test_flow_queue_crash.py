@@ -33,6 +33,12 @@ def _events(store: Path, kind: str) -> list[tuple[str, int]]:
     return [(str(w), int(t)) for w, t in rows]
 
 
+def _queued(store: Path) -> int:
+    """How many entries the file's workflow queues still hold."""
+    with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as conn:
+        return int(conn.execute("SELECT count(*) FROM flow_runs").fetchone()[0])
+
+
 def _spawn(store: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.procs.queue_worker", str(store)],
@@ -82,6 +88,11 @@ def test_queued_runs_survive_sigkill_started_once_and_within_the_limit(tmp_path:
     proc = _spawn(store)
     try:
         _wait(store, proc, "WorkflowCompleted", queue_worker.RUNS)
+        # A closed run's entry leaves its queue just after its terminal: wait for that
+        # (bounded) before the kill; the check below fails if one was left behind.
+        deadline = time.monotonic() + 60
+        while _queued(store) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
     finally:
         _kill(proc)
     starts = _events(store, "WorkflowStarted")
