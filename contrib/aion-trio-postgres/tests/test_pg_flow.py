@@ -27,6 +27,7 @@ def nodes(cluster_nodes: Nodes) -> Nodes:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # three node processes; its own bounded waits reach 90 s each
 async def test_a_cluster_wide_limit_holds_across_three_nodes_through_a_kill(nodes: Nodes) -> None:
     third = WORKFLOWS // 3
     for index, name in enumerate(("n1", "n2", "n3")):
